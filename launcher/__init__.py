@@ -1,0 +1,1 @@
+"""The `tandem` CLI, the composed experiment config, and the backends that start roles."""

@@ -1,0 +1,75 @@
+"""`tandem`: one command, a sub-command per role and per user action.
+
+Each package registers its own sub-commands (`<package>/cli.py: register(sub)`), so the
+launcher starts every role the same way (`tandem controller --exp DIR`, `tandem trainer ...`)
+without knowing its internals. A sub-command with `--exp` receives the experiment's resolved
+config as `args.cfg`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launcher.config import ConfigError, load_config, load_experiment, to_yaml
+
+ROLE_PACKAGES = ("services", "rollout", "reward", "trainer")
+# The launcher's own command modules (each with `register(sub)`), e.g. planning and simulation.
+LAUNCHER_COMMANDS: tuple[str, ...] = ()
+
+
+def _config_show(args) -> int:
+    print(to_yaml(load_config(args.file, args.overrides)), end="")
+    return 0
+
+
+def _config_check(args) -> int:
+    cfg = load_config(args.file, args.overrides)
+    print(f"{args.file}: OK (experiment '{cfg.experiment.name}', exp_dir {cfg.experiment.exp_dir})")
+    return 0
+
+
+def _config_docs(args) -> int:
+    from launcher.config_docs import render
+    print(render(), end="")
+    return 0
+
+
+def _add_config_commands(sub) -> None:
+    p = sub.add_parser("config", help="show, check or document experiment configs")
+    csub = p.add_subparsers(dest="config_cmd", required=True, metavar="{show,check,docs}")
+    for name, fn, text in (("show", _config_show, "print the resolved config"),
+                           ("check", _config_check, "validate a config file")):
+        c = csub.add_parser(name, help=text)
+        c.add_argument("file", help="experiment YAML file")
+        c.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. trainer.optim.lr=1e-6")
+        c.set_defaults(func=fn)
+    c = csub.add_parser("docs", help="print docs/configuration.md from the config dataclasses")
+    c.set_defaults(func=_config_docs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description="Asynchronous RL for reasoning LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_config_commands(sub)
+    for name in [f"{pkg}.cli" for pkg in ROLE_PACKAGES] + list(LAUNCHER_COMMANDS):
+        __import__(name, fromlist=["register"]).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "exp", None):
+            args.cfg = load_experiment(args.exp)
+        code = args.func(args)
+    except ConfigError as e:
+        print(f"tandem: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The experiment config: each package's section composed into one typed object.
+
+Loading is YAML file + command-line dotlist overrides + `${...}` interpolation, validated
+against the dataclasses. Every mistake becomes one `ConfigError` naming the key and where it
+came from (file and line, or the override), so the CLI can print it and exit 2 without a
+traceback.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from reward.config import RewardConfig
+from rollout.config import GenConfig, RolloutConfig
+from services.config import ControllerConfig
+from trainer.config import TrainerConfig
+
+
+@dataclass
+class ExperimentSection:
+    """What the run is and where its files go."""
+    # Names the run; the default exp_dir derives from it.
+    name: str = MISSING
+    # Relative paths are taken from the working directory at load time.
+    exp_dir: str = "runs/${experiment.name}"
+    # Seeds data shuffling, sampling and initialisation.
+    seed: int = 1
+    # Hugging Face model directory the run starts from (generation servers and trainer).
+    model: str = MISSING
+
+
+@dataclass
+class SlurmSection:
+    """sbatch settings for `launcher.backend: slurm` (passed to submitit)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "24:00:00"
+    constraint: str | None = None
+    exclusive: bool = True
+    # Extra sbatch parameters passed to submitit as-is, e.g. {mail-type: END}.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LauncherSection:
+    """How roles are started and how the cluster is split between them."""
+    # local: subprocesses on this machine; slurm: one submitit job per role.
+    backend: str = "local"
+    # Nodes of the allocation (slurm backend).
+    nodes: int = 1
+    gpus_per_node: int = 8
+    # Generation GPUs : training GPUs.
+    gen_train_ratio: str = "3:1"
+    slurm: SlurmSection = field(default_factory=SlurmSection)
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.backend not in ("local", "slurm"):
+            out.append(("backend", f"must be 'local' or 'slurm', got {self.backend!r}"))
+        if self.nodes < 1:
+            out.append(("nodes", "must be >= 1"))
+        if self.gpus_per_node < 0:
+            out.append(("gpus_per_node", "must be >= 0"))
+        parts = self.gen_train_ratio.split(":")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            out.append(("gen_train_ratio", f"must look like '3:1' (two positive integers), "
+                                           f"got {self.gen_train_ratio!r}"))
+        return out
+
+
+@dataclass
+class ExperimentConfig:
+    experiment: ExperimentSection = field(default_factory=ExperimentSection)
+    launcher: LauncherSection = field(default_factory=LauncherSection)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    gen: GenConfig = field(default_factory=GenConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+SECTIONS = ("experiment", "launcher", "controller", "gen", "rollout", "reward", "trainer")
+
+
+class ConfigError(Exception):
+    """A user mistake in an experiment file or override; the message says what and where."""
+
+
+def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    out = []
+    if cfg.controller.groups_per_step != cfg.trainer.groups_per_step:
+        out.append(("controller.groups_per_step",
+                    f"{cfg.controller.groups_per_step} differs from trainer.groups_per_step="
+                    f"{cfg.trainer.groups_per_step}; admission and training must agree on B"))
+    return out
+
+
+def _yaml_line(path: Path, dotted: str) -> int | None:
+    """Line (1-based) of a dotted key in a YAML file, for error messages; None if not found."""
+    try:
+        node = yaml.compose(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return line
+        for k, v in node.value:
+            if getattr(k, "value", None) == part:
+                line, node = k.start_mark.line + 1, v
+                break
+        else:
+            return line
+    return line
+
+
+def _did_you_mean(schema: DictConfig, full_key: str) -> str:
+    parent_key, _, leaf = full_key.rpartition(".")
+    try:
+        parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+    except OmegaConfBaseException:
+        parent = None
+    keys = list(parent.keys()) if isinstance(parent, DictConfig) else []
+    close = difflib.get_close_matches(leaf, [str(k) for k in keys], n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{'.'.join(filter(None, [parent_key, close[0]]))}'?)"
+    if keys:
+        return f" (valid keys here: {', '.join(map(str, keys))})"
+    return ""
+
+
+def _explain(err: OmegaConfBaseException, schema: DictConfig) -> tuple[str, str]:
+    """(full_key, message) for an OmegaConf error, worded for a user."""
+    key = getattr(err, "full_key", None) or ""
+    msg = getattr(err, "msg", None) or str(err).splitlines()[0]
+    if isinstance(err, ConfigKeyError):
+        return key, "unknown key" + _did_you_mean(schema, key)
+    if isinstance(err, MissingMandatoryValue):
+        return key, "missing required value"
+    if isinstance(err, ValidationError):
+        return key, f"wrong type: {msg.splitlines()[0]}"
+    if isinstance(err, InterpolationResolutionError):
+        return key, f"bad interpolation: {msg.splitlines()[0]}"
+    return key, msg.splitlines()[0]
+
+
+def _where(path: Path | None, key: str) -> str:
+    if path is None:
+        return key
+    line = _yaml_line(path, key) if key else None
+    return f"{path}:{line}: {key}" if line else f"{path}: {key}"
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
+    """Load, merge, interpolate and validate an experiment; raise ConfigError on any mistake."""
+    schema = OmegaConf.structured(ExperimentConfig)
+    cfg = schema
+    src = Path(path) if path is not None else None
+    if src is not None:
+        try:
+            raw = yaml.safe_load(src.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{src}: no such file") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{src}:{mark.line + 1}:{mark.column + 1}" if mark else str(src)
+            problem = getattr(e, "problem", None) or str(e)
+            ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+            if ctx and ctx_mark:
+                problem += f" ({ctx} at line {ctx_mark.line + 1})"
+            raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{src}: the top level must be a mapping of sections "
+                              f"({', '.join(SECTIONS)}), got {type(raw).__name__}")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.create(raw))
+        except OmegaConfBaseException as e:
+            key, msg = _explain(e, schema)
+            raise ConfigError(f"{_where(src, key)}: {msg}") from None
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override '{ov}': expected key=value")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
+        except OmegaConfBaseException as e:
+            key, msg = _explain(e, schema)
+            raise ConfigError(f"override '{ov}': {key}: {msg}") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        where = f"{src}: " if src else ""
+        raise ConfigError(f"{where}missing required value: {', '.join(missing)} "
+                          f"(set it in the file or as an override, e.g. {missing[0]}=...)")
+    try:
+        OmegaConf.resolve(cfg)
+        obj: ExperimentConfig = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key, msg = _explain(e, schema)
+        raise ConfigError(f"{_where(src, key)}: {msg}") from None
+    problems = []
+    for section in SECTIONS:
+        check = getattr(getattr(obj, section), "problems", None)
+        if check:
+            problems += [(f"{section}.{k}", m) for k, m in check()]
+    problems += _cross_section_problems(obj)
+    if problems:
+        lines = [f"{_where(src, k)}: {m}" for k, m in problems]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+    obj.experiment.exp_dir = str(Path(obj.experiment.exp_dir).expanduser().absolute())
+    return obj
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_resolved(cfg: ExperimentConfig, exp_dir: str | os.PathLike) -> Path:
+    """Write `<exp>/config.yaml` atomically; roles started later read only this file."""
+    out = Path(exp_dir) / "config.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".yaml.tmp")
+    tmp.write_text(to_yaml(cfg))
+    os.replace(tmp, out)
+    return out
+
+
+def load_experiment(exp_dir: str | os.PathLike) -> ExperimentConfig:
+    """The resolved config of an existing experiment directory (what every role reads)."""
+    path = Path(exp_dir) / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file; is '{exp_dir}' an experiment directory "
+                          f"created by `tandem run` (or `tandem config init`)?")
+    return load_config(path)

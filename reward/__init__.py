@@ -1,0 +1,1 @@
+"""Graders (math, sandboxed code) and the reward service."""

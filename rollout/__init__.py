@@ -1,0 +1,1 @@
+"""Rollout workers, the generation client, and the embedded SGLang-compatible server."""

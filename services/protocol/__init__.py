@@ -1,0 +1,46 @@
+"""The published interface all roles share: message schemas, framing, transports, discovery.
+
+Roles import from here and from the generation client (`rollout.client`) only, never from
+each other's internals.
+"""
+from . import control, grading, trajectory  # noqa: F401  (registers the message schemas)
+from .codec import PROTOCOL_VERSION, REGISTRY, Envelope, ProtocolError, decode, encode, message
+from .control import (
+    AdmitReply,
+    AdmitRequest,
+    GroupDone,
+    Heartbeat,
+    HeartbeatReply,
+    Ok,
+    PickServer,
+    RegisterServer,
+    ServerChoice,
+    StatusReply,
+    StatusRequest,
+    Ticket,
+    WeightsAck,
+    WeightsReady,
+)
+from .expdir import ExpDir, publish_service, read_service, write_json_atomic
+from .grading import GradeItem, GradeReply, GradeRequest, Verdict
+from .keys import CurveKeys, generate_keys, load_keys
+from .runtime import MetricsWriter, Shutdown, read_metrics, setup_role_logging
+from .trajectory import Trajectory
+from .transport import (
+    RemoteError,
+    RequestClient,
+    RequestServer,
+    SyncRequestClient,
+    TrajectorySink,
+    TrajectorySource,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
+    "AdmitReply", "AdmitRequest", "GroupDone", "Heartbeat", "HeartbeatReply", "Ok", "PickServer",
+    "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "WeightsAck",
+    "WeightsReady", "ExpDir", "publish_service", "read_service", "write_json_atomic", "GradeItem",
+    "GradeReply", "GradeRequest", "Verdict", "CurveKeys", "generate_keys", "load_keys",
+    "MetricsWriter", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "RemoteError",
+    "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource",
+]

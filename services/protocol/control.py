@@ -1,0 +1,113 @@
+"""Messages between rollout workers, generation servers, the trainer and the controller."""
+from __future__ import annotations
+
+from typing import Literal
+
+from .codec import message
+
+
+@message("ok")
+class Ok:
+    """Generic positive reply for requests whose answer carries nothing else."""
+    detail: str = ""
+
+
+@message("admit")
+class AdmitRequest:
+    """A worker asks for up to `max_groups` tickets (batched admission)."""
+    worker_id: str
+    max_groups: int = 1
+
+
+@message("ticket")
+class Ticket:
+    group_id: str
+    admit_version: int
+
+
+@message("admit_reply")
+class AdmitReply:
+    tickets: list[Ticket]
+    version: int
+    # When no ticket was granted: how long to wait before asking again.
+    retry_after_s: float = 0.0
+
+
+@message("group_done")
+class GroupDone:
+    """A worker reports a group's end; rejected and failed release the slot."""
+    worker_id: str
+    group_id: str
+    status: Literal["accepted", "rejected", "failed"]
+    reason: str = ""
+
+
+@message("heartbeat")
+class Heartbeat:
+    """Keeps a worker's lease alive; lists the groups it still runs (reconciled by the controller)."""
+    worker_id: str
+    running: list[str]
+
+
+@message("heartbeat_reply")
+class HeartbeatReply:
+    version: int
+    # Groups the controller no longer considers this worker's (lease expired, unknown): stop them.
+    revoked: list[str]
+
+
+@message("weights_ready")
+class WeightsReady:
+    """The trainer published `version`: a HF directory (`path`) or a broadcast group."""
+    version: int
+    how: Literal["disk", "broadcast"]
+    path: str = ""
+    # For broadcast: where to rendezvous and what will be sent.
+    group_name: str = ""
+    master_address: str = ""
+    master_port: int = 0
+    world_size: int = 0
+    names: list[str] | None = None
+    dtypes: list[str] | None = None
+    shapes: list[list[int]] | None = None
+
+
+@message("weights_ack")
+class WeightsAck:
+    version: int
+    ok: bool
+    # Servers that failed the update and were taken out of rotation.
+    failed_servers: list[str]
+    timings: dict[str, float]
+
+
+@message("register_server")
+class RegisterServer:
+    """A generation server joins the rotation."""
+    address: str
+    # Name of the key file under <exp>/keys/ holding its bearer API key ("" = no key).
+    api_key_ref: str = ""
+    capacity: int = 64
+
+
+@message("pick_server")
+class PickServer:
+    """A worker asks where to send a request; `sticky_key` keeps a resumed request in place."""
+    worker_id: str
+    sticky_key: str = ""
+
+
+@message("server_choice")
+class ServerChoice:
+    address: str
+    api_key_ref: str = ""
+
+
+@message("status")
+class StatusRequest:
+    """Ask a service for its state (for `tandem status`, tests and the launcher)."""
+
+
+@message("status_reply")
+class StatusReply:
+    state: dict

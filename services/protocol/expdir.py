@@ -1,0 +1,67 @@
+"""Where things live in an experiment directory; every role finds the others through it."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+class ExpDir:
+    """Paths of `<exp>/` as the architecture fixes them (shared filesystem on clusters)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).absolute()
+
+    config = property(lambda self: self.root / "config.yaml")
+    keys = property(lambda self: self.root / "keys")
+    services = property(lambda self: self.root / "services")
+    weights = property(lambda self: self.root / "weights")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    logs = property(lambda self: self.root / "logs")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    trajectories = property(lambda self: self.root / "trajectories")
+    report = property(lambda self: self.root / "report")
+
+    def log_file(self, role: str, rank: int = 0) -> Path:
+        return self.logs / f"{role}-{rank}.log"
+
+    def service_file(self, role: str) -> Path:
+        return self.services / f"{role}.json"
+
+
+def write_json_atomic(path: str | os.PathLike, obj) -> None:
+    """Write JSON so a concurrent reader sees the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def publish_service(exp: ExpDir, role: str, info: dict) -> None:
+    """Announce a service (address, port, public key, pid ...) in `<exp>/services/<role>.json`."""
+    write_json_atomic(exp.service_file(role), {**info, "role": role, "pid": os.getpid(),
+                                               "published_at": time.time()})
+
+
+def read_service(exp: ExpDir, role: str, timeout_s: float = 0.0, poll_s: float = 0.05) -> dict:
+    """The service's announcement, waiting up to `timeout_s` for it to appear."""
+    path = exp.service_file(role)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"service '{role}' not announced in {path} "
+                                   f"after {timeout_s:.0f}s; is it running?") from None
+        time.sleep(poll_s)

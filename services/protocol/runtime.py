@@ -1,0 +1,97 @@
+"""Process basics every role shares: its log file, the metrics stream, clean shutdown."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .expdir import ExpDir
+
+
+def setup_role_logging(exp: ExpDir, role: str, rank: int = 0, level: int = logging.INFO) -> Path:
+    """Log to `<exp>/logs/<role>-<rank>.log` and stderr, each line tagged with the role."""
+    exp.logs.mkdir(parents=True, exist_ok=True)
+    path = exp.log_file(role, rank)
+    fmt = logging.Formatter(f"%(asctime)s {role}-{rank} %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in (logging.FileHandler(path), logging.StreamHandler(sys.stderr)):
+        h.setFormatter(fmt)
+        root.addHandler(h)
+    root.setLevel(level)
+    return path
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to `<exp>/metrics.jsonl`.
+
+    Each record is written with a single `write` on an O_APPEND descriptor, so lines from
+    several processes interleave whole and never mix.
+    """
+
+    def __init__(self, exp: ExpDir, role: str, rank: int = 0):
+        exp.root.mkdir(parents=True, exist_ok=True)
+        self.role, self.rank = role, rank
+        self._fd = os.open(exp.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+
+    def log(self, **fields) -> None:
+        record = {"time": time.time(), "role": self.role, "rank": self.rank, **fields}
+        line = (json.dumps(record, default=_jsonable) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, line)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _jsonable(x):
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def read_metrics(exp: ExpDir, role: str | None = None) -> list[dict]:
+    if not exp.metrics.exists():
+        return []
+    out = []
+    for line in exp.metrics.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash mid-write; the rest of the stream is intact
+        if role is None or rec.get("role") == role:
+            out.append(rec)
+    return out
+
+
+class Shutdown:
+    """Set by SIGTERM/SIGINT; long-running loops poll `requested` and finish cleanly."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signal: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def install(self) -> Shutdown:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.event.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C forces the way out
+        self.signal = signum
+        self.event.set()
+        logging.getLogger(__name__).info("received %s; shutting down", signal.Signals(signum).name)

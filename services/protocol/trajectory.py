@@ -1,0 +1,24 @@
+"""The unit that flows from rollout workers to the trainer's replay buffer."""
+from __future__ import annotations
+
+import numpy as np
+
+from .codec import message
+
+
+@message("trajectory")
+class Trajectory:
+    """One sample of a prompt group; token arrays travel as raw bytes (see codec)."""
+    group_id: str
+    sample_idx: int
+    # n: samples in the group; the buffer holds a group until all n arrived.
+    group_size: int
+    prompt_ids: np.ndarray        # int32 [P]
+    output_ids: np.ndarray        # int32 [T]
+    output_logprobs: np.ndarray   # float32 [T], behaviour policy log-probs
+    output_versions: np.ndarray   # int32 [T], policy version that sampled each token
+    admit_version: int
+    reward: float
+    finish_reason: str
+    task: str
+    timings: dict[str, float]

@@ -1,0 +1,1 @@
+"""Replay buffer, advantages, decoupled PPO, micro-batching, backends, weight publishing."""
