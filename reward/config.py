@@ -6,11 +6,45 @@ from dataclasses import dataclass
 
 @dataclass
 class RewardConfig:
-    # math | code
+    """Graders (math, sandboxed code) and the reward service that runs them."""
+    # The task of this experiment's prompts, math or code (each request item also names its own).
     task: str = "math"
+    # Reward of a correct response.
     correct_reward: float = 5.0
+    # Reward of a wrong, unparsable, failing or timed-out response.
     wrong_reward: float = -5.0
+    # Grader worker processes in the service's pool (a crashed or hung one is replaced).
     num_workers: int = 2
+    # Interface the service listens on.
+    host: str = "127.0.0.1"
+    # 0 = pick a free port and publish it in <exp>/services/reward.json.
+    port: int = 0
+    # Math: with true, a response without \boxed{} is wrong; with false, math-verify extracts the
+    # final expression of the answer text instead (see docs/reward.md, "No box").
+    math_require_box: bool = False
+    # Math: seconds one verdict may take (sympy can be slow on pathological input).
+    math_timeout_s: float = 5.0
+    # Code: seconds of wall time for one test case.
+    code_test_timeout_s: float = 5.0
+    # Code: seconds of wall time for all the tests of one task together.
+    code_total_timeout_s: float = 30.0
+    # Code: address-space limit of the program, in MiB.
+    code_memory_mb: int = 1024
+    # Code: processes the program may run at once (fork bombs hit this limit).
+    code_max_processes: int = 16
+    # Code: largest file the program may write, in MiB.
+    code_max_file_mb: int = 16
+    # Code: bytes of stdout/stderr captured per test; a program printing more fails the test.
+    code_max_output_bytes: int = 1_000_000
+    # Code: false = the reward is correct_reward only when every test passes; true = wrong_reward
+    # plus the passed fraction of (correct_reward - wrong_reward).
+    code_partial_credit: bool = False
+    # Code isolation: auto (bubblewrap when it works, else rlimits only, logged loudly), bwrap
+    # (refuse to run code without it) or rlimits (never use bubblewrap).
+    sandbox: str = "auto"
+    # Code: programs run as user id sandbox_uid_base + (worker pid mod 10000) when the grader
+    # is root, so the process limit applies and root's files stay unreadable.
+    sandbox_uid_base: int = 200000
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -18,4 +52,14 @@ class RewardConfig:
             out.append(("task", f"must be 'math' or 'code', got {self.task!r}"))
         if self.num_workers < 1:
             out.append(("num_workers", "must be >= 1"))
+        if self.sandbox not in ("auto", "bwrap", "rlimits"):
+            out.append(("sandbox", f"must be auto, bwrap or rlimits, got {self.sandbox!r}"))
+        for key in ("math_timeout_s", "code_test_timeout_s", "code_total_timeout_s"):
+            if getattr(self, key) <= 0:
+                out.append((key, "must be > 0"))
+        for key in ("code_memory_mb", "code_max_processes", "code_max_file_mb", "code_max_output_bytes"):
+            if getattr(self, key) < 1:
+                out.append((key, "must be >= 1"))
+        if self.correct_reward <= self.wrong_reward:
+            out.append(("correct_reward", f"must be greater than wrong_reward ({self.wrong_reward})"))
         return out

@@ -1,0 +1,84 @@
+"""Code verdicts: the response's program run against the task's tests in the sandbox.
+
+Tests follow the APPS/TACO `input_output` convention: `{"inputs": [...], "outputs": [...],
+"fn_name": optional}`. Without `fn_name` each input is a program's stdin and each output its
+expected stdout (compared token by token, whitespace-insensitive, floats to 1e-6); with it each
+input is the list of positional arguments of a top-level function (or a `Solution` method) of
+that name and each output the expected return value.
+"""
+from __future__ import annotations
+
+from reward.config import RewardConfig
+from reward.extract import extract_program
+from reward.sandbox import Sandbox
+from services.protocol import Verdict
+
+_SANDBOXES: dict[str, Sandbox] = {}
+MAX_SHOWN_TESTS = 20  # per-test records kept in a verdict (the counts cover all of them)
+SHOWN = 500  # characters of the extracted program kept in a verdict
+
+
+def tests_problem(tests) -> str | None:
+    """What is wrong with a `tests` value, or None when it is usable."""
+    if not isinstance(tests, dict):
+        return f"tests must be a map with inputs/outputs, got {type(tests).__name__}"
+    inputs, outputs = tests.get("inputs"), tests.get("outputs")
+    if not isinstance(inputs, list) or not isinstance(outputs, list):
+        return "tests.inputs and tests.outputs must be lists"
+    if len(inputs) != len(outputs):
+        return f"tests has {len(inputs)} inputs but {len(outputs)} outputs"
+    if not inputs:
+        return "tests has no test cases"
+    fn_name = tests.get("fn_name")
+    if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
+        return f"tests.fn_name must be a Python identifier, got {fn_name!r}"
+    if fn_name is None and not all(isinstance(x, (str, list)) for x in inputs + outputs):
+        return "stdin/stdout tests need text (or lists of lines) as inputs and outputs"
+    unknown = set(tests) - {"inputs", "outputs", "fn_name"}
+    if unknown:
+        return f"tests has unknown key(s) {sorted(unknown)}"
+    return None
+
+
+def sandbox_for(cfg: RewardConfig) -> Sandbox:
+    """One Sandbox per config per process (bubblewrap is probed once)."""
+    key = repr(cfg)
+    if key not in _SANDBOXES:
+        _SANDBOXES[key] = Sandbox(cfg)
+    return _SANDBOXES[key]
+
+
+def _reward(cfg: RewardConfig, passed: int, total: int) -> float:
+    if passed == total and total:
+        return cfg.correct_reward
+    if cfg.code_partial_credit and total:
+        return cfg.wrong_reward + (cfg.correct_reward - cfg.wrong_reward) * passed / total
+    return cfg.wrong_reward
+
+
+def grade_code(response: str, tests: dict, cfg: RewardConfig | None = None) -> Verdict:
+    """Grade one response; every failure of the program is a verdict, never an exception."""
+    cfg = cfg or RewardConfig()
+    sandbox = sandbox_for(cfg)
+    base = {"task": "code", "isolation": sandbox.isolation}
+    problem = tests_problem(tests)
+    if problem:
+        return Verdict(cfg.wrong_reward, False, {**base, "reason": f"invalid tests: {problem}"})
+    program, found = extract_program(response)
+    if program is None:
+        return Verdict(cfg.wrong_reward, False, {**base, "reason": f"no program: {found}", "extracted": None})
+    result = sandbox.run(program, tests["inputs"], tests["outputs"], tests.get("fn_name"))
+    total = len(tests["inputs"])
+    if result.error:
+        return Verdict(cfg.wrong_reward, False, {**base, "reason": f"sandbox error: {result.error}",
+                                                 "extracted": program[:SHOWN], "found": found, "passed": 0, "total": total,
+                                                 "seconds": round(result.seconds, 3)})
+    passed = sum(1 for t in result.tests if t.get("passed") is True)
+    if len(result.tests) != total:  # the harness answers every test; anything else is a failure
+        passed = 0
+    ok = passed == total
+    first_failure = next((t["status"] for t in result.tests if not t.get("passed")), None)
+    reason = "all tests passed" if ok else f"{passed}/{total} tests passed; first failure: {first_failure}"
+    return Verdict(_reward(cfg, passed, total), ok,
+                   {**base, "reason": reason, "extracted": program[:SHOWN], "found": found, "passed": passed, "total": total,
+                    "tests": result.tests[:MAX_SHOWN_TESTS], "seconds": round(result.seconds, 3)})

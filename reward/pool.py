@@ -1,0 +1,208 @@
+"""A pool of grader worker processes that answers every item, whatever the workers do.
+
+Each worker (reward.worker) grades one item at a time. One asyncio driver per worker slot feeds
+it jobs from a shared queue and enforces a hard time limit per item. A worker that dies or
+overruns is killed with its whole session and replaced; the item it held gets an error verdict
+(it is not retried: it may be what kills workers). A worker that dies while idle is replaced
+before it takes a job, so no item is charged for it.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+
+from reward.config import RewardConfig
+from reward.sandbox import GRACE_S
+from services.protocol import GradeItem, Verdict
+
+log = logging.getLogger(__name__)
+_LEN = struct.Struct(">I")
+STARTUP_TIMEOUT_S = 120.0
+
+
+@dataclass
+class _Job:
+    id: int
+    item: GradeItem
+    future: asyncio.Future
+    deadline: float  # time.monotonic() after which nobody waits for the verdict
+
+
+@dataclass
+class PoolStats:
+    graded: int = 0
+    errors: int = 0
+    restarts: int = 0
+    expired: int = 0
+    isolation: str = "unknown"
+    pids: list[int] = field(default_factory=list)
+
+
+def error_verdict(cfg: RewardConfig, task: str, why: str) -> Verdict:
+    return Verdict(cfg.wrong_reward, False, {"task": task, "error": why, "reason": f"not graded: {why}"})
+
+
+class _Worker:
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+
+    async def send(self, obj: dict) -> None:
+        body = msgpack.packb(obj, use_bin_type=True)
+        self.proc.stdin.write(_LEN.pack(len(body)) + body)
+        await self.proc.stdin.drain()
+
+    async def recv(self) -> dict:
+        head = await self.proc.stdout.readexactly(_LEN.size)
+        return msgpack.unpackb(await self.proc.stdout.readexactly(_LEN.unpack(head)[0]), raw=False)
+
+    async def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await self.proc.wait()
+
+
+class GraderPool:
+    """`await pool.grade(items, deadline_s)` → one Verdict per item, in order, always."""
+
+    def __init__(self, cfg: RewardConfig, size: int | None = None):
+        self.cfg = cfg
+        self.size = size or cfg.num_workers
+        self.stats = PoolStats()
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._drivers: list[asyncio.Task] = []
+        self._workers: dict[int, _Worker] = {}
+        self._ids = 0
+
+    def hard_limit_s(self, task: str) -> float:
+        """Seconds a worker may hold one item before it is deemed hung and killed."""
+        if task == "code":
+            return self.cfg.code_total_timeout_s + GRACE_S + 5.0
+        return 2 * self.cfg.math_timeout_s + 5.0
+
+    async def start(self) -> None:
+        workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
+        for slot, w in enumerate(workers):
+            self._workers[slot] = w
+            self._drivers.append(asyncio.ensure_future(self._drive(slot)))
+        self.stats.pids = self.pids()
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers.values()]
+
+    async def _spawn(self) -> _Worker:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "reward.worker", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, start_new_session=True, env=env)
+        w = _Worker(proc)
+        try:
+            await w.send(dataclasses.asdict(self.cfg))
+            hello = await asyncio.wait_for(w.recv(), STARTUP_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+            await w.kill()
+            raise RuntimeError(f"grader worker did not start: {type(e).__name__}: {e}") from e
+        self.stats.isolation = hello.get("isolation", "unknown")
+        return w
+
+    async def _replace(self, slot: int, why: str) -> None:
+        log.warning("grader worker %d (pid %d) %s; replacing it", slot, self._workers[slot].proc.pid, why)
+        await self._workers[slot].kill()
+        self.stats.restarts += 1
+        while True:
+            try:
+                self._workers[slot] = await self._spawn()
+                break
+            except RuntimeError as e:
+                log.error("%s; retrying in 1s", e)
+                await asyncio.sleep(1.0)
+        self.stats.pids = self.pids()
+
+    async def _drive(self, slot: int) -> None:
+        while True:
+            worker = self._workers[slot]
+            get = asyncio.ensure_future(self._queue.get())
+            died = asyncio.ensure_future(worker.proc.wait())
+            await asyncio.wait({get, died}, return_when=asyncio.FIRST_COMPLETED)
+            if died.done():
+                if get.done():
+                    self._queue.put_nowait(get.result())  # not this job's fault: give it back
+                else:
+                    get.cancel()
+                await self._replace(slot, f"exited while idle (status {worker.proc.returncode})")
+                continue
+            died.cancel()
+            job = get.result()
+            if job.future.done():
+                continue  # its request already answered (deadline passed)
+            if time.monotonic() >= job.deadline:
+                self.stats.expired += 1
+                job.future.set_result(error_verdict(self.cfg, job.item.task, "request deadline passed before grading"))
+                continue
+            await self._run(slot, worker, job)
+
+    async def _run(self, slot: int, worker: _Worker, job: _Job) -> None:
+        item = job.item
+        limit = self.hard_limit_s(item.task)
+        try:
+            await worker.send({"id": job.id, "task": item.task, "response": item.response,
+                               "answer": item.answer, "tests": item.tests})
+            reply = await asyncio.wait_for(worker.recv(), limit)
+        except TimeoutError:
+            verdict = error_verdict(self.cfg, item.task, f"grader hung: killed after {limit:.0f}s")
+            await self._replace(slot, f"held one item over {limit:.0f}s")
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as e:
+            await worker.proc.wait()
+            why = f"grader worker crashed (exit status {worker.proc.returncode})"
+            verdict = error_verdict(self.cfg, item.task, why)
+            await self._replace(slot, f"crashed ({type(e).__name__})")
+        else:
+            if reply.get("id") != job.id:
+                verdict = error_verdict(self.cfg, item.task, "grader worker answered out of turn")
+                await self._replace(slot, "answered out of turn")
+            else:
+                verdict = Verdict(float(reply["reward"]), bool(reply["correct"]), dict(reply["details"]))
+        if "error" in verdict.details:
+            self.stats.errors += 1
+        self.stats.graded += 1
+        if not job.future.done():
+            job.future.set_result(verdict)
+
+    async def grade(self, items: list[GradeItem], deadline_s: float) -> list[Verdict]:
+        """Verdicts for `items` within `deadline_s` (items still waiting then get error verdicts)."""
+        loop = asyncio.get_running_loop()
+        # Leave a little of the caller's budget for the reply to travel back.
+        deadline = time.monotonic() + max(0.05, deadline_s - min(1.0, deadline_s * 0.1))
+        jobs = []
+        for item in items:
+            self._ids += 1
+            job = _Job(self._ids, item, loop.create_future(), deadline)
+            jobs.append(job)
+            self._queue.put_nowait(job)
+        futures = [j.future for j in jobs]
+        if futures:
+            await asyncio.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+        out = []
+        for job in jobs:
+            if not job.future.done():
+                self.stats.expired += 1
+                job.future.set_result(error_verdict(self.cfg, job.item.task,
+                                                    f"request deadline of {deadline_s:g}s passed"))
+            out.append(job.future.result())
+        return out
+
+    async def close(self) -> None:
+        for d in self._drivers:
+            d.cancel()
+        await asyncio.gather(*self._drivers, return_exceptions=True)
+        await asyncio.gather(*(w.kill() for w in self._workers.values()))

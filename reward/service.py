@@ -1,0 +1,91 @@
+"""`tandem reward serve --exp DIR`: the reward service (ZeroMQ ROUTER with CURVE + a grader pool).
+
+Rollout workers send `GradeRequest`s (a batch of items and a deadline) and get one `Verdict` per
+item, in order, always: items the pool could not grade in time, or whose grader crashed or hung,
+come back as error verdicts (`details.error`) with the wrong-answer reward. The address is
+published in `<exp>/services/reward.json`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from reward.config import RewardConfig
+from reward.pool import GraderPool
+from services.protocol import (
+    ExpDir,
+    GradeReply,
+    GradeRequest,
+    MetricsWriter,
+    RequestServer,
+    Shutdown,
+    StatusReply,
+    StatusRequest,
+    load_keys,
+    publish_service,
+    setup_role_logging,
+)
+
+log = logging.getLogger(__name__)
+METRICS_EVERY_S = 10.0
+
+
+class RewardService:
+    def __init__(self, exp: ExpDir, cfg: RewardConfig):
+        self.exp, self.cfg = exp, cfg
+        self.pool = GraderPool(cfg)
+        self.server: RequestServer | None = None
+        self.requests = 0
+
+    async def grade(self, req: GradeRequest) -> GradeReply:
+        if req.deadline_s <= 0:
+            raise ValueError(f"grade: deadline_s must be > 0, got {req.deadline_s}")
+        self.requests += 1
+        return GradeReply(verdicts=await self.pool.grade(req.items, req.deadline_s))
+
+    def status(self, _req: StatusRequest) -> StatusReply:
+        s = self.pool.stats
+        return StatusReply(state={"role": "reward", "workers": self.pool.pids(), "graded": s.graded,
+                                  "errors": s.errors, "restarts": s.restarts, "expired": s.expired,
+                                  "requests": self.requests, "isolation": s.isolation})
+
+    async def run(self, shutdown: Shutdown) -> int:
+        await self.pool.start()
+        self.server = RequestServer(load_keys(self.exp.keys), {"grade": self.grade, "status": self.status},
+                                    host=self.cfg.host, port=self.cfg.port)
+        publish_service(self.exp, "reward", {"address": self.server.address, "workers": self.pool.size,
+                                             "isolation": self.pool.stats.isolation})
+        log.info("reward service on %s: %d grader workers, code isolation %s", self.server.address,
+                 self.pool.size, self.pool.stats.isolation)
+        if self.pool.stats.isolation != "bwrap":
+            log.warning("generated code runs WITHOUT bubblewrap (%s): no filesystem or network isolation; "
+                        "install bubblewrap (`make sandbox-deps`)", self.pool.stats.isolation)
+        metrics = MetricsWriter(self.exp, "reward")
+        serving = asyncio.ensure_future(self.server.serve_forever())
+        last = time.monotonic()
+        try:
+            while not shutdown.requested and not serving.done():
+                await asyncio.sleep(0.2)
+                if time.monotonic() - last >= METRICS_EVERY_S:
+                    last = time.monotonic()
+                    s = self.pool.stats
+                    metrics.log(event="reward", graded=s.graded, errors=s.errors, restarts=s.restarts,
+                                expired=s.expired, requests=self.requests)
+        finally:
+            self.server.close()
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+            await self.pool.close()
+            metrics.close()
+        if serving.done() and not serving.cancelled() and serving.exception():
+            log.error("server loop failed: %s", serving.exception())
+            return 1
+        return 0
+
+
+def serve(exp_root: str, cfg: RewardConfig) -> int:
+    exp = ExpDir(exp_root)
+    setup_role_logging(exp, "reward")
+    shutdown = Shutdown().install()
+    return asyncio.run(RewardService(exp, cfg).run(shutdown))

@@ -1,0 +1,73 @@
+"""A grader worker process: grades one item at a time for the pool (see reward.pool).
+
+Runs as `python -m reward.worker`, in its own session so the pool can kill it and everything it
+started. Frames on stdin/stdout are 4-byte big-endian lengths + msgpack. The first frame in is
+the RewardConfig (a map); the worker answers {"ready": pid} once its imports are done, then one
+reply per job: {"id", "reward", "correct", "details"}. Grading happens on the main thread, so
+the math grader's own interval timer works; the pool's hard limit is the backstop.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import sys
+
+import msgpack
+
+from reward.config import RewardConfig
+
+_LEN = struct.Struct(">I")
+
+
+def read_frame(stream) -> dict | None:
+    head = stream.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return None
+    body = stream.read(_LEN.unpack(head)[0])
+    return msgpack.unpackb(body, raw=False)
+
+
+def write_frame(stream, obj: dict) -> None:
+    body = msgpack.packb(obj, use_bin_type=True)
+    stream.write(_LEN.pack(len(body)) + body)
+    stream.flush()
+
+
+def grade_item(cfg: RewardConfig, job: dict) -> dict:
+    from reward.code_grader import grade_code
+    from reward.math_grader import grade_math
+
+    if job.get("task") == "code":
+        v = grade_code(job.get("response", ""), job.get("tests"), cfg)
+    else:
+        v = grade_math(job.get("response", ""), job.get("answer", ""), cfg)
+    return {"reward": v.reward, "correct": v.correct, "details": v.details}
+
+
+def main() -> int:
+    # Our replies own the real stdout; anything a library prints goes to stderr instead.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = os.fdopen(0, "rb")
+    raw = read_frame(inp)
+    if raw is None:
+        return 1
+    cfg = RewardConfig(**raw)
+    import reward.code_grader  # noqa: F401  (pay the imports and the bwrap probe before "ready")
+    import reward.math_grader  # noqa: F401
+    from reward.code_grader import sandbox_for
+    isolation = sandbox_for(cfg).isolation
+    write_frame(out, {"ready": os.getpid(), "isolation": isolation})
+    while (job := read_frame(inp)) is not None:
+        try:
+            reply = grade_item(cfg, job)
+        except Exception as e:  # a grader bug answers as an error verdict; the worker goes on
+            reply = {"reward": cfg.wrong_reward, "correct": False,
+                     "details": {"task": job.get("task"), "error": f"grader failed: {type(e).__name__}: {e}"[:500],
+                                 "reason": "grader error"}}
+        write_frame(out, {"id": job["id"], **reply})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Helpers of the reward tests: a real reward service process and a scan for sandbox leftovers."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launcher.config import load_config, save_resolved
+from services.protocol import ExpDir, SyncRequestClient, generate_keys, load_keys, read_service
+
+SECRET = "tandem-test-secret-6f1c"
+SANDBOX_UID_BASE = 200000
+
+
+class RunningService:
+    def __init__(self, exp: ExpDir, proc: subprocess.Popen):
+        self.exp, self.proc = exp, proc
+        self.keys = load_keys(exp.keys)
+        self.address = read_service(exp, "reward", timeout_s=60)["address"]
+
+    def client(self, timeout_s: float = 60.0) -> SyncRequestClient:
+        return SyncRequestClient(self.keys, self.address, timeout_s)
+
+    def status(self) -> dict:
+        from services.protocol import StatusRequest
+        c = self.client(10)
+        try:
+            return c.request(StatusRequest()).state
+        finally:
+            c.close()
+
+
+def start_service(root: Path, overrides: list[str]) -> RunningService:
+    exp = ExpDir(root)
+    exp.root.mkdir(parents=True, exist_ok=True)
+    generate_keys(exp.keys)
+    cfg = load_config(None, ["experiment.name=reward-test", "experiment.model=none",
+                             f"experiment.exp_dir={root}", *overrides])
+    save_resolved(cfg, root)
+    env = {**os.environ, "TANDEM_TEST_SECRET": SECRET}
+    tandem = Path(sys.executable).with_name("tandem")
+    proc = subprocess.Popen([str(tandem), "reward", "serve", "--exp", str(root)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not exp.service_file("reward").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            log = exp.log_file("reward")
+            raise RuntimeError(f"reward service did not start: {log.read_text() if log.exists() else ''}")
+        time.sleep(0.05)
+    return RunningService(exp, proc)
+
+
+def stop_service(svc: RunningService) -> None:
+    svc.proc.send_signal(signal.SIGTERM)
+    try:
+        svc.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        svc.proc.kill()
+        svc.proc.wait()
+
+
+def sandbox_processes() -> list[str]:
+    """Processes a sandbox could leave behind: its harness or anything run as a sandbox user."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            uid = int(Path(f"/proc/{name}/status").read_text().split("Uid:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+        if "tandem-sandbox" in cmd or "tandem-sbx" in cmd or SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + 10000:
+            found.append(f"{name} uid={uid} {cmd[:120]}")
+    return found
+
+
+def wait_no_sandbox_processes(timeout_s: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+REWARD_OVERRIDES = ["reward.num_workers=2", "reward.math_timeout_s=2.0", "reward.code_test_timeout_s=1.0",
+                    "reward.code_total_timeout_s=4.0", "reward.code_memory_mb=256"]

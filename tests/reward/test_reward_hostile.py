@@ -1,0 +1,110 @@
+"""Hostile programs sent through the real reward service: each is a failure, the service stays
+up, nothing they did is left on the host, and no process of theirs survives."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+
+import pytest
+from reward_service_helpers import SECRET, wait_no_sandbox_processes
+
+from reward.config import RewardConfig
+from reward.sandbox import Sandbox
+from services.protocol import GradeItem, GradeRequest
+
+VAR_TMP_FILE = f"/var/tmp/tandem-pwned-{os.getpid()}"
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(RewardConfig()).isolation != "bwrap",
+                                reason="bubblewrap not installed or not permitted here")
+
+
+def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, tuple[str, dict]]:
+    """name -> (program, tests); every test would pass if the hostile action succeeded."""
+    ok = {"inputs": [""], "outputs": ["ok"]}
+    call = {"fn_name": "f", "inputs": [[1]], "outputs": [1]}
+    return {
+        "infinite_loop": ("while True:\n    pass", ok),
+        "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", ok),
+        "memory_bomb": ("a = []\nwhile True:\n    a.append(bytearray(50 * 2**20))\nprint('ok')", ok),
+        "gigabytes_of_output": ("import sys\nchunk = 'x' * 65536\nwhile True:\n    sys.stdout.write(chunk)", ok),
+        "write_outside_tmp": (f"open({host_file!r}, 'w').write('pwned')\nprint('ok')", ok),
+        "write_etc": ("open('/etc/tandem-pwned', 'w').write('x')\nprint('ok')", ok),
+        "write_var_tmp": (f"open({VAR_TMP_FILE!r}, 'w').write('x')\nprint('ok')", ok),
+        # A root-only file (0600) outside /tmp, like the experiment's secret key on shared storage.
+        "read_root_only_file": (f"print(open({secret_file!r}).read())", {"inputs": [""], "outputs": [SECRET]}),
+        "kill_parent": ("import os\nos.kill(os.getppid(), 9)\nprint('ok')", ok),
+        "kill_parent_call": ("import os\nos.kill(os.getppid(), 9)\ndef f(x):\n    return x", call),
+        "read_secret": ("import os\nprint(os.environ.get('TANDEM_TEST_SECRET', 'none'))",
+                        {"inputs": [""], "outputs": [SECRET]}),
+        "read_secret_proc": ("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())",
+                             {"inputs": [""], "outputs": [SECRET]}),
+        "open_socket": (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('ok')", ok),
+        "sys_exit_before_checks": ("import sys\nsys.exit(0)\ndef f(x):\n    return x", call),
+        "os_exit_before_checks": ("import os\nos._exit(0)\ndef f(x):\n    return x", call),
+        "fake_report": ("import sys, os\nos.write(1, b'{\"i\": 0, \"value\": 1}\\n')\nos._exit(0)", call),
+    }
+
+
+def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path):
+    host_file = tmp_path / "pwned"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    connections = []
+
+    def accept():
+        while not stop.is_set():
+            try:
+                connections.append(listener.accept())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    stop = threading.Event()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    secret_file = f"/var/tmp/tandem-secret-{os.getpid()}"
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, SECRET.encode())
+    os.close(fd)
+    programs = hostile_programs(str(host_file), listener.getsockname()[1], secret_file)
+    if os.getuid() != 0:  # the sandbox drops to another user only when the grader is root
+        del programs["read_root_only_file"]
+    items = [GradeItem(task="code", response=f"```python\n{src}\n```", tests=tests)
+             for src, tests in programs.values()]
+    client = reward_service.client(timeout_s=120)
+    try:
+        reply = client.request(GradeRequest(items=items, deadline_s=110))
+    finally:
+        client.close()
+        stop.set()
+        acceptor.join(5)
+        listener.close()
+        os.unlink(secret_file)
+    verdicts = dict(zip(programs, reply.verdicts, strict=True))
+    for name, v in verdicts.items():
+        assert not v.correct, (name, v.details)
+        assert v.reward == -5.0, name
+        assert v.details["isolation"] == "bwrap", name
+        assert "error" not in v.details, (name, v.details)  # graded as a failure, not a grader error
+    assert "timeout" in verdicts["infinite_loop"].details["reason"]
+    assert "output limit" in verdicts["gigabytes_of_output"].details["reason"]
+    assert "no result" in verdicts["os_exit_before_checks"].details["reason"]
+    assert not host_file.exists() and not os.path.exists(VAR_TMP_FILE)
+    if "read_root_only_file" in verdicts:
+        reason = verdicts["read_root_only_file"].details["tests"][0]["stderr"]
+        assert "Permission denied" in reason, reason
+    assert not connections
+    # The service is alive and its pool whole; nothing the programs started is still running.
+    state = reward_service.status()
+    assert len(state["workers"]) == 2 and state["restarts"] == 0
+    c = reward_service.client()
+    try:
+        ok = c.request(GradeRequest(items=[GradeItem(task="math", response=r"\boxed{2}", answer="2")]))
+    finally:
+        c.close()
+    assert ok.verdicts[0].correct
+    assert wait_no_sandbox_processes() == []
