@@ -1,6 +1,6 @@
 """`tandem`: one command, a sub-command per role and per user action.
 
-Each package registers its own sub-commands (`<package>/cli.py: register(sub)`), so the
+Each package registers its own sub-commands (`register(sub)` in its cli module), so the
 launcher starts every role the same way (`tandem controller --exp DIR`, `tandem trainer ...`)
 without knowing its internals. A sub-command with `--exp` receives the experiment's resolved
 config as `args.cfg`.
@@ -12,9 +12,8 @@ import sys
 
 from launcher.config import ConfigError, load_config, load_experiment, to_yaml
 
-ROLE_PACKAGES = ("services", "rollout", "reward", "trainer")
-# The launcher's own command modules (each with `register(sub)`), e.g. planning and simulation.
-LAUNCHER_COMMANDS: tuple[str, ...] = ()
+# Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
+COMMAND_MODULES = ("services.cli", "rollout.cli", "reward.cli", "trainer.cli", "launcher.commands")
 
 
 def _config_show(args) -> int:
@@ -51,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description="Asynchronous RL for reasoning LLMs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_config_commands(sub)
-    for name in [f"{pkg}.cli" for pkg in ROLE_PACKAGES] + list(LAUNCHER_COMMANDS):
+    for name in COMMAND_MODULES:
         __import__(name, fromlist=["register"]).register(sub)
     return parser
 

@@ -23,6 +23,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from launcher.simulate.config import SimulateConfig
 from reward.config import RewardConfig
 from rollout.config import GenConfig, RolloutConfig
 from services.config import ControllerConfig
@@ -77,8 +78,10 @@ class LauncherSection:
             out.append(("gpus_per_node", "must be >= 0"))
         parts = self.gen_train_ratio.split(":")
         if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            hint = (" (YAML reads an unquoted 3:1 as the base-60 number 181: write '3:1' in quotes)"
+                    if self.gen_train_ratio.isdigit() else "")
             out.append(("gen_train_ratio", f"must look like '3:1' (two positive integers), "
-                                           f"got {self.gen_train_ratio!r}"))
+                                           f"got {self.gen_train_ratio!r}{hint}"))
         return out
 
 
@@ -91,9 +94,10 @@ class ExperimentConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
 
 
-SECTIONS = ("experiment", "launcher", "controller", "gen", "rollout", "reward", "trainer")
+SECTIONS = ("experiment", "launcher", "controller", "gen", "rollout", "reward", "trainer", "simulate")
 
 
 class ConfigError(Exception):
@@ -222,6 +226,10 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ex
         lines = [f"{_where(src, k)}: {m}" for k, m in problems]
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
     obj.experiment.exp_dir = str(Path(obj.experiment.exp_dir).expanduser().absolute())
+    model = Path(obj.experiment.model).expanduser()
+    if obj.experiment.model.startswith((".", "~")) or model.exists():
+        # Roles may run elsewhere (another cwd, a cluster node): pin local paths down now.
+        obj.experiment.model = str(model.absolute())
     return obj
 
 

@@ -1,18 +1,42 @@
 """Config sections owned by the rollout package: `rollout` (workers) and `gen` (servers)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class RolloutConfig:
+    """Rollout workers: which prompts, how many samples, how they are generated and graded."""
+    # Prompt data: a JSONL file (DeepScaleR-style math or DeepCoder-style code rows), or
+    # `synthetic:math` / `synthetic:code` for the generated tasks of the embedded default.
+    dataset: str = "synthetic:math"
+    # Size of the synthetic data set (ignored for files).
+    synthetic_size: int = 20000
     # Samples generated per prompt (the group size n).
     n_samples: int = 8
+    # Sampling temperature; the trainer applies the same one to its logits.
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
     max_new_tokens: int = 1024
+    # Worker processes; each runs many episodes concurrently.
     num_workers: int = 1
     # Episodes a worker runs concurrently.
     concurrency: int = 64
+    # The episode function, `module:function` (see rollout/workflow.py).
+    workflow: str = "rollout.workflow:single_turn"
+    # Drop groups whose samples all got the same reward (no learning signal), DAPO-style.
+    filter_all_equal: bool = False
+    # Attempts for one generation request before the group is failed.
+    max_attempts: int = 3
+    # Seconds a reward request may take before the group is failed.
+    reward_timeout_s: float = 120.0
+    # Seconds between heartbeats to the controller (must be well under controller.lease_s).
+    heartbeat_s: float = 5.0
+    # Held-out problems scored greedily before and after a run (0 = no evaluation).
+    eval_size: int = 0
+    # Held-out data file; empty = fresh synthetic problems never drawn for training.
+    eval_dataset: str = ""
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -22,14 +46,42 @@ class RolloutConfig:
             out.append(("temperature", "must be > 0"))
         if self.max_new_tokens < 1:
             out.append(("max_new_tokens", "must be >= 1"))
+        if not (0 < self.top_p <= 1):
+            out.append(("top_p", "must be in (0, 1]"))
+        if self.concurrency < 1 or self.num_workers < 1:
+            out.append(("concurrency" if self.concurrency < 1 else "num_workers", "must be >= 1"))
+        if ":" not in self.workflow:
+            out.append(("workflow", f"must look like 'module:function', got {self.workflow!r}"))
+        if not self.dataset.startswith("synthetic:") and not self.dataset.endswith((".jsonl", ".json")):
+            out.append(("dataset", f"must be a .jsonl file or synthetic:math|code, got {self.dataset!r}"))
+        if self.max_attempts < 1:
+            out.append(("max_attempts", "must be >= 1"))
         return out
 
 
 @dataclass
 class GenConfig:
+    """Generation servers: the embedded CPU server or SGLang on GPUs (same HTTP API)."""
     # embedded: Tandem's CPU server; sglang: SGLang servers on GPUs (same HTTP API).
     backend: str = "embedded"
+    # Generation servers (embedded: processes on this machine; sglang: one per tp_size GPUs).
     num_servers: int = 1
+    # Torch threads of each embedded server (0: $TANDEM_THREADS, else 1).
+    threads: int = 1
+    # Most sequences one embedded server decodes together (the running batch).
+    max_running_requests: int = 64
+    # Prompt tokens an embedded server prefills per engine step before decoding again.
+    prefill_tokens_per_step: int = 2048
+    # Weights dtype of the embedded server (float32 keeps log-probs exact on CPU).
+    dtype: str = "float32"
+    # Seeds unseeded requests' sampling (server rank is added).
+    seed: int = 0
+    # SGLang only: tensor-parallel GPUs per server.
+    tp_size: int = 1
+    # SGLang only: fraction of GPU memory for weights + KV cache.
+    mem_fraction_static: float = 0.8
+    # SGLang only: extra `python -m sglang.launch_server` arguments, as-is.
+    sglang_args: list[str] = field(default_factory=list)
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -37,4 +89,16 @@ class GenConfig:
             out.append(("backend", f"must be 'embedded' or 'sglang', got {self.backend!r}"))
         if self.num_servers < 1:
             out.append(("num_servers", "must be >= 1"))
+        if self.threads < 0:
+            out.append(("threads", "must be >= 0"))
+        if self.max_running_requests < 1:
+            out.append(("max_running_requests", "must be >= 1"))
+        if self.prefill_tokens_per_step < 1:
+            out.append(("prefill_tokens_per_step", "must be >= 1"))
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            out.append(("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}"))
+        if self.tp_size < 1:
+            out.append(("tp_size", "must be >= 1"))
+        if not (0 < self.mem_fraction_static < 1):
+            out.append(("mem_fraction_static", "must be in (0, 1)"))
         return out

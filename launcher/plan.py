@@ -1,0 +1,243 @@
+"""The allocation plan: which GPUs generate, which train, and where the CPU roles run.
+
+Generation and training get disjoint GPUs in the configured ratio (`launcher.gen_train_ratio`,
+AReaL's 3:1). Whole nodes per role when the ratio divides the node count, because a node shared
+by two roles makes both fight over its NVLink and host memory; otherwise the split falls inside
+one node, rounded so no tensor-parallel group straddles a role or a node boundary. Everything
+that cannot work (TP larger than a node, a trainer world not divisible by TP x PP, a ratio
+that leaves a role with no GPU) is a `PlanError` naming the keys to change, before any job is
+submitted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from launcher.config import ConfigError, ExperimentConfig
+
+
+class PlanError(ConfigError):
+    """The cluster shape cannot host the requested layout; the message says which keys conflict."""
+
+
+@dataclass(frozen=True)
+class ServerSlot:
+    """One generation server: its index, node, and the node-local GPU ids it owns."""
+    index: int
+    node: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TrainerRank:
+    rank: int
+    node: int
+    gpu: int
+
+
+@dataclass
+class Plan:
+    nodes: int
+    gpus_per_node: int
+    ratio: tuple[int, int]
+    # "whole-node" or "gpu-level".
+    split: str
+    gen_gpus: int
+    train_gpus: int
+    gen_tp: int
+    train_tp: int
+    train_pp: int
+    servers: list[ServerSlot] = field(default_factory=list)
+    trainer_ranks: list[TrainerRank] = field(default_factory=list)
+    # role -> where it runs (CPU roles).
+    cpu_roles: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.servers)
+
+    @property
+    def trainer_world(self) -> int:
+        return self.train_gpus
+
+    @property
+    def train_dp(self) -> int:
+        return self.train_gpus // (self.train_tp * self.train_pp)
+
+    @property
+    def gen_nodes(self) -> list[int]:
+        return sorted({s.node for s in self.servers})
+
+    @property
+    def train_nodes(self) -> list[int]:
+        return sorted({r.node for r in self.trainer_ranks})
+
+    def node_roles(self) -> list[tuple[int, int, int]]:
+        """(node, generation GPUs on it, training GPUs on it) for every node."""
+        gen = [0] * self.nodes
+        train = [0] * self.nodes
+        for s in self.servers:
+            gen[s.node] += len(s.gpus)
+        for r in self.trainer_ranks:
+            train[r.node] += 1
+        return [(n, gen[n], train[n]) for n in range(self.nodes)]
+
+    def cuda_visible_devices(self, role: str, index: int) -> str:
+        """CUDA_VISIBLE_DEVICES for generation server `index` or trainer rank `index`."""
+        if role == "gen":
+            return ",".join(map(str, self.servers[index].gpus))
+        return str(self.trainer_ranks[index].gpu)
+
+
+def parse_ratio(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    try:
+        a, b = (int(p) for p in parts)
+    except ValueError:
+        raise PlanError(f"launcher.gen_train_ratio: must look like '3:1', got {text!r}") from None
+    if len(parts) != 2 or a < 1 or b < 1:
+        raise PlanError(f"launcher.gen_train_ratio: must be two positive integers like '3:1', got {text!r}")
+    return a, b
+
+
+def _check_tp(key: str, tp: int, gpus_per_node: int) -> None:
+    if tp < 1:
+        raise PlanError(f"{key}={tp}: must be >= 1")
+    if tp > gpus_per_node:
+        raise PlanError(f"{key}={tp} is larger than a node (launcher.gpus_per_node={gpus_per_node}): "
+                        f"a tensor-parallel group must stay inside one node's NVLink domain")
+    if gpus_per_node % tp:
+        raise PlanError(f"{key}={tp} does not divide launcher.gpus_per_node={gpus_per_node}: "
+                        f"some tensor-parallel group would straddle two nodes")
+
+
+def make_plan(nodes: int, gpus_per_node: int, ratio: str | tuple[int, int], gen_tp: int = 1,
+              train_tp: int = 1, train_pp: int = 1, cpu_where: str = "a CPU job (no GPUs)",
+              rollout_workers: int = 1) -> Plan:
+    """Split `nodes x gpus_per_node` GPUs between generation servers and trainer ranks."""
+    a, b = parse_ratio(ratio) if isinstance(ratio, str) else ratio
+    if nodes < 1:
+        raise PlanError(f"launcher.nodes={nodes}: must be >= 1")
+    if gpus_per_node < 1:
+        raise PlanError(f"launcher.gpus_per_node={gpus_per_node}: there are no GPUs to split "
+                        f"between generation and training")
+    if train_pp < 1:
+        raise PlanError(f"trainer.pipeline_parallel={train_pp}: must be >= 1")
+    _check_tp("gen.tp_size", gen_tp, gpus_per_node)
+    _check_tp("trainer.tensor_parallel", train_tp, gpus_per_node)
+    total = nodes * gpus_per_node
+    ratio_txt = f"{a}:{b}"
+    if (nodes * a) % (a + b) == 0:
+        split = "whole-node"
+        gen_gpus = nodes * a // (a + b) * gpus_per_node
+    else:
+        # Round the generation share to the nearest whole TP group of both roles, so every
+        # server and every trainer TP group sits inside one node and one role.
+        split = "gpu-level"
+        unit = math.lcm(gen_tp, train_tp)
+        gen_gpus = math.floor(total * a / (a + b) / unit + 0.5) * unit
+    train_gpus = total - gen_gpus
+    if gen_gpus <= 0 or train_gpus <= 0:
+        starved = "generation" if gen_gpus <= 0 else "training"
+        raise PlanError(f"launcher.gen_train_ratio={ratio_txt} on {nodes} node(s) x {gpus_per_node} GPUs "
+                        f"(gen.tp_size={gen_tp}, trainer.tensor_parallel={train_tp}) leaves {starved} "
+                        f"with no GPU; add nodes or change the ratio")
+    if train_gpus % (train_tp * train_pp):
+        raise PlanError(f"trainer world size {train_gpus} (the training share of {total} GPUs at "
+                        f"{ratio_txt}) is not divisible by trainer.tensor_parallel x "
+                        f"trainer.pipeline_parallel = {train_tp} x {train_pp}; change the ratio, the "
+                        f"node count or the parallel layout")
+    plan = Plan(nodes=nodes, gpus_per_node=gpus_per_node, ratio=(a, b), split=split,
+                gen_gpus=gen_gpus, train_gpus=train_gpus, gen_tp=gen_tp, train_tp=train_tp,
+                train_pp=train_pp)
+    for i in range(gen_gpus // gen_tp):
+        first = i * gen_tp
+        node, local = divmod(first, gpus_per_node)
+        plan.servers.append(ServerSlot(i, node, tuple(range(local, local + gen_tp))))
+    for r in range(train_gpus):
+        node, local = divmod(gen_gpus + r, gpus_per_node)
+        plan.trainer_ranks.append(TrainerRank(r, node, local))
+    plan.cpu_roles = {"controller": cpu_where, "reward service": cpu_where,
+                      f"rollout workers (x{rollout_workers})": cpu_where}
+    actual = gen_gpus / train_gpus
+    if abs(actual - a / b) > 1e-9:
+        plan.notes.append(f"requested {ratio_txt}, got {gen_gpus}:{train_gpus} GPUs "
+                          f"({actual:.2f}:1) after rounding to whole TP groups")
+    return plan
+
+
+def plan_for(cfg: ExperimentConfig) -> Plan:
+    """The plan of an experiment config (its launcher, gen and trainer sections)."""
+    la = cfg.launcher
+    where = "this machine" if la.backend == "local" else "a CPU job (no GPUs)"
+    plan = make_plan(la.nodes, la.gpus_per_node, la.gen_train_ratio, gen_tp=cfg.gen.tp_size,
+                     train_tp=cfg.trainer.tensor_parallel, train_pp=cfg.trainer.pipeline_parallel,
+                     cpu_where=where, rollout_workers=cfg.rollout.num_workers)
+    if la.backend == "slurm" and cfg.gen.num_servers not in (1, plan.num_servers):
+        plan.notes.append(f"gen.num_servers={cfg.gen.num_servers} is ignored on slurm: the plan "
+                          f"starts {plan.num_servers} servers")
+    return plan
+
+
+def _ranges(xs: list[int]) -> str:
+    if not xs:
+        return "-"
+    out, start, prev = [], xs[0], xs[0]
+    for x in xs[1:] + [None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    return ",".join(out)
+
+
+def render(plan: Plan, console=None) -> None:
+    """Print the plan: a summary and one row per run of identically used nodes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    a, b = plan.ratio
+    summary = Table(title=f"Allocation plan: {plan.nodes} nodes x {plan.gpus_per_node} GPUs, "
+                          f"ratio {a}:{b} ({plan.split} split)")
+    for c in ("role", "GPUs", "nodes", "layout"):
+        summary.add_column(c)
+    summary.add_row("generation", str(plan.gen_gpus), _ranges(plan.gen_nodes),
+                    f"{plan.num_servers} servers x TP {plan.gen_tp}")
+    summary.add_row("training", str(plan.train_gpus), _ranges(plan.train_nodes),
+                    f"world {plan.trainer_world} = TP {plan.train_tp} x PP {plan.train_pp} "
+                    f"x DP {plan.train_dp}")
+    for role, where in plan.cpu_roles.items():
+        summary.add_row(role, "0", "-", where)
+    console.print(summary)
+    nodes = Table(title="Per node")
+    for c in ("nodes", "generation GPUs", "servers", "training GPUs", "trainer ranks"):
+        nodes.add_column(c)
+    rows = plan.node_roles()
+    by_node_servers: dict[int, list[int]] = {}
+    for s in plan.servers:
+        by_node_servers.setdefault(s.node, []).append(s.index)
+    by_node_ranks: dict[int, list[int]] = {}
+    for r in plan.trainer_ranks:
+        by_node_ranks.setdefault(r.node, []).append(r.rank)
+    i = 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1][1:] == rows[i][1:]:
+            j += 1
+        node_ids = list(range(rows[i][0], rows[j][0] + 1))
+        servers = sum((by_node_servers.get(n, []) for n in node_ids), [])
+        ranks = sum((by_node_ranks.get(n, []) for n in node_ids), [])
+        nodes.add_row(_ranges(node_ids), str(rows[i][1]), _ranges(servers), str(rows[i][2]),
+                      _ranges(ranks))
+        i = j + 1
+    console.print(nodes)
+    for note in plan.notes:
+        console.print(f"note: {note}")

@@ -1,0 +1,151 @@
+"""How long things take: decode steps, prefills, training steps and weight syncs.
+
+The simulator asks only these questions, through the `Costs` interface, so the physical model
+(roofline from datasheet numbers and model shapes) and a model fitted to a real run's metrics
+(`calibrate.py`) are interchangeable. A decode step of a server running `n` sequences holding
+`C` tokens of context costs `decode_fixed[n] + decode_per_ctx * C` seconds: reading the weights
+(or, for big batches, multiplying by them) does not depend on context length, reading the KV
+cache grows with it. Affine in C is what lets the engine jump from one event to the next in
+closed form instead of stepping token by token.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from launcher.config import ConfigError
+from launcher.simulate.hardware import GPU, ModelShape
+
+
+@dataclass
+class Costs:
+    """The per-operation times the engine uses (seconds). Subclasses fill them in."""
+    # decode_fixed[n]: context-independent seconds of one decode step at batch n (index 0 unused).
+    decode_fixed: list[float]
+    # Seconds per step per token of context held in the KV cache.
+    decode_per_ctx: float
+    # Tokens of KV cache one server holds, and its concurrency cap.
+    kv_capacity: float
+    max_running: int
+    # Trainer: seconds = train_fixed + train_per_token * tokens + train_per_sq * sum(len^2).
+    train_fixed: float
+    train_per_token: float
+    train_per_sq: float
+    # Prefill: seconds = prefill_per_token * tokens + prefill_per_sq * len^2 (per sequence).
+    prefill_per_token: float
+    prefill_per_sq: float
+    # Weight sync: the trainer is busy publish_s; each server is paused load_s.
+    publish_s: float
+    load_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def train_step_s(self, tokens: float, sum_sq: float) -> float:
+        return self.train_fixed + self.train_per_token * tokens + self.train_per_sq * sum_sq
+
+    def prefill_s(self, tokens: float) -> float:
+        return self.prefill_per_token * tokens + self.prefill_per_sq * tokens * tokens
+
+    def gen_capacity_tokens_s(self, min_ctx: float) -> float:
+        """Upper bound on one server's decode tokens/s: best batch size, shortest context."""
+        best = 0.0
+        for n in range(1, self.max_running + 1):
+            if n * min_ctx > self.kv_capacity:
+                break
+            best = max(best, n / (self.decode_fixed[n] + self.decode_per_ctx * n * min_ctx))
+        return best
+
+    def train_capacity_tokens_s(self) -> float:
+        """Upper bound on trained tokens/s (infinitely large, infinitely short-sequence batches)."""
+        return 1.0 / self.train_per_token
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The GPUs a configuration gives each pool (from the allocation plan)."""
+    gen_tp: int
+    num_servers: int
+    train_gpus: int
+    train_tp: int
+    train_pp: int
+    gpus_per_node: int
+    # PPO minibatches per step and the micro-batch token budget (pipeline bubble, grad syncs).
+    ppo_minibatches: int = 1
+    tokens_per_mb: int = 32768
+
+
+def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction: float,
+                   max_running: int, weight_sync: str, disk_gbps: float, colocated: bool = False,
+                   batch_tokens_hint: float = 0.0) -> Costs:
+    """A roofline cost model: every term is bytes / bandwidth or FLOPs / (rate x efficiency)."""
+    e = gpu.eff
+    t = layout.gen_tp
+    w = model.weight_bytes
+    mm = model.matmul_params
+    peak = gpu.bf16_flops
+    # One decode step: read all weights once (memory-bound) or multiply n tokens by them
+    # (compute-bound), whichever is slower; plus a TP all-reduce pair per layer.
+    mem_s = w / t / (gpu.memory_bw * e.decode_bw)
+    flop_per_seq = 2 * mm / (t * peak * e.decode_mfu)
+    tp_s = 0.0 if t == 1 else 2 * model.layers * e.allreduce_latency_s
+    tp_per_seq = 0.0 if t == 1 else (2 * model.layers * 2 * (t - 1) / t * model.hidden * 2
+                                     / (gpu.nvlink_bw * e.network))
+    decode_fixed = [0.0] + [max(mem_s, n * flop_per_seq) + e.decode_step_overhead_s + tp_s + n * tp_per_seq
+                            for n in range(1, max_running + 1)]
+    decode_per_ctx = (model.kv_bytes_per_token / (t * gpu.memory_bw * e.decode_bw)
+                      + model.attn_flops_per_ctx / (t * peak * e.decode_mfu))
+    kv_bytes = gpu.memory_bytes * t * mem_fraction - w
+    if kv_bytes <= 0:
+        raise ConfigError(f"{model.name} ({w / 1e9:.1f} GB of weights) does not fit in a generation "
+                          f"server of {t} {gpu.name} GPU(s) at gen.mem_fraction_static={mem_fraction}; "
+                          f"raise gen.tp_size")
+    kv_capacity = kv_bytes / model.kv_bytes_per_token
+    # Training: forward+backward (6 FLOPs/param/token) plus the proximal log-prob forward (2).
+    g = layout.train_gpus
+    train_rate = g * peak * e.train_mfu
+    train_per_token = 8 * mm / train_rate
+    # Causal attention: attn_flops_per_ctx * len^2 / 2 per forward, x4 for fwd+bwd+prox forward.
+    train_per_sq = 4 * model.attn_flops_per_ctx / 2 / train_rate
+    dp = g // (layout.train_tp * layout.train_pp)
+    shard_bytes = w / (layout.train_tp * layout.train_pp)
+    dp_spans_nodes = g > layout.gpus_per_node
+    dp_bw = (gpu.node_network_bw / gpu.gpus_per_node if dp_spans_nodes else gpu.nvlink_bw) * e.network
+    grad_sync = 0.0 if dp == 1 else 2 * (dp - 1) / dp * shard_bytes / dp_bw
+    # Mixed-precision Adam touches ~16 bytes of state per parameter of the shard.
+    optim = 8 * shard_bytes / gpu.memory_bw
+    train_fixed = layout.ppo_minibatches * (grad_sync + optim)
+    notes = []
+    if layout.train_pp > 1:
+        # Pipeline bubble (pp - 1) / m with m micro-batches per minibatch per DP rank; priced at
+        # the configured batch size, as a multiplier on the compute terms.
+        mbs = max(1.0, batch_tokens_hint / max(1, dp * layout.ppo_minibatches * layout.tokens_per_mb))
+        bubble = 1 + (layout.train_pp - 1) / mbs
+        train_per_token *= bubble
+        train_per_sq *= bubble
+        notes.append(f"pipeline bubble x{bubble:.2f} ({mbs:.0f} micro-batches per minibatch per DP rank)")
+    prefill_rate = t * peak * e.prefill_mfu
+    prefill_per_token = 2 * mm / prefill_rate
+    prefill_per_sq = model.attn_flops_per_ctx / 2 / prefill_rate
+    if colocated:
+        # Same GPUs: the new weights are resharded over NVLink, not shipped between pools.
+        publish = load = w / (gpu.nvlink_bw * e.network)
+    elif weight_sync == "broadcast":
+        per_gpu_net = gpu.node_network_bw / gpu.gpus_per_node * e.network
+        publish = load = w / per_gpu_net
+    else:
+        # Trainer writes one copy; every server reads one copy through the shared filesystem.
+        publish = w / (disk_gbps * 1e9)
+        load = w * layout.num_servers / (disk_gbps * 1e9)
+    return Costs(decode_fixed=decode_fixed, decode_per_ctx=decode_per_ctx, kv_capacity=kv_capacity,
+                 max_running=max_running, train_fixed=train_fixed, train_per_token=train_per_token,
+                 train_per_sq=train_per_sq, prefill_per_token=prefill_per_token,
+                 prefill_per_sq=prefill_per_sq, publish_s=publish, load_s=load, notes=notes)
+
+
+def describe(costs: Costs) -> dict:
+    """A few human-scale numbers for the report table."""
+    n1 = costs.decode_fixed[1]
+    return {"decode step at batch 1 (ms)": 1e3 * n1,
+            "decode step at max batch (ms)": 1e3 * costs.decode_fixed[-1],
+            "KV capacity per server (tokens)": costs.kv_capacity if math.isfinite(costs.kv_capacity) else "inf",
+            "trainer tokens/s ceiling": costs.train_capacity_tokens_s(),
+            "weight publish (s)": costs.publish_s, "weight load per server (s)": costs.load_s}

@@ -1,0 +1,430 @@
+"""The discrete-event core: generation servers, the controller's admission rule, the trainer.
+
+Events are sparse on purpose. A server's batch only changes when a sequence finishes, is
+admitted, is retracted because the KV cache filled up, or is interrupted by a weight update; in
+between, decode steps follow the affine cost model (costs.py), so the time of the next change is
+computed in closed form. That keeps a 16-node, 8,192-sample-per-step run at a few events per
+sample instead of one per token.
+
+What is modelled: continuous batching with a concurrency cap and a KV-cache budget (with
+SGLang-style retraction when it overflows), prefill and the re-prefill after an interrupt,
+least-loaded dispatch of samples to servers, the admission rule
+`admitted <= B * (version + eta + 1)` with a cap on groups in flight, grading latency, the
+trainer taking the B oldest groups, publishing, and each server pausing to load new weights
+(interrupting its requests, or draining them first when generation is not interruptible).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, deque
+
+import numpy as np
+
+from launcher.simulate.costs import Costs
+from launcher.simulate.records import SimResult, SimSetup, SimulationError
+
+# Each running request keeps this fraction of max_new_tokens in reserve when new requests are
+# admitted, so the KV cache rarely overflows (SGLang's new-token-ratio idea; its floor is 0.1).
+KV_RESERVE_FRACTION = 0.1
+
+# Sequence record fields (a list per sample, for speed).
+GID, PROMPT, TARGET, GEN, FIRST_V, START, BASE, SID = range(8)
+# Event kinds.
+SERVER, LOAD_DONE, GRADED, TRAIN_DONE, PUBLISH_DONE = range(5)
+
+
+class _Server:
+    __slots__ = ("idx", "clock", "n", "base", "t_last", "heap", "run", "queue", "paused",
+                 "draining", "version", "loading_version", "token", "next_clock", "busy", "area")
+
+    def __init__(self, idx: int):
+        self.idx = idx
+        self.clock = 0.0      # decode steps done (continuous)
+        self.n = 0            # running sequences
+        self.base = 0.0       # context of running sequences = base + n * clock
+        self.t_last = 0.0     # time up to which clock is accounted (or prefill/load end)
+        self.heap: list = []  # (finish clock, sequence id)
+        self.run: dict = {}   # sequence id -> record, in admission order
+        self.queue: deque = deque()
+        self.paused = False
+        self.draining = False
+        self.version = 0
+        self.loading_version = 0
+        self.token = 0
+        self.next_clock = 0.0
+        self.busy = 0.0       # seconds decoding or prefilling
+        self.area = 0.0       # integral of n over decoding time
+
+
+class Simulation:
+    def __init__(self, setup: SimSetup, costs: Costs, lengths: np.ndarray):
+        self.s = setup
+        self.c = costs
+        max_groups = setup.groups_per_step * (setup.steps + setup.eta + 1)
+        if len(lengths) < max_groups * setup.n_samples:
+            raise ValueError(f"need {max_groups * setup.n_samples} output lengths, got {len(lengths)}")
+        self.lengths = [int(x) for x in lengths[: max_groups * setup.n_samples]]
+        self.max_groups = max_groups
+        self.servers = [_Server(i) for i in range(setup.num_servers)]
+        self.fixed = costs.decode_fixed
+        self.beta = costs.decode_per_ctx
+        self.K = costs.kv_capacity
+        self.reserve = KV_RESERVE_FRACTION * setup.max_new_tokens
+        if setup.prompt_tokens + setup.max_new_tokens > self.K:
+            raise SimulationError(
+                f"a request of {setup.prompt_tokens} prompt + {setup.max_new_tokens} new tokens does "
+                f"not fit one server's KV cache ({self.K:,.0f} tokens); raise gen.tp_size or "
+                f"gen.mem_fraction_static, or lower rollout.max_new_tokens")
+        self.events: list = []
+        self.seq = 0
+        self.sid = 0
+        self.now = 0.0
+        self.version = 0
+        self.admitted = 0
+        self.in_flight = 0
+        self.groups: dict[int, list] = {}
+        self.buffer: list = []
+        self.trainer_busy = False
+        self.steps_done = 0
+        self.step_times: list[float] = [0.0]
+        self.train_busy: list[float] = []
+        self.load = [0] * setup.num_servers
+        self.lb = [(0, i) for i in range(setup.num_servers)]
+        self.decoded = 0.0
+        self.trained_tokens: list[float] = []
+        self.staleness: Counter = Counter()
+        self.token_staleness: Counter = Counter()
+        self.retractions = 0
+        self.interrupts = 0
+        self.n_events = 0
+        self.snap = None
+
+    # ---- event queue -------------------------------------------------------------------
+    def _push(self, t: float, kind: int, arg: int = 0, token: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, arg, token))
+
+    def run(self) -> SimResult:
+        self._admit_groups(0.0)
+        events, pop, servers = self.events, heapq.heappop, self.servers
+        server_event, target = self._server_event, self.s.steps
+        count = 0
+        while events and self.steps_done < target:
+            t, _, kind, arg, token = pop(events)
+            self.now = t
+            count += 1
+            if kind == SERVER:
+                srv = servers[arg]
+                if token == srv.token:
+                    server_event(srv, t)
+            elif kind == LOAD_DONE:
+                self._load_done(self.servers[arg], t)
+            elif kind == GRADED:
+                self._graded(arg, t)
+            elif kind == TRAIN_DONE:
+                self._train_done(t)
+            else:
+                self._publish_done(t)
+        self.n_events = count
+        if self.steps_done < self.s.steps:
+            raise SimulationError(f"the simulation stalled after {self.steps_done} training steps "
+                                  f"(no event left); check max_concurrent_groups and groups_per_step")
+        return self._result()
+
+    # ---- decode arithmetic ---------------------------------------------------------------
+    def _decode_time(self, n: int, ctx: float, k: float) -> float:
+        """Seconds for k decode steps at batch n starting from total context ctx."""
+        return k * (self.fixed[n] + self.beta * ctx) + self.beta * n * k * (k - 1) / 2
+
+    def _steps_in(self, n: int, ctx: float, dt: float) -> float:
+        a = self.beta * n / 2
+        b = self.fixed[n] + self.beta * ctx - a
+        if a <= 0:
+            return dt / b
+        return (-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a)
+
+    def _run_to(self, srv: _Server, clock: float, t: float) -> None:
+        if srv.n:
+            self.decoded += srv.n * (clock - srv.clock)
+            if t > srv.t_last:
+                srv.busy += t - srv.t_last
+                srv.area += srv.n * (t - srv.t_last)
+        srv.clock = clock
+        srv.t_last = max(srv.t_last, t)
+
+    def _advance(self, srv: _Server, now: float) -> None:
+        if srv.paused or now <= srv.t_last:
+            return
+        if srv.n == 0:
+            srv.t_last = now
+            return
+        k = self._steps_in(srv.n, srv.base + srv.n * srv.clock, now - srv.t_last)
+        self._run_to(srv, min(srv.clock + k, srv.next_clock), now)
+
+    # ---- servers -----------------------------------------------------------------------------
+    def _schedule(self, srv: _Server) -> None:
+        srv.token += 1
+        n = srv.n
+        if srv.paused or n == 0:
+            return
+        heap, run, clock = srv.heap, srv.run, srv.clock
+        while heap[0][1] not in run:
+            heapq.heappop(heap)
+        ctx = srv.base + n * clock
+        k = heap[0][0] - clock
+        k_full = (self.K - ctx) / n
+        if k_full < k:
+            k = k_full
+        if k < 0:
+            k = 0.0
+        srv.next_clock = clock + k
+        beta = self.beta
+        dt = k * (self.fixed[n] + beta * ctx) + beta * n * k * (k - 1) / 2
+        self.seq += 1
+        heapq.heappush(self.events, (srv.t_last + dt, self.seq, SERVER, srv.idx, srv.token))
+
+    def _admit(self, srv: _Server, now: float) -> None:
+        """Start queued requests while the concurrency cap and the KV budget allow."""
+        queue = srv.queue
+        if srv.paused or srv.draining or not queue:
+            return
+        c = self.c
+        n, base, clock, run, heap = srv.n, srv.base, srv.clock, srv.run, srv.heap
+        cap, K, reserve = c.max_running, self.K, self.reserve
+        pt, psq = c.prefill_per_token, c.prefill_per_sq
+        prefill = 0.0
+        while queue and n < cap:
+            rec = queue[0]
+            ctx = rec[PROMPT] + rec[GEN]
+            if n and base + n * clock + ctx + (n + 1) * reserve > K:
+                break
+            queue.popleft()
+            # A fresh id per admission, so heap entries of a retracted or interrupted run never
+            # match its next one.
+            self.sid += 1
+            sid = rec[SID] = self.sid
+            rec[START] = clock
+            rec[BASE] = ctx - clock
+            if rec[FIRST_V] < 0:
+                rec[FIRST_V] = srv.version
+            base += ctx - clock
+            n += 1
+            run[sid] = rec
+            heapq.heappush(heap, (clock + rec[TARGET] - rec[GEN], sid))
+            prefill += pt * ctx + psq * ctx * ctx
+        srv.n, srv.base = n, base
+        if prefill:
+            srv.t_last = max(srv.t_last, now) + prefill
+            srv.busy += prefill
+
+    def _remove(self, srv: _Server, sid: int) -> list:
+        rec = srv.run.pop(sid)
+        srv.n -= 1
+        srv.base -= rec[BASE]
+        if srv.n == 0:
+            srv.base = 0.0
+        return rec
+
+    def _server_event(self, srv: _Server, t: float) -> None:
+        n = srv.n
+        clock = srv.next_clock
+        self.decoded += n * (clock - srv.clock)
+        if t > srv.t_last:
+            srv.busy += t - srv.t_last
+            srv.area += n * (t - srv.t_last)
+            srv.t_last = t
+        srv.clock = clock
+        done = []
+        heap, run = srv.heap, srv.run
+        limit = clock + 1e-6
+        base = srv.base
+        while heap and heap[0][0] <= limit:
+            sid = heapq.heappop(heap)[1]
+            rec = run.pop(sid, None)
+            if rec is not None:
+                n -= 1
+                base -= rec[BASE]
+                done.append(rec)
+        srv.n, srv.base = n, (base if n else 0.0)
+        if not done and n and srv.base + n * clock >= self.K - 1e-6:
+            # KV cache full: retract the newest request; it keeps its tokens and re-prefills.
+            rec = self._remove(srv, next(reversed(run)))
+            rec[GEN] += clock - rec[START]
+            srv.queue.appendleft(rec)
+            self.retractions += 1
+        if srv.draining and srv.n == 0:
+            self._start_load(srv, t)
+        else:
+            if srv.queue:
+                self._admit(srv, t)
+            self._schedule(srv)
+        for rec in done:
+            self._sample_done(rec, srv, t)
+
+    def _start_load(self, srv: _Server, now: float) -> None:
+        srv.paused = True
+        srv.token += 1
+        srv.loading_version = self.version
+        start = max(srv.t_last, now)
+        srv.t_last = start
+        self._push(start + self.c.load_s, LOAD_DONE, srv.idx)
+
+    def _load_done(self, srv: _Server, t: float) -> None:
+        srv.paused = False
+        srv.draining = False
+        srv.version = srv.loading_version
+        srv.t_last = t
+        if srv.n:
+            c, clock = self.c, srv.clock
+            prefill = 0.0
+            for rec in srv.run.values():
+                ctx = rec[BASE] + clock
+                prefill += c.prefill_per_token * ctx + c.prefill_per_sq * ctx * ctx
+            srv.t_last += prefill
+            srv.busy += prefill
+        if srv.version < self.version:
+            self._update_server(srv, t)
+            return
+        self._admit(srv, t)
+        self._schedule(srv)
+
+    def _update_server(self, srv: _Server, now: float) -> None:
+        """New weights are published: interrupt (or drain) and load them."""
+        if srv.paused:
+            return  # loading an older version; _load_done notices and loads again
+        self._advance(srv, now)
+        if self.s.interruptible:
+            # Running requests stay on this server: they lose their KV cache and re-prefill
+            # prompt + partial output after the load (priced in _load_done).
+            self.interrupts += srv.n
+            self._start_load(srv, now)
+        elif srv.n == 0:
+            self._start_load(srv, now)
+        else:
+            srv.draining = True
+
+    # ---- controller -------------------------------------------------------------------------
+    def _pick_server(self) -> int:
+        lb, load = self.lb, self.load
+        while True:
+            ld, i = lb[0]
+            if ld == load[i]:
+                break
+            heapq.heappop(lb)
+        load[i] += 1
+        heapq.heapreplace(lb, (ld + 1, i))
+        return i
+
+    def _admit_groups(self, now: float) -> None:
+        s = self.s
+        limit = min(s.groups_per_step * (self.version + s.eta + 1), self.max_groups)
+        touched = set()
+        n, prompt, lengths, servers = s.n_samples, s.prompt_tokens, self.lengths, self.servers
+        while self.admitted < limit and self.in_flight < s.max_concurrent_groups:
+            gid = self.admitted
+            self.admitted += 1
+            self.in_flight += 1
+            # remaining samples, admit version, tokens, sum of squared lengths, min version
+            self.groups[gid] = [n, self.version, 0.0, 0.0, 1 << 60]
+            for j in range(n):
+                rec = [gid, prompt, lengths[gid * n + j], 0.0, -1, 0.0, 0.0, 0]
+                i = self._pick_server()
+                servers[i].queue.append(rec)
+                touched.add(i)
+        for i in touched:
+            srv = servers[i]
+            if not srv.paused and not srv.draining:
+                self._advance(srv, now)
+                self._admit(srv, now)
+                self._schedule(srv)
+
+    def _sample_done(self, rec: list, srv: _Server, t: float) -> None:
+        i, load, lb = srv.idx, self.load, self.lb
+        load[i] -= 1
+        heapq.heappush(lb, (load[i], i))
+        if len(lb) > 8 * len(load):
+            self.lb = [(ld, j) for j, ld in enumerate(load)]
+            heapq.heapify(self.lb)
+        g = self.groups[rec[GID]]
+        total = rec[PROMPT] + rec[TARGET]
+        g[0] -= 1
+        g[2] += total
+        g[3] += total * total
+        if rec[FIRST_V] < g[4]:
+            g[4] = rec[FIRST_V]
+        if g[0] == 0:
+            self.in_flight -= 1
+            if self.s.reward_s > 0:
+                self._push(t + self.s.reward_s, GRADED, rec[GID])
+            else:
+                self._graded(rec[GID], t)
+            self._admit_groups(t)
+
+    # ---- trainer -----------------------------------------------------------------------------
+    def _graded(self, gid: int, t: float) -> None:
+        heapq.heappush(self.buffer, (self.groups[gid][1], gid))
+        self._try_train(t)
+
+    def _try_train(self, t: float) -> None:
+        B = self.s.groups_per_step
+        if self.trainer_busy or len(self.buffer) < B:
+            return
+        tokens = sq = 0.0
+        for _ in range(B):
+            _, gid = heapq.heappop(self.buffer)
+            g = self.groups.pop(gid)
+            tokens += g[2]
+            sq += g[3]
+            self.staleness[self.version - g[1]] += 1
+            self.token_staleness[self.version - g[4]] += 1
+        dur = self.c.train_step_s(tokens, sq)
+        self.trainer_busy = True
+        self.train_busy.append(dur)
+        self.trained_tokens.append(tokens)
+        self._push(t + dur, TRAIN_DONE)
+
+    def _train_done(self, t: float) -> None:
+        self.steps_done += 1
+        self.step_times.append(t)
+        if self.steps_done == self.s.warmup_steps:
+            self._snapshot(t)
+        self._push(t + self.c.publish_s, PUBLISH_DONE)
+
+    def _publish_done(self, t: float) -> None:
+        self.version += 1
+        self.trainer_busy = False
+        for srv in self.servers:
+            self._update_server(srv, t)
+        self._admit_groups(t)
+        self._try_train(t)
+
+    # ---- results -----------------------------------------------------------------------------
+    def _snapshot(self, t: float) -> None:
+        for srv in self.servers:
+            self._advance(srv, t)
+        self.snap = (t, self.decoded, sum(x.busy for x in self.servers),
+                     sum(x.area for x in self.servers))
+
+    def _result(self) -> SimResult:
+        s, t_end = self.s, self.now
+        for srv in self.servers:
+            self._advance(srv, t_end)
+        t0, dec0, busy0, area0 = self.snap if self.snap else (0.0, 0.0, 0.0, 0.0)
+        window = t_end - t0
+        measured = s.steps - s.warmup_steps
+        busy = sum(x.busy for x in self.servers) - busy0
+        area = sum(x.area for x in self.servers) - area0
+        trained = sum(self.trained_tokens[s.warmup_steps:])
+        train_busy = sum(self.train_busy[s.warmup_steps:])
+        return SimResult(
+            steps_per_hour=3600.0 * measured / window,
+            trajectories_per_s=measured * s.groups_per_step * s.n_samples / window,
+            gen_tokens_per_s=(self.decoded - dec0) / window,
+            trained_tokens_per_s=trained / window,
+            gen_utilization=min(1.0, busy / (window * len(self.servers))),
+            train_utilization=min(1.0, train_busy / window),
+            mean_batch=area / busy if busy else 0.0,
+            step_times=self.step_times, staleness=self.staleness,
+            token_staleness=self.token_staleness, retractions=self.retractions,
+            interrupts=self.interrupts, events=self.n_events)

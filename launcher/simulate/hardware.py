@@ -1,0 +1,143 @@
+"""Hardware and model descriptions the cost model is built from: datasheet numbers and shapes.
+
+They live in `configs/hardware/*.yaml` (one file per GPU type, `models.yaml` for model shapes)
+so a reader can check every number against its cited source; nothing here is fitted.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from launcher.config import ConfigError
+
+HARDWARE_DIR = Path(__file__).resolve().parents[2] / "configs" / "hardware"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak (assumptions until calibrated; see the YAML comments)."""
+    train_mfu: float
+    prefill_mfu: float
+    decode_bw: float
+    decode_mfu: float
+    decode_step_overhead_s: float
+    allreduce_latency_s: float
+    network: float
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    bf16_flops: float
+    memory_bytes: float
+    memory_bw: float
+    nvlink_bw: float
+    node_network_bw: float
+    gpus_per_node: int
+    eff: Efficiency
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Qwen2-style decoder (GQA with q/k/v biases, SwiGLU MLP, BF16 weights)."""
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = h * q + q + 2 * (h * kv + kv) + q * h
+        return attn + 3 * h * self.intermediate + 2 * h
+
+    @property
+    def params(self) -> int:
+        emb = self.vocab * self.hidden
+        return self.layers * self.layer_params + emb * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def weight_bytes(self) -> int:
+        return 2 * self.params
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that cost 2 FLOPs per token (every weight but the embedding lookup)."""
+        return self.layers * self.layer_params + self.vocab * self.hidden
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+    @property
+    def attn_flops_per_ctx(self) -> int:
+        """FLOPs per (query token, context token) pair: QK^T and AV, 2 FLOPs per multiply-add."""
+        return 4 * self.layers * self.heads * self.head_dim
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: YAML syntax error: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    return data
+
+
+def load_gpu(name_or_path: str) -> GPU:
+    """`H800` -> configs/hardware/H800.yaml; anything with a '/' or '.yaml' is a path."""
+    path = Path(name_or_path)
+    if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")):
+        path = HARDWARE_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            known = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml") if p.stem != "models")
+            raise ConfigError(f"simulate.hardware={name_or_path!r}: unknown GPU type "
+                              f"(known: {', '.join(known)}; or give a path to a YAML file)")
+    d = _read_yaml(path)
+    try:
+        eff = Efficiency(**d["efficiency"])
+        return GPU(name=str(d["name"]), bf16_flops=float(d["bf16_flops"]),
+                   memory_bytes=float(d["memory_bytes"]), memory_bw=float(d["memory_bw"]),
+                   nvlink_bw=float(d["nvlink_bw"]), node_network_bw=float(d["node_network_bw"]),
+                   gpus_per_node=int(d["gpus_per_node"]), eff=eff)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: bad or missing hardware field: {e}") from None
+
+
+def load_model_shape(name: str, model_dir: str | None = None) -> ModelShape:
+    """A named shape from configs/hardware/models.yaml, or the config.json of a HF directory."""
+    if name:
+        table = _read_yaml(HARDWARE_DIR / "models.yaml")
+        if name not in table:
+            raise ConfigError(f"simulate.model_size={name!r}: not in {HARDWARE_DIR / 'models.yaml'} "
+                              f"(known: {', '.join(table)})")
+        d = {k: v for k, v in table[name].items() if k != "source"}
+        return ModelShape(name=name, **d)
+    cfg_path = Path(model_dir or "") / "config.json"
+    try:
+        c = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        raise ConfigError(f"simulate.model_size is empty and {cfg_path} is not readable; set "
+                          f"simulate.model_size to a name in configs/hardware/models.yaml") from None
+    try:
+        return ModelShape(name=Path(model_dir).name, layers=c["num_hidden_layers"],
+                          hidden=c["hidden_size"], heads=c["num_attention_heads"],
+                          kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+                          intermediate=c["intermediate_size"], vocab=c["vocab_size"],
+                          tied=bool(c.get("tie_word_embeddings", False)))
+    except KeyError as e:
+        raise ConfigError(f"{cfg_path}: missing {e}; set simulate.model_size instead") from None

@@ -1,0 +1,45 @@
+"""What a simulation takes (SimSetup) and what it returns (SimResult)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class SimulationError(Exception):
+    """The configuration cannot run at all (e.g. one request does not fit a server's KV cache)."""
+
+
+@dataclass
+class SimSetup:
+    num_servers: int
+    groups_per_step: int
+    n_samples: int
+    eta: int
+    max_concurrent_groups: int
+    steps: int
+    warmup_steps: int
+    prompt_tokens: int
+    max_new_tokens: int
+    interruptible: bool = True
+    reward_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    steps_per_hour: float
+    trajectories_per_s: float
+    gen_tokens_per_s: float
+    trained_tokens_per_s: float
+    gen_utilization: float
+    train_utilization: float
+    mean_batch: float
+    step_times: list[float]
+    staleness: Counter = field(default_factory=Counter)
+    token_staleness: Counter = field(default_factory=Counter)
+    retractions: int = 0
+    interrupts: int = 0
+    events: int = 0
+
+    @property
+    def step_s(self) -> float:
+        return 3600.0 / self.steps_per_hour

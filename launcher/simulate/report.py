@@ -1,0 +1,113 @@
+"""What `tandem simulate` prints and draws: one configuration's prediction, or a sweep's grid."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.simulate.engine import SimResult
+from launcher.simulate.scenario import Scenario, Sweep
+
+
+def staleness_text(counter) -> str:
+    total = sum(counter.values()) or 1
+    return " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in sorted(counter.items()))
+
+
+def result_rows(sc: Scenario, r: SimResult, total_steps: int) -> list[tuple[str, str]]:
+    su = sc.setup
+    mode = "synchronous" if su.eta == 0 else f"asynchronous (eta={su.eta})"
+    if sc.cfg.simulate.colocated:
+        mode += ", colocated"
+    return [
+        ("mode", f"{mode}, {'interruptible' if su.interruptible else 'non-interruptible'} generation"),
+        ("generation servers", f"{su.num_servers} x TP {sc.layout.gen_tp}"),
+        ("trainer GPUs", f"{sc.layout.train_gpus} (TP {sc.layout.train_tp} x PP {sc.layout.train_pp})"),
+        ("batch", f"{su.groups_per_step} groups x {su.n_samples} samples, up to "
+                  f"{su.max_new_tokens:,} new tokens"),
+        ("training steps / hour", f"{r.steps_per_hour:.2f}"),
+        ("seconds / step", f"{r.step_s:.1f}"),
+        (f"hours for trainer.total_steps={total_steps}", f"{total_steps / r.steps_per_hour:.1f}"),
+        ("trajectories / s", f"{r.trajectories_per_s:.1f}"),
+        ("generated tokens / s", f"{r.gen_tokens_per_s:,.0f}"),
+        ("trained tokens / s", f"{r.trained_tokens_per_s:,.0f}"),
+        ("generation pool busy", f"{100 * r.gen_utilization:.0f}% (mean batch {r.mean_batch:.0f})"),
+        ("trainer pool busy", f"{100 * r.train_utilization:.0f}%"),
+        ("staleness (step - admit version)", staleness_text(r.staleness)),
+        ("staleness of oldest token", staleness_text(r.token_staleness)),
+        ("interrupted requests / KV retractions", f"{r.interrupts} / {r.retractions}"),
+    ]
+
+
+def print_result(sc: Scenario, r: SimResult, console: Console | None = None) -> None:
+    console = console or Console()
+    la = sc.cfg.launcher
+    where = (f"{la.nodes} nodes x {la.gpus_per_node} GPUs, ratio {la.gen_train_ratio}" if sc.plan
+             else f"{sc.setup.num_servers} embedded CPU servers")
+    t = Table(title=f"Simulated: {sc.cfg.experiment.name} on {where}")
+    t.add_column("prediction")
+    t.add_column("value", justify="right")
+    for k, v in result_rows(sc, r, sc.cfg.trainer.total_steps):
+        t.add_row(k, v)
+    console.print(t)
+    for n in sc.notes:
+        console.print(f"note: {n}")
+
+
+def print_sweep(sw: Sweep, eta_now: int, console: Console | None = None) -> None:
+    console = console or Console()
+    t = Table(title="Training steps / hour by generation:training ratio (rows) and eta (columns)")
+    t.add_column("ratio")
+    for e in sw.etas:
+        t.add_column(f"eta={e}", justify="right")
+    best = sw.best()
+    for r in sw.ratios:
+        row = []
+        for e in sw.etas:
+            c = sw.cells[(r, e)]
+            if c.result is None:
+                row.append("-")
+            else:
+                mark = " *" if best is c else ""
+                row.append(f"{c.result.steps_per_hour:.2f}{mark}")
+        t.add_row(r, *row)
+    console.print(t)
+    errors = {c.error for c in sw.cells.values() if c.error}
+    for err in sorted(errors):
+        console.print(f"not simulated: {err}")
+    if best:
+        console.print(f"fastest: ratio {best.ratio} with eta={best.eta} "
+                      f"({best.result.steps_per_hour:.2f} steps/h)")
+    here = sw.best(eta_now)
+    if here:
+        console.print(f"recommended split at the configured eta={eta_now}: {here.ratio} "
+                      f"({here.result.steps_per_hour:.2f} steps/h)")
+
+
+def plot_sweep(sw: Sweep, out: str | Path, title: str = "") -> Path:
+    """Throughput vs eta, one line per ratio; the best point circled."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in sw.ratios:
+        pts = [(e, sw.cells[(r, e)].result.steps_per_hour) for e in sw.etas if sw.cells[(r, e)].result]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"gen:train {r}")
+    best = sw.best()
+    if best:
+        ax.scatter([best.eta], [best.result.steps_per_hour], s=250, facecolors="none",
+                   edgecolors="black", label=f"best: {best.ratio}, eta={best.eta}")
+    ax.set_xlabel("eta (max staleness; 0 = synchronous)")
+    ax.set_ylabel("training steps / hour (simulated)")
+    ax.set_title(title or "Simulated throughput")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,168 @@
+"""`tandem simulate` / `tandem plan --suggest` end to end, calibration from a metrics file, and
+the honesty of the hardware tables (every datasheet number cites its source)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import numpy as np
+import pytest
+
+from launcher.cli import main
+from launcher.config import ConfigError, load_config
+from launcher.simulate.calibrate import calibrate
+from launcher.simulate.hardware import HARDWARE_DIR, load_gpu
+from launcher.simulate.scenario import simulate
+from launcher.simulate.workload import read_output_lengths, sample_lengths
+
+SMALL = """\
+experiment: {name: small, model: none}
+launcher: {backend: slurm, nodes: 1, gpus_per_node: 8, gen_train_ratio: "3:1"}
+controller: {max_staleness: 2, max_concurrent_groups: 100000}
+gen: {backend: sglang}
+rollout: {n_samples: 4, max_new_tokens: 4096}
+trainer: {groups_per_step: 16}
+simulate: {model_size: R1-Distill-Qwen-1.5B, output_median: 1024, steps: 4, warmup_steps: 1}
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    f = tmp_path / "small.yaml"
+    f.write_text(SMALL)
+    return f
+
+
+def test_simulate_prints_predictions_and_writes_json(small, tmp_path, capsys):
+    out = tmp_path / "pred.json"
+    assert main(["simulate", str(small), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for row in ("training steps / hour", "trajectories / s", "generation pool busy", "trainer pool busy",
+                "staleness (step - admit version)"):
+        assert row in text
+    pred = json.loads(out.read_text())
+    assert pred["steps_per_hour"] > 0 and 0 < pred["gen_utilization"] <= 1
+
+
+def test_sweep_prints_a_grid_recommends_a_split_and_plots(small, tmp_path, capsys):
+    png = tmp_path / "sweep.png"
+    assert main(["simulate", str(small), "--sweep", "ratio=1:1,3:1", "eta=0,2", "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "eta=0" in text and "eta=2" in text and "recommended split at the configured eta=2" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_shows_impossible_ratios_instead_of_failing(small, capsys):
+    # 1 node, gen TP 4: 7:1 leaves training with no GPU (8 GPUs, generation rounds to 8).
+    assert main(["simulate", str(small), "gen.tp_size=4", "--sweep", "ratio=1:1,7:1", "eta=1"]) == 0
+    text = capsys.readouterr().out
+    assert "leaves training with no GPU" in text
+
+
+def test_bad_sweep_keys_are_clear_errors(small, capsys):
+    assert main(["simulate", str(small), "--sweep", "nodes=1,2"]) == 2
+    assert "unknown key 'nodes'" in capsys.readouterr().err
+
+
+def test_plan_suggest_recommends_a_ratio_and_prints_its_plan(small, capsys):
+    assert main(["plan", str(small), "--suggest", "--ratios", "1:1,3:1"]) == 0
+    text = capsys.readouterr().out
+    assert "recommended split" in text and "Allocation plan" in text
+
+
+def _synthetic_metrics(path, d0=0.02, d1=0.001, t0=2.0, t1=1e-4):
+    """Records as the roles will log them, generated from a known linear law."""
+    recs = []
+    for n in (1, 4, 16, 64):
+        recs.append({"role": "gen", "gen_running": n, "gen_tokens_per_s": n / (d0 + d1 * n)})
+    for tokens in (10_000, 40_000, 90_000):
+        recs.append({"role": "trainer", "train_tokens": tokens, "train_step_s": t0 + t1 * tokens,
+                     "train_world_size": 2, "weight_publish_s": 1.5})
+    recs.append({"role": "controller", "weight_load_s": 0.5})
+    recs += [{"role": "rollout", "output_tokens": int(x)} for x in (100, 200, 300, 400)]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{cut by a cra")
+
+
+def test_calibration_recovers_a_known_cost_law(tmp_path):
+    _synthetic_metrics(tmp_path / "metrics.jsonl")
+    cal = calibrate(tmp_path)
+    assert (cal.d0, cal.d1, cal.t0, cal.t1) == pytest.approx((0.02, 0.001, 2.0, 1e-4), rel=1e-6)
+    assert (cal.publish_s, cal.load_s, cal.train_world) == (1.5, 0.5, 2)
+    assert any("gen_context_tokens" in n for n in cal.notes)
+
+
+def test_calibrated_simulation_uses_the_fitted_costs(small, tmp_path, capsys):
+    _synthetic_metrics(tmp_path / "metrics.jsonl")
+    cfg = load_config(small)
+    sc, r = simulate(cfg, calibrate(tmp_path))
+    # Trainer fitted on 2 ranks; the plan gives it 2 GPUs, so the fit applies unscaled.
+    assert sc.layout.train_gpus == 2
+    assert sc.costs.train_step_s(50_000, 0) == pytest.approx(2.0 + 5.0)
+    assert sc.costs.decode_fixed[10] == pytest.approx(0.02 + 0.01)
+    assert r.steps_per_hour > 0
+    assert main(["simulate", str(small), "--calibrate", str(tmp_path)]) == 0
+    assert "calibrated from" in capsys.readouterr().out
+
+
+def test_embedded_servers_are_simulated_only_from_a_calibration(small, tmp_path, capsys):
+    _synthetic_metrics(tmp_path / "metrics.jsonl")
+    cfg = load_config(small, ["gen.backend=embedded", "gen.num_servers=3"])
+    with pytest.raises(ConfigError, match="--calibrate EXP_DIR"):
+        simulate(cfg)
+    sc, r = simulate(cfg, calibrate(tmp_path))
+    assert sc.plan is None and sc.setup.num_servers == 3 and sc.layout.train_gpus == 2
+    assert r.steps_per_hour > 0
+    assert main(["simulate", str(small), "gen.backend=embedded", "--calibrate", str(tmp_path)]) == 0
+    assert "embedded CPU servers" in capsys.readouterr().out
+
+
+def test_calibration_without_the_needed_metrics_says_which(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"role": "trainer", "loss": 1.0}) + "\n")
+    with pytest.raises(ConfigError, match="gen_tokens_per_s and gen_running"):
+        calibrate(tmp_path)
+
+
+def test_empirical_lengths_come_from_a_runs_records(tmp_path):
+    _synthetic_metrics(tmp_path / "metrics.jsonl")
+    assert sorted(read_output_lengths(tmp_path).tolist()) == [100, 200, 300, 400]
+    x = sample_lengths(f"empirical:{tmp_path}", 1000, median=1, sigma=0, max_new_tokens=250, seed=0)
+    assert set(np.unique(x).tolist()) == {100, 200, 250}
+
+
+def _comment_above(lines: list[str], i: int) -> str:
+    """The nearest comment block above line i, skipping sibling keys that share it."""
+    j = i - 1
+    while j >= 0 and not lines[j].strip().startswith("#"):
+        j -= 1
+    block = []
+    while j >= 0 and lines[j].strip().startswith("#"):
+        block.append(lines[j])
+        j -= 1
+    return " ".join(block)
+
+
+def test_every_datasheet_number_cites_a_source_and_assumptions_say_so():
+    for f in sorted(HARDWARE_DIR.glob("*.yaml")):
+        if f.stem == "models":
+            continue
+        load_gpu(f.stem)
+        lines = f.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if re.match(r"^\s*\w+:\s*[0-9.]+(e-?\d+)?\s*$", line) and not line.startswith("gpus_per_node"):
+                text = _comment_above(lines, i)
+                assert "Source" in text or "Assumption" in text, f"{f.name}:{i + 1}: {line.strip()}"
+
+
+def test_model_shape_from_the_experiments_config_json(tmp_path):
+    from launcher.simulate.hardware import load_model_shape
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 28, "hidden_size": 1536, "num_attention_heads": 12,
+        "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
+        "tie_word_embeddings": False}))
+    named = load_model_shape("R1-Distill-Qwen-1.5B")
+    assert load_model_shape("", str(tmp_path)) == dataclasses.replace(named, name=tmp_path.name)
+    with pytest.raises(ConfigError, match="set simulate.model_size"):
+        load_model_shape("", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="known: R1-Distill-Qwen-1.5B"):
+        load_model_shape("GPT-5")
