@@ -1,6 +1,68 @@
-"""Sub-commands this package adds to `tandem` (see launcher.cli)."""
+"""Sub-commands this package adds to `tandem` (see launcher.cli).
+
+`tandem model init-tiny DIR` writes the tiny test/default model; `tandem gen serve` runs the
+embedded generation server. Heavy imports (torch, transformers, aiohttp) happen inside the
+handlers so `tandem --help` stays fast.
+"""
 from __future__ import annotations
+
+from pathlib import Path
+
+
+def _init_tiny(args) -> int:
+    from rollout.tiny_model import init_tiny
+    out = init_tiny(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                    kv_heads=args.kv_heads, intermediate=args.intermediate,
+                    max_position=args.max_position, vocab=args.vocab, seed=args.seed)
+    print(f"wrote a tiny Qwen2 model to {out}")
+    return 0
+
+
+def _add_model_commands(sub) -> None:
+    p = sub.add_parser("model", help="create model directories")
+    msub = p.add_subparsers(dest="model_cmd", required=True, metavar="{init-tiny}")
+    c = msub.add_parser("init-tiny", help="write a tiny random Qwen2 model with a character tokenizer")
+    c.add_argument("dir", type=Path, help="output directory (created)")
+    c.add_argument("--layers", type=int, default=4)
+    c.add_argument("--hidden", type=int, default=128)
+    c.add_argument("--heads", type=int, default=4)
+    c.add_argument("--kv-heads", type=int, default=2)
+    c.add_argument("--intermediate", type=int, default=512)
+    c.add_argument("--max-position", type=int, default=512, help="context length")
+    c.add_argument("--vocab", type=int, default=0,
+                   help="minimum vocabulary size (padded with reserved special tokens)")
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=_init_tiny)
+
+
+def _gen_serve(args) -> int:
+    from rollout.server.main import serve_from_args
+    return serve_from_args(args)
+
+
+def _add_gen_commands(sub) -> None:
+    p = sub.add_parser("gen", help="generation servers")
+    gsub = p.add_subparsers(dest="gen_cmd", required=True, metavar="{serve}")
+    c = gsub.add_parser("serve", help="run the embedded (CPU) SGLang-compatible generation server")
+    c.add_argument("--model", required=True, help="Hugging Face model directory")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    c.add_argument("--api-key-file", type=Path, default=None,
+                   help="file holding the bearer key clients must send (none: no key checked)")
+    c.add_argument("--exp", default=None,
+                   help="experiment directory: read the `gen` config section, log there and "
+                        "publish the address in <exp>/services/gen-<rank>.json")
+    c.add_argument("--rank", type=int, default=0, help="server index within the experiment")
+    c.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: gen.threads; 0 there means $TANDEM_THREADS, else 1)")
+    c.add_argument("--max-running", type=int, default=None,
+                   help="most sequences decoded together (default: gen.max_running_requests)")
+    c.add_argument("--weight-version", default="0",
+                   help="weight_version reported until the first update (the policy version)")
+    c.set_defaults(func=_gen_serve)
 
 
 def register(sub) -> None:
     """Add this package's sub-commands to the `tandem` parser."""
+    _add_model_commands(sub)
+    _add_gen_commands(sub)

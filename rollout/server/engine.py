@@ -1,0 +1,340 @@
+"""The generation engine: one thread doing continuous batching over a transformers model.
+
+Every step the engine admits waiting requests (one prefill each, under a token budget, so a long
+prompt does not stall the batch for long), then runs one decode step for all running rows
+together. A row that finishes leaves at once and its response is delivered; nobody waits for the
+longest request. All state changes (submit, abort, pause, weight update) are commands executed on
+this thread between steps, so the model and the KV cache are only ever touched by one thread.
+
+A weight update runs only when nothing is generating under the old weights: the HTTP layer stops
+new submissions, the engine finishes (or, when paused, holds) what it has, then swaps the weights
+and drops every KV cache; held requests are re-prefilled under the new weights when they resume.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_batch import KVBatch
+from .sampling import SamplingParams, logprob_temperature, sample_rows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)   # identity, not field, comparison
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_done: Callable[[dict], None]      # called on the engine thread with the response dict
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list | None = None
+    finish: dict | None = None
+    matched_stop: str | None = None
+    t_submit: float = field(default_factory=time.time)
+    generator: torch.Generator | None = None
+    pending: int | None = None           # last sampled token, not yet in the KV cache
+
+
+class Engine:
+    def __init__(self, model, tokenizer, *, model_path: str, max_running: int = 64,
+                 prefill_tokens_per_step: int = 2048, weight_version: str = "0", seed: int = 0):
+        self.model, self.tokenizer, self.model_path = model, tokenizer, model_path
+        self.max_running, self.prefill_budget = max_running, prefill_tokens_per_step
+        self.weight_version = weight_version
+        self.context_len = int(getattr(model.config, "max_position_embeddings", 4096))
+        self.vocab_size = int(model.config.vocab_size)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.kv = KVBatch(model.config)
+        self.running: list[Request] = []       # in KV-row order
+        self.waiting: deque[Request] = deque()
+        self.paused: str | None = None         # None, "abort", "retract" or "in_place"
+        self._pending_update: tuple[Callable[[], str], Future] | None = None
+        self._commands: deque[tuple[Callable, Future]] = deque()
+        self._wake = threading.Condition()
+        self._stop = False
+        self._seed_rng = torch.Generator().manual_seed(seed)
+        self.stats = {"steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "finished": 0, "aborted": 0,
+                      "last_step_time": time.time()}
+        self._thread = threading.Thread(target=self._run, name="gen-engine", daemon=True)
+        self._thread.start()
+
+    # ---- thread-safe API (any thread) -------------------------------------------------------
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the engine thread between steps; its result arrives in the Future."""
+        fut: Future = Future()
+        with self._wake:
+            self._commands.append((fn, fut))
+            self._wake.notify()
+        return fut
+
+    def submit(self, reqs: list[Request]) -> Future:
+        def add():
+            active = {r.rid for r in self.running} | {r.rid for r in self.waiting}
+            for r in reqs:
+                if r.rid in active:
+                    raise ValueError(f"Duplicate request ID {r.rid!r}")
+            for r in reqs:
+                r.generator = torch.Generator().manual_seed(
+                    r.params.sampling_seed if r.params.sampling_seed is not None
+                    else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng).item()))
+                self.waiting.append(r)
+        return self.call(add)
+
+    def abort(self, rid: str = "", abort_all: bool = False, message: str = "Aborted by abort_request") -> Future:
+        """Abort matching requests; running ones return what they generated so far."""
+        def run():
+            hit = [r for r in list(self.running) + list(self.waiting) if abort_all or (rid and r.rid.startswith(rid))]
+            for r in hit:
+                self._finish(r, {"type": "abort", "message": message})
+            return len(hit)
+        return self.call(run)
+
+    def pause(self, mode: str) -> Future:
+        def run():
+            if mode == "abort":
+                for r in list(self.running) + list(self.waiting):
+                    self._finish(r, {"type": "abort", "message": "Aborted by pause_generation"})
+            elif mode == "retract":
+                self._retract_all()
+            self.paused = mode
+        return self.call(run)
+
+    def resume(self) -> Future:
+        def run():
+            self.paused = None
+        return self.call(run)
+
+    def update_weights(self, apply: Callable[[], str]) -> Future:
+        """Run `apply` (copies new weights into the model, returns the new version) once no request
+        is generating under the old weights; then drop all KV caches."""
+        fut: Future = Future()
+
+        def register():
+            if self._pending_update is not None:
+                fut.set_exception(RuntimeError("another weight update is in progress"))
+            else:
+                self._pending_update = (apply, fut)
+        self.call(register)
+        return fut
+
+    def flush_cache(self) -> Future:
+        return self.call(lambda: not self.running and not self.waiting)
+
+    def load(self) -> dict:
+        return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
+                "num_tokens": sum(self.kv.lengths), "paused": self.paused}
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stop:
+                self._take_commands()
+                self._maybe_update()
+                if self.paused or not (self.running or self.waiting):
+                    continue
+                try:
+                    self._admit()
+                    if self.running:
+                        self._decode_step()
+                except Exception as e:  # keep serving: fail what was in flight, not the server
+                    log.exception("generation step failed")
+                    for r in list(self.running) + list(self.waiting):
+                        self._finish(r, {"type": "abort", "message": f"internal error: {e}"})
+                    self.kv.clear()
+
+    def _take_commands(self) -> None:
+        with self._wake:
+            busy = (self.running or self.waiting) and not self.paused
+            if not self._commands and not busy and not self._stop:
+                self._wake.wait(timeout=0.5)
+            commands, self._commands = list(self._commands), deque()
+        for fn, fut in commands:
+            try:
+                fut.set_result(fn())
+            except Exception as e:
+                fut.set_exception(e)
+
+    def _maybe_update(self) -> None:
+        if self._pending_update is None or not (self.paused or not (self.running or self.waiting)):
+            return
+        apply, fut = self._pending_update
+        self._pending_update = None
+        try:
+            version = apply()
+        except Exception as e:
+            fut.set_exception(e)
+            return
+        self._retract_all()        # KV built with the old weights is invalid
+        if version is not None:
+            self.weight_version = str(version)
+        fut.set_result(self.weight_version)
+
+    def _retract_all(self) -> None:
+        for r in reversed(self.running):
+            r.pending = None
+            self.waiting.appendleft(r)
+        self.running = []
+        self.kv.clear()
+
+    def _admit(self) -> None:
+        from transformers import DynamicCache
+        budget = self.prefill_budget
+        while self.waiting and len(self.running) < self.max_running and budget > 0:
+            r = self.waiting.popleft()
+            if r.params.max_new_tokens == 0:
+                self._finish(r, {"type": "length", "length": 0})
+                continue
+            group = [r] + self._same_prompt(r)
+            seq = r.prompt_ids + r.output_ids
+            cache = DynamicCache(config=self.model.config)
+            logits = self.model(input_ids=torch.tensor([seq]), past_key_values=cache, use_cache=True).logits[0]
+            self.stats["prefill_tokens"] += len(seq)
+            budget -= len(seq)
+            last = logits[-1:].expand(len(group), -1)
+            tokens, lps = sample_rows(last, [g.params for g in group], [g.generator for g in group])
+            for g, token, lp in zip(group, tokens, lps, strict=True):
+                if g.logprob_start_len >= 0 and g.input_logprobs is None:
+                    g.input_logprobs = self._input_logprobs(g, logits)
+                if not self._append(g, token, lp):
+                    self.kv.add(cache, len(seq))
+                    g.pending = token
+                    self.running.append(g)
+
+    def _same_prompt(self, r: Request) -> list[Request]:
+        """Fresh waiting requests with r's exact prompt (a GRPO group's n samples): they share
+        one prefill, each sampling its own first token from the same logits."""
+        if r.output_ids:
+            return []
+        room = self.max_running - len(self.running) - 1
+        same = [w for w in self.waiting if not w.output_ids and w.params.max_new_tokens > 0
+                and w.prompt_ids == r.prompt_ids][:max(room, 0)]
+        for w in same:
+            self.waiting.remove(w)
+        return same
+
+    def _decode_step(self) -> None:
+        cache, mask, positions = self.kv.step_inputs()
+        ids = torch.tensor([[r.pending] for r in self.running])
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                            past_key_values=cache, use_cache=True).logits[:, -1]
+        self.kv.absorb(cache)
+        tokens, lps = sample_rows(logits, [r.params for r in self.running], [r.generator for r in self.running])
+        done = []
+        for i, r in enumerate(self.running):
+            if self._append(r, tokens[i], lps[i], remove_row=False):
+                done.append(i)
+            else:
+                r.pending = tokens[i]
+        self._drop_rows(done)
+        self.stats["steps"] += 1
+        self.stats["last_step_time"] = time.time()
+
+    def _drop_rows(self, rows: list[int]) -> None:
+        if rows:
+            self.kv.remove(rows)
+            gone = set(rows)
+            self.running = [r for i, r in enumerate(self.running) if i not in gone]
+
+    def _append(self, r: Request, token: int, logprob: float, remove_row: bool = True) -> bool:
+        """Record a sampled token; finish the request if it hit a stop condition."""
+        r.output_ids.append(token)
+        r.output_logprobs.append(logprob)
+        self.stats["generated_tokens"] += 1
+        p = r.params
+        reason = None
+        if len(r.output_ids) >= p.max_new_tokens:
+            reason = {"type": "length", "length": p.max_new_tokens}
+        elif len(r.prompt_ids) + len(r.output_ids) >= self.context_len:
+            reason = {"type": "length", "length": len(r.output_ids)}
+        elif (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids:
+            reason = {"type": "stop", "matched": token}
+        elif p.stop:
+            text = self.tokenizer.decode(r.output_ids, skip_special_tokens=p.skip_special_tokens)
+            for s in p.stop:
+                if s in text:
+                    reason, r.matched_stop = {"type": "stop", "matched": s}, s
+                    break
+        if reason is None:
+            return False
+        self._finish(r, reason, in_batch=not remove_row)
+        return True
+
+    def _finish(self, r: Request, reason: dict, in_batch: bool = False) -> None:
+        """Deliver the response and forget the request (`in_batch`: the caller removes its row)."""
+        if not in_batch:
+            if r in self.waiting:
+                self.waiting.remove(r)
+            elif r in self.running:
+                self._drop_rows([self.running.index(r)])
+        r.finish = reason
+        self.stats["aborted" if reason["type"] == "abort" else "finished"] += 1
+        try:
+            r.on_done(self._response(r))
+        except Exception:
+            log.exception("delivering the response of %s failed", r.rid)
+
+    def _response(self, r: Request) -> dict:
+        p = r.params
+        ids = r.output_ids
+        if r.finish["type"] == "stop" and isinstance(r.finish.get("matched"), int) and not p.no_stop_trim:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+        if r.matched_stop and not p.no_stop_trim:
+            text = text[:text.find(r.matched_stop)]
+        meta = {"id": r.rid, "finish_reason": r.finish, "prompt_tokens": len(r.prompt_ids),
+                "completion_tokens": len(r.output_ids), "cached_tokens": 0,
+                "weight_version": self.weight_version, "e2e_latency": time.time() - r.t_submit}
+        if r.return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, self._token_text(r, t)]
+                                             for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)]
+            if r.input_logprobs is not None:
+                meta["input_token_logprobs"] = r.input_logprobs
+        return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+    def _token_text(self, r: Request, token: int) -> str | None:
+        return self.tokenizer.decode([token]) if r.return_text_in_logprobs else None
+
+    def _input_logprobs(self, r: Request, logits: torch.Tensor) -> list:
+        start = min(r.logprob_start_len, len(r.prompt_ids) - 1)
+        logp = torch.log_softmax(logits.float() / logprob_temperature(r.params), dim=-1)
+        out = []
+        for pos in range(start, len(r.prompt_ids)):
+            t = r.prompt_ids[pos]
+            lp = None if pos == 0 else float(logp[pos - 1, t])
+            out.append([lp, t, self._token_text(r, t)])
+        return out
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

@@ -1,0 +1,84 @@
+"""The running batch's KV cache: rows join and leave between decode steps.
+
+transformers' models take a `DynamicCache` for a rectangular batch. Continuous batching needs
+rows of different lengths that come and go, so this class keeps the per-layer key/value tensors
+itself, left-padded to a common length, and hands the model a fresh `DynamicCache` view of them
+for each step (a 2-D attention mask hides the padding; explicit position ids keep each row's
+positions its own). A joining row is padded (or the batch is) to the common length; leaving rows
+are dropped and the all-padding prefix trimmed, so memory follows the longest live row.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class KVBatch:
+    def __init__(self, config):
+        self.config = config
+        self.keys: list[torch.Tensor] = []     # per layer: [B, kv_heads, L, head_dim]
+        self.values: list[torch.Tensor] = []
+        self.lengths: list[int] = []           # valid (right-aligned) positions per row
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def clear(self) -> None:
+        self.keys, self.values, self.lengths = [], [], []
+
+    def add(self, cache: DynamicCache, length: int) -> int:
+        """Append a single-sequence cache (batch 1, no padding) as a new row; return its index."""
+        new_k = [layer.keys for layer in cache.layers]
+        new_v = [layer.values for layer in cache.layers]
+        if not self.lengths:
+            self.keys, self.values, self.lengths = new_k, new_v, [length]
+            return 0
+        width = max(self.width, length)
+        self.keys = [torch.cat([_left_pad(a, width), _left_pad(b, width)], 0) for a, b in zip(self.keys, new_k, strict=True)]
+        self.values = [torch.cat([_left_pad(a, width), _left_pad(b, width)], 0) for a, b in zip(self.values, new_v, strict=True)]
+        self.lengths.append(length)
+        return self.size - 1
+
+    def remove(self, rows: list[int]) -> None:
+        """Drop rows (indices into the current batch); later rows shift down."""
+        if not rows:
+            return
+        keep = [i for i in range(self.size) if i not in set(rows)]
+        if not keep:
+            self.clear()
+            return
+        index = torch.tensor(keep, dtype=torch.long)
+        self.lengths = [self.lengths[i] for i in keep]
+        trim = self.width - max(self.lengths)
+        self.keys = [k.index_select(0, index)[:, :, trim:] for k in self.keys]
+        self.values = [v.index_select(0, index)[:, :, trim:] for v in self.values]
+
+    def step_inputs(self) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+        """A cache view, the attention mask [B, L+1] and position ids [B, 1] for one decode step."""
+        cache = DynamicCache(config=self.config)
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            cache.update(k, v, layer)
+        width = self.width
+        lengths = torch.tensor(self.lengths, dtype=torch.long)
+        cols = torch.arange(width + 1).unsqueeze(0)
+        mask = (cols >= (width - lengths).unsqueeze(1)).long()
+        return cache, mask, lengths.unsqueeze(1)
+
+    def absorb(self, cache: DynamicCache) -> None:
+        """Take the step's grown tensors back (each row gained one position)."""
+        self.keys = [layer.keys for layer in cache.layers]
+        self.values = [layer.values for layer in cache.layers]
+        self.lengths = [n + 1 for n in self.lengths]
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - t.shape[2]
+    if missing <= 0:
+        return t
+    pad = t.new_zeros(t.shape[0], t.shape[1], missing, t.shape[3])
+    return torch.cat([pad, t], 2)

@@ -1,0 +1,118 @@
+"""`tandem gen serve`: load a model, start the engine thread and the HTTP API, publish the address.
+
+With `--exp DIR` the server logs to `<exp>/logs/gen-<rank>.log`, takes its defaults from the
+experiment's `gen` section and writes `<exp>/services/gen-<rank>.json` (`url`, `host`, `port`,
+`pid`, `model`) once it accepts requests — the launcher waits for that file.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def resolve_threads(cli_value: int | None, cfg_value: int | None) -> int:
+    """--threads, else gen.threads, else $TANDEM_THREADS, else 1 (roles share few cores)."""
+    for v in (cli_value, cfg_value, os.environ.get("TANDEM_THREADS")):
+        if v not in (None, "", 0):
+            return max(1, int(v))
+    return 1
+
+
+def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: int, dtype: str,
+                weight_version: str, seed: int):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .engine import Engine
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model.eval()
+    return Engine(model, tokenizer, model_path=str(model_path), max_running=max_running,
+                  prefill_tokens_per_step=prefill_tokens_per_step, weight_version=weight_version, seed=seed)
+
+
+async def serve(engine, *, host: str, port: int, api_key: str | None, server_args: dict,
+                on_ready=None, stop_event: asyncio.Event | None = None) -> None:
+    from aiohttp import web
+
+    from .http_api import GenServer
+    server = GenServer(engine, api_key=api_key, server_args=server_args)
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    site = web.SockSite(runner, sock)
+    await site.start()
+    bound = sock.getsockname()[1]
+    server.server_args.update(host=host, port=bound)
+    log.info("embedded generation server on http://%s:%d (model %s)", host, bound, engine.model_path)
+    if on_ready:
+        on_ready(host, bound)
+    try:
+        await (stop_event.wait() if stop_event else asyncio.Event().wait())
+    finally:
+        await runner.cleanup()
+
+
+def serve_from_args(args) -> int:
+    import torch
+
+    from rollout.config import GenConfig
+    cfg: GenConfig = args.cfg.gen if getattr(args, "cfg", None) is not None else GenConfig()
+    exp = None
+    if args.exp:
+        from services.protocol import ExpDir, setup_role_logging
+        exp = ExpDir(args.exp)
+        setup_role_logging(exp, "gen", args.rank)
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not Path(args.model).is_dir():
+        log.error("--model %s is not a directory", args.model)
+        return 2
+    threads = resolve_threads(args.threads, cfg.threads)
+    torch.set_num_threads(threads)
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = Path(args.api_key_file).read_text().strip() or None
+        except OSError as e:
+            log.error("--api-key-file: %s", e)
+            return 2
+        if api_key is None:
+            log.error("--api-key-file %s is empty", args.api_key_file)
+            return 2
+    max_running = args.max_running or cfg.max_running_requests
+    engine = load_engine(args.model, max_running=max_running, prefill_tokens_per_step=cfg.prefill_tokens_per_step,
+                         dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank)
+    server_args = {"model_path": str(args.model), "tokenizer_path": str(args.model), "dtype": cfg.dtype,
+                   "device": "cpu", "threads": threads, "random_seed": cfg.seed + args.rank,
+                   "prefill_tokens_per_step": cfg.prefill_tokens_per_step}
+
+    def on_ready(host: str, port: int) -> None:
+        if exp is not None:
+            from services.protocol import publish_service
+            publish_service(exp, f"gen-{args.rank}", {
+                "url": f"http://{host}:{port}", "host": host, "port": port, "pid": os.getpid(),
+                "model": str(args.model), "backend": "embedded", "weight_version": engine.weight_version})
+        print(f"serving on http://{host}:{port}", flush=True)
+
+    async def main() -> None:
+        import signal
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(engine, host=args.host, port=args.port, api_key=api_key, server_args=server_args,
+                    on_ready=on_ready, stop_event=stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+    return 0

@@ -1,0 +1,132 @@
+"""New weights for a running model: from a Hugging Face directory, or by torch.distributed broadcast.
+
+Both paths first gather a complete, validated `{name: tensor}` set and only then copy it into the
+model, so a bad update (missing tensor, wrong shape) leaves the served weights untouched. The
+broadcast path receives every announced tensor even when some name is wrong, so the sender's
+collective never hangs on us.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class WeightError(ValueError):
+    """An update that cannot be applied; the message says which tensor or file is at fault."""
+
+
+def expected_tensors(model) -> dict[str, torch.Tensor]:
+    return dict(model.state_dict())
+
+
+def _tied_names(model) -> set[str]:
+    """Names that alias another parameter (e.g. lm_head.weight with tied embeddings)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        if t.data_ptr() in seen:
+            tied.add(name)
+        else:
+            seen[t.data_ptr()] = name
+    return tied
+
+
+def validate(model, state: dict[str, torch.Tensor], *, partial: bool = False) -> None:
+    """Every model tensor present with its shape (unless `partial`), no unknown names."""
+    want = expected_tensors(model)
+    unknown = sorted(set(state) - set(want))
+    if unknown:
+        raise WeightError(f"unknown tensor names (not in the served model): {unknown[:5]}")
+    for name, t in state.items():
+        if tuple(t.shape) != tuple(want[name].shape):
+            raise WeightError(f"tensor {name}: shape {list(t.shape)} != served {list(want[name].shape)}")
+    if not partial:
+        missing = sorted(set(want) - set(state) - _tied_names(model))
+        if missing:
+            raise WeightError(f"missing tensors: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def apply(model, state: dict[str, torch.Tensor]) -> None:
+    want = expected_tensors(model)
+    with torch.no_grad():
+        for name, t in state.items():
+            want[name].copy_(t)
+
+
+def load_from_disk(model, model_path: str) -> dict[str, torch.Tensor]:
+    """Read and validate the safetensors weights of a HF directory (sharded or not)."""
+    from safetensors.torch import load_file
+    root = Path(model_path)
+    if not root.is_dir():
+        raise WeightError(f"model_path {model_path!r} is not a directory")
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise WeightError(f"model_path {model_path!r} holds no *.safetensors file")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except Exception as e:
+            raise WeightError(f"cannot read {f}: {e}") from None
+    validate(model, state)
+    return state
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise WeightError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class BroadcastGroup:
+    """This server's membership in a trainer -> servers weight group (`/init_weights_update_group`).
+
+    The sender is rank 0; this server is `rank_offset`. The embedded server has one model replica,
+    so it joins as the default torch.distributed group of its process (nothing else here uses
+    torch.distributed). `nccl` is mapped to `gloo` when CUDA is absent: same code path, CPU wire.
+    """
+
+    def __init__(self):
+        self.name: str | None = None
+
+    def init(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+             group_name: str, backend: str, timeout_s: float = 600.0) -> None:
+        import torch.distributed as dist
+        if self.name is not None:
+            raise WeightError(f"weight update group {self.name!r} already exists; destroy it first")
+        if backend == "nccl" and not torch.cuda.is_available():
+            log.warning("backend nccl requested without CUDA; using gloo")
+            backend = "gloo"
+        dist.init_process_group(backend=backend, init_method=f"tcp://{master_address}:{master_port}",
+                                world_size=world_size, rank=rank_offset, timeout=timedelta(seconds=timeout_s))
+        self.name = group_name
+        log.info("joined weight update group %s as rank %d of %d (%s)", group_name, rank_offset, world_size, backend)
+
+    def destroy(self, group_name: str) -> None:
+        import torch.distributed as dist
+        if self.name != group_name:
+            raise WeightError(f"no weight update group named {group_name!r}")
+        dist.destroy_process_group()
+        self.name = None
+
+    def receive(self, group_name: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
+                ) -> dict[str, torch.Tensor]:
+        """Receive the announced tensors in order from rank 0 (blocking)."""
+        import torch.distributed as dist
+        if self.name != group_name:
+            raise WeightError(f"no weight update group named {group_name!r}; call /init_weights_update_group")
+        if not (len(names) == len(dtypes) == len(shapes)):
+            raise WeightError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
+        parsed = [parse_dtype(d) for d in dtypes]
+        state = {}
+        for name, dtype, shape in zip(names, parsed, shapes, strict=True):
+            t = torch.empty(shape, dtype=dtype)
+            dist.broadcast(t, src=0)
+            state[name] = t
+        return state

@@ -1,0 +1,131 @@
+"""A tiny, randomly initialised Qwen2 checkpoint with a character-level tokenizer.
+
+Tests, benchmarks and the embedded default need a model that loads through exactly the same
+code path as a real checkpoint (`AutoTokenizer` / `AutoModelForCausalLM.from_pretrained`), yet
+costs nothing to create and runs fast on one CPU core. A character vocabulary (one token per
+ASCII character) keeps the embedding matrix small and lets the synthetic math and code tasks be
+learnt character by character.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Special tokens first so their ids are stable whatever the character set: 0 pad, 1 bos, 2 eos.
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, *ROLE_TOKENS)
+# transformers maps every qwen2 checkpoint to `Qwen2Tokenizer`, which rebuilds the pipeline as
+# NFC -> Qwen's split regex -> byte-level, and silently drops tokens missing from the vocab.
+# So the vocabulary is the 256 byte-level symbols with no merges: every printable ASCII
+# character (digits, letters, punctuation, space, newline) is exactly one token, and any other
+# text is still encodable, one token per UTF-8 byte. tokenizer.json spells the same pipeline, so
+# `tokenizers.Tokenizer.from_file` and `AutoTokenizer` give identical ids.
+QWEN2_SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+                     r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def byte_symbols() -> list[str]:
+    """The byte-level alphabet (GPT-2's printable stand-in for each byte), in byte order."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+# The chat template: one role token opens each message; assistant turns end with EOS, so a
+# model tuned on `apply_chat_template` output learns to stop.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_vocab(min_size: int = 0) -> dict[str, int]:
+    """Token -> id; padded with reserved special tokens up to `min_size` (for --vocab)."""
+    tokens = list(SPECIAL_TOKENS) + byte_symbols()
+    while len(tokens) < min_size:
+        tokens.append(f"<|reserved_{len(tokens)}|>")
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def build_tokenizer(vocab: dict[str, int]):
+    """A `tokenizers.Tokenizer`: one token per byte, plus the special tokens."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _specials(vocab)])
+    return tok
+
+
+def _specials(vocab: dict[str, int]) -> list[str]:
+    return [t for t in vocab if len(t) > 2 and t.startswith("<") and t.endswith(">")]
+
+
+def _tokenizer_config(vocab: dict[str, int]) -> dict:
+    specials = _specials(vocab)
+    return {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK,
+        "additional_special_tokens": [t for t in specials if t not in (PAD, BOS, EOS, UNK)],
+        "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": None,
+        "padding_side": "left",
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+def init_tiny(out_dir, *, layers: int = 4, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
+              intermediate: int = 512, max_position: int = 512, vocab: int = 0, seed: int = 0) -> Path:
+    """Write a loadable Hugging Face directory to `out_dir` and return its path.
+
+    Same seed and sizes give byte-identical weights, so tests can recreate a model instead of
+    shipping one.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % heads:
+        raise ValueError(f"init_tiny: hidden ({hidden}) must be a multiple of heads ({heads})")
+    if heads % kv_heads:
+        raise ValueError(f"init_tiny: heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    token_ids = build_vocab(vocab)
+    config = Qwen2Config(
+        vocab_size=len(token_ids), hidden_size=hidden, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position, tie_word_embeddings=True,
+        bos_token_id=token_ids[BOS], eos_token_id=token_ids[EOS], pad_token_id=token_ids[PAD],
+        rope_theta=10000.0, torch_dtype="float32",
+    )
+    gen = torch.Generator().manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        # Our own generator (not the global RNG) so the weights depend on `seed` alone.
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * config.initializer_range)
+    model.save_pretrained(out, safe_serialization=True)
+    build_tokenizer(token_ids).save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(token_ids), indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}, indent=2))
+    return out

@@ -1,0 +1,134 @@
+"""The interrupt test: a long generation survives pause -> weight update -> continue.
+
+The client's sample must read versions [v0 ... v0, v1 ... v1], and each segment's log-probs must
+be those of a fresh transformers forward of the policy that produced it over the same tokens —
+through both update paths (a HF directory on disk, and a torch.distributed broadcast over gloo,
+the code path NCCL takes on GPUs).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from gen_support import reference_logprobs
+
+from rollout.client import GenerationClient, ServerRef
+
+PROMPT = [1, 6, 57, 50, 58, 61]
+NEW_TOKENS = 240
+TEMPERATURE = 0.8
+
+
+def wait_for_tokens(api, at_least: int) -> None:
+    base = api.get("/get_server_info")[1]["internal_states"][0]["generated_tokens"]
+    deadline = time.monotonic() + 60
+    while api.get("/get_server_info")[1]["internal_states"][0]["generated_tokens"] < base + at_least:
+        assert time.monotonic() < deadline, "generation did not progress"
+        time.sleep(0.02)
+
+
+def generate_through_update(server, update) -> object:
+    """Run one long sample; once it is under way, pause, call `update()`, continue."""
+    async def run():
+        async with GenerationClient([ServerRef(server.url, server.api.api_key)]) as client:
+            task = asyncio.ensure_future(client.generate(
+                PROMPT, {"max_new_tokens": NEW_TOKENS, "temperature": TEMPERATURE, "ignore_eos": True,
+                         "sampling_seed": 5}))
+            await asyncio.to_thread(wait_for_tokens, server.api, 20)
+            status, reply = await asyncio.to_thread(server.api.post, "/pause_generation", {"mode": "abort"})
+            assert status == 200, reply
+            await asyncio.to_thread(update)
+            status, reply = await asyncio.to_thread(server.api.post, "/continue_generation")
+            assert status == 200, reply
+            return await task
+    return asyncio.run(run())
+
+
+def check_segments(res, old_dir, new_dir, old: int, new: int) -> None:
+    assert len(res.output_ids) == NEW_TOKENS and res.finish_reason == "length"
+    cut = res.output_versions.index(new)
+    assert 0 < cut < NEW_TOKENS
+    assert res.output_versions == [old] * cut + [new] * (NEW_TOKENS - cut)
+    assert res.interruptions >= 1
+    head, tail = res.output_ids[:cut], res.output_ids[cut:]
+    want_old = reference_logprobs(old_dir, PROMPT, head, TEMPERATURE)
+    want_new = reference_logprobs(new_dir, PROMPT + head, tail, TEMPERATURE)
+    assert res.output_logprobs[:cut] == pytest.approx(want_old, abs=1e-4)
+    assert res.output_logprobs[cut:] == pytest.approx(want_new, abs=1e-4)
+    # The two policies really differ on these tokens (otherwise the check above proves nothing).
+    wrong = reference_logprobs(old_dir, PROMPT + head, tail, TEMPERATURE)
+    assert max(abs(a - b) for a, b in zip(wrong, want_new, strict=True)) > 1e-2
+
+
+def served(server) -> tuple[str, int]:
+    """The model directory and version the server holds now (the tests below run in one server)."""
+    info = server.api.get("/get_model_info")[1]
+    return info["model_path"], int(info["weight_version"])
+
+
+def test_interrupt_with_update_from_disk(own_server, model_v1):
+    old_dir, old = served(own_server)
+
+    def update():
+        status, reply = own_server.api.post("/update_weights_from_disk",
+                                            {"model_path": str(model_v1), "weight_version": str(old + 1)})
+        assert status == 200 and reply["success"], reply
+
+    res = generate_through_update(own_server, update)
+    check_segments(res, old_dir, model_v1, old, old + 1)
+    assert served(own_server) == (str(model_v1), old + 1)
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_interrupt_with_update_from_distributed(own_server, tmp_path):
+    """The test process plays the trainer's rank 0 and broadcasts new tensors over gloo."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from rollout.tiny_model import init_tiny
+    old_dir, old = served(own_server)
+    new_dir = init_tiny(tmp_path / "v-next", seed=2)
+    new = load_file(str(new_dir / "model.safetensors"))
+    names = sorted(new)
+    port = _free_port()
+    box = {}
+    joiner = threading.Thread(target=lambda: box.setdefault("init", own_server.api.post(
+        "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+                                       "world_size": 2, "group_name": "tandem-test", "backend": "gloo"})))
+    joiner.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0,
+                            timeout=timedelta(seconds=60))
+    try:
+        joiner.join(60)
+        assert box["init"][0] == 200 and box["init"][1]["success"], box["init"]
+
+        def update():
+            call = threading.Thread(target=lambda: box.setdefault("update", own_server.api.post(
+                "/update_weights_from_distributed",
+                {"names": names, "dtypes": [str(new[n].dtype).removeprefix("torch.") for n in names],
+                 "shapes": [list(new[n].shape) for n in names], "group_name": "tandem-test",
+                 "weight_version": str(old + 1)})))
+            call.start()
+            for n in names:
+                dist.broadcast(new[n].contiguous(), src=0)
+            call.join(60)
+            assert box["update"][0] == 200 and box["update"][1]["success"], box["update"]
+
+        res = generate_through_update(own_server, update)
+        check_segments(res, old_dir, new_dir, old, old + 1)
+        status, reply = own_server.api.post("/destroy_weights_update_group", {"group_name": "tandem-test"})
+        assert status == 200 and reply["success"]
+    finally:
+        dist.destroy_process_group()
+    assert own_server.api.get("/get_weight_version")[1]["weight_version"] == str(old + 1)
