@@ -95,12 +95,27 @@ class PickServer:
     """A worker asks where to send a request; `sticky_key` keeps a resumed request in place."""
     worker_id: str
     sticky_key: str = ""
+    # Servers that just failed for this worker: never chosen (unless no other is in rotation).
+    exclude: list[str] | None = None
 
 
 @message("server_choice")
 class ServerChoice:
     address: str
     api_key_ref: str = ""
+
+
+@message("trainer_resumed")
+class TrainerResumed:
+    """The trainer restarted from a checkpoint at `version` (sent before it takes data).
+
+    The trainer is the authority on versions and on what it holds: the controller rebases its
+    version to `version` and its accepted count to `groups_held` (groups consumed by training
+    plus complete groups in the restored replay buffer), so the staleness bound is computed
+    from what the trainer really has, not from groups lost with the crashed trainer.
+    """
+    version: int
+    groups_held: int
 
 
 @message("status")

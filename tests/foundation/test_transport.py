@@ -111,13 +111,13 @@ def test_trajectory_channel_delivers_in_order_with_backpressure(keys):
             for i in range(1000):  # nobody reads: the queue fills and send times out
                 await src.send(traj(i), timeout_s=0.5)
                 sent += 1
-        src.close(linger_ms=0)
+        src.close(linger_ms=10_000)  # what was queued must still be delivered after close
         return sent
 
     sent = asyncio.run(produce())
     assert 0 < sent < 1000
     got = []
-    while (t := sink.recv(timeout_s=1.0)) is not None:
+    while (t := sink.recv(timeout_s=10.0 if not got else 2.0)) is not None:
         got.append(t)
     assert [t.group_id for t in got] == [f"g{i}" for i in range(len(got))]
     assert got and int(got[0].output_ids[-1]) == 0 and got[-1].output_ids.dtype == np.int32

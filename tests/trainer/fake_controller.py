@@ -1,0 +1,69 @@
+"""A controller stand-in for the trainer tests, run as its own process (one ZAP handler per
+process admits one experiment's key): answers weights_ready with weights_ack.
+
+    python fake_controller.py EXP_DIR HOLD_VERSIONS   (e.g. "1,2" or "")
+
+Appends every received version to <exp>/fake-controller/received (trainer_resumed messages to
+.../resumed as "version groups_held"); the ack of a held version
+waits until the file <exp>/fake-controller/release-<version> exists. For `how="broadcast"` it
+joins the weight group as rank 1 the way SGLang's /init_weights_update_group does, receives
+every tensor, and saves them to <exp>/fake-controller/broadcast-v<N>.pt before acking.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from services.protocol import ExpDir, Ok, RequestServer, WeightsAck, load_keys, publish_service
+
+
+async def main(exp: ExpDir, hold: set[int]) -> None:
+    state = exp.root / "fake-controller"
+    state.mkdir(exist_ok=True)
+
+    async def on_ready(body):
+        with open(state / "received", "a") as f:
+            f.write(f"{body.version}\n")
+        if body.how == "broadcast":
+            await asyncio.to_thread(receive, body, state / f"broadcast-v{body.version}.pt")
+        while body.version in hold and not (state / f"release-{body.version}").exists():
+            await asyncio.sleep(0.02)
+        return WeightsAck(version=body.version, ok=True, failed_servers=[], timings={"update_s": 0.01})
+
+    async def on_resumed(body):
+        with open(state / "resumed", "a") as f:
+            f.write(f"{body.version} {body.groups_held}\n")
+        return Ok(detail="rebased")
+
+    server = RequestServer(load_keys(exp.keys), {"weights_ready": on_ready, "trainer_resumed": on_resumed})
+    publish_service(exp, "controller", {"address": server.address})
+    await server.serve_forever()
+
+
+def receive(ready, out: Path) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = datetime.timedelta(seconds=60)
+    store, _, _ = next(rendezvous(f"tcp://{ready.master_address}:{ready.master_port}", 1, ready.world_size,
+                                  timeout=timeout))
+    store = PrefixStore(ready.group_name, store)
+    pg, _ = _new_process_group_helper(ready.world_size, 1, [], "gloo", store, group_name=ready.group_name,
+                                      timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(ready.world_size)}
+    got = {}
+    for name, dtype, shape in zip(ready.names, ready.dtypes, ready.shapes, strict=True):
+        t = torch.empty(shape, dtype=getattr(torch, dtype))
+        dist.broadcast(t, src=0, group=pg)
+        got[name] = t
+    dist.destroy_process_group(pg)
+    torch.save(got, out)
+
+
+if __name__ == "__main__":
+    hold = {int(v) for v in sys.argv[2].split(",") if v} if len(sys.argv) > 2 else set()
+    asyncio.run(main(ExpDir(Path(sys.argv[1])), hold))

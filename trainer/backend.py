@@ -1,0 +1,152 @@
+"""The contract between the RL algorithm and whatever holds the model (torch or Megatron-core).
+
+The loop (buffer, advantages, PPO loss, micro-batching, publishing, checkpoints) must not care
+whether the parameters live in one `transformers` module on a CPU or are sharded by Megatron
+over tensor/pipeline/data parallel ranks. So a backend does only what needs the model:
+
+- log-probs of a packed micro-batch, with the temperature applied as the generation server
+  does (`log_softmax(logits / T)`), with or without autograd;
+- one optimizer update over several micro-batches, given a loss function of those log-probs;
+- state for checkpoints, an exported Hugging Face directory, and full tensors for broadcast.
+
+Token alignment (the same for every backend): `PackedBatch.input_ids` is the concatenation of
+whole sequences (prompt + output). The log-prob returned at flat position `i` is
+`log p(input_ids[i] | the tokens before i in the same sequence)`; the first position of every
+sequence has no prediction and gets 0. Per-token training fields (`loss_mask`, behaviour
+log-probs, advantages ...) use the same positions, so the loss never shifts anything.
+
+Loss scaling: `loss_fn` returns a micro-batch's share of the minibatch loss, already divided by
+the number of valid tokens of the *whole* minibatch over *all* data-parallel ranks. A backend
+therefore SUMS gradients over micro-batches and over data-parallel ranks (no averaging), then
+clips and steps. With that rule, any split of a minibatch into micro-batches and ranks gives
+the same gradient as one big batch (a test checks it).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class PackedBatch:
+    """Variable-length sequences concatenated without padding (one micro-batch)."""
+    # int64 [N]: the tokens of all sequences, back to back.
+    input_ids: torch.Tensor
+    # int64 [N]: position within its own sequence (restarts at 0 for every sequence).
+    position_ids: torch.Tensor
+    # int32 [S+1]: sequence boundaries, cu_seqlens[s]..cu_seqlens[s+1] is sequence s.
+    cu_seqlens: torch.Tensor
+    # Per-token tensors aligned with input_ids, e.g. loss_mask (bool), behav_logp, prox_logp,
+    # advantages (float32), versions (int64). Backends pass them through untouched.
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Index of each packed sequence in the step's batch (to scatter results back).
+    seq_index: list[int] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.cu_seqlens.numel()) - 1
+
+    def seqlens(self) -> list[int]:
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
+
+
+@dataclass
+class TokenOutputs:
+    """What a forward pass gives the loss: both float32 [N], aligned with input_ids."""
+    logp: torch.Tensor
+    # Entropy of softmax(logits / T) at the position that predicts each token (no gradient);
+    # None when not asked for.
+    entropy: torch.Tensor | None = None
+
+
+# loss_fn(micro_batch, outputs) -> (scalar loss with grad, {stat name: float summed over tokens}).
+LossFn = Callable[[PackedBatch, TokenOutputs], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class StepResult:
+    """What one optimizer update reports (identical on every rank)."""
+    grad_norm: float
+    lr: float
+    # Sums of the stats returned by loss_fn over this rank's micro-batches ("*_max" keys: maxima).
+    # The loop SUMS them over all ranks of the job, so when several ranks see the same tokens
+    # (tensor/pipeline parallel) exactly one of them reports the sums, the others zeros.
+    stats: dict[str, float] = field(default_factory=dict)
+    # False when the gradient was not finite and the update was skipped.
+    applied: bool = True
+
+
+class TrainBackend(ABC):
+    """One instance per trainer rank. Collective methods must be called on every rank."""
+
+    # Global rank and size of the trainer job; rank 0 owns the buffer and publishes.
+    rank: int = 0
+    world_size: int = 1
+    # Data-parallel coordinates: micro-batches are split over dp_size groups of ranks.
+    dp_rank: int = 0
+    dp_size: int = 1
+
+    @abstractmethod
+    def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False
+                         ) -> TokenOutputs:
+        """Log-probs under the current parameters, without autograd (proximal recompute).
+
+        Called with this rank's micro-batches only; with pipeline parallelism every stage
+        must return the same tensors (broadcast from the last stage).
+        """
+
+    @abstractmethod
+    def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:
+        """One optimizer update: forward + backward every micro-batch (gradients summed), sum
+        over data-parallel ranks, clip to `optim.grad_clip`, step the optimizer and LR schedule.
+        `outputs.entropy` is filled for loss_fn (detached). Every DP rank gets the same number
+        of micro-batches (the allocator guarantees it; an empty one may be a zero-token batch).
+        """
+
+    @abstractmethod
+    def state_dict(self) -> dict:
+        """Everything to resume bit-exactly: model, optimizer, LR schedule (this rank's share).
+        Torch tensors and plain Python values only, so `torch.save` can write it."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of state_dict (same world layout)."""
+
+    @abstractmethod
+    def export_hf(self, out_dir: Path) -> None:
+        """Write a Hugging Face directory (config.json, model.safetensors, tokenizer files) that
+        `AutoModelForCausalLM.from_pretrained` loads. Collective; only rank 0 writes."""
+
+    @abstractmethod
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF parameter name, full unsharded tensor) in a fixed order, for weight broadcast.
+        Collective (TP shards are gathered); meaningful on rank 0, others may yield nothing."""
+
+    def close(self) -> None:
+        """Free process groups and memory (optional)."""
+        return None
+
+
+def build_backend(cfg, model_dir: str | Path, seed: int) -> TrainBackend:
+    """The backend named by `cfg.backend` (a `TrainerConfig`), loaded from a HF directory.
+
+    Both constructors take `(cfg: TrainerConfig, model_dir: Path, seed: int)`. The caller has
+    already initialised the default torch.distributed process group when the job has more than
+    one rank (env:// rendezvous: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); a backend builds
+    its own sub-groups from it (e.g. Megatron's parallel_state) and never re-initialises it.
+    """
+    if cfg.backend == "torch":
+        from trainer.torch_backend import TorchBackend
+        return TorchBackend(cfg, Path(model_dir), seed)
+    if cfg.backend == "megatron":
+        from trainer.megatron.backend import MegatronBackend
+        return MegatronBackend(cfg, Path(model_dir), seed)
+    raise ValueError(f"trainer.backend: unknown backend {cfg.backend!r} (expected torch or megatron)")

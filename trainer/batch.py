@@ -1,0 +1,113 @@
+"""One global step's data: from trained groups to each rank's packed micro-batches.
+
+Rank 0 turns the groups it took from the buffer into a `StepBatch` (plain numpy, cheap to
+broadcast), and every rank derives the same plan from it: advantages over the global batch,
+`ppo_n_minibatches` minibatches of whole groups, each allocated into micro-batches and dealt to
+data-parallel ranks. Every rank computes the identical plan from identical input, so only the
+batch itself crosses the network.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainer.advantages import sequence_advantages
+from trainer.backend import PackedBatch
+from trainer.buffer import Group
+from trainer.microbatch import allocate_for_ranks, pack
+
+
+@dataclass
+class StepBatch:
+    """The sequences of one global step, in group order (groups oldest first)."""
+    group_ids: list[str] = field(default_factory=list)
+    prompt_ids: list[np.ndarray] = field(default_factory=list)
+    output_ids: list[np.ndarray] = field(default_factory=list)
+    behav_logp: list[np.ndarray] = field(default_factory=list)
+    versions: list[np.ndarray] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    admit_versions: list[int] = field(default_factory=list)
+    n_groups: int = 0
+
+    @classmethod
+    def from_groups(cls, groups: list[Group]) -> StepBatch:
+        b = cls(n_groups=len(groups))
+        for g in groups:
+            for t in g.samples:
+                b.group_ids.append(g.group_id)
+                b.prompt_ids.append(np.asarray(t.prompt_ids, np.int64))
+                b.output_ids.append(np.asarray(t.output_ids, np.int64))
+                b.behav_logp.append(np.asarray(t.output_logprobs, np.float32))
+                b.versions.append(np.asarray(t.output_versions, np.int64))
+                b.rewards.append(float(t.reward))
+                b.admit_versions.append(int(g.admit_version))
+        return b
+
+    def __len__(self) -> int:
+        return len(self.group_ids)
+
+    def seq_len(self, i: int) -> int:
+        return len(self.prompt_ids[i]) + len(self.output_ids[i])
+
+
+@dataclass
+class MinibatchPlan:
+    """One optimizer update: this rank's micro-batches and the global valid-token count."""
+    micro_batches: list[PackedBatch]
+    n_valid: int
+    n_seqs: int
+
+
+@dataclass
+class StepPlan:
+    minibatches: list[MinibatchPlan]
+    # Sequences left out because prompt + output exceeds max_tokens_per_mb.
+    too_long: int
+    advantages: np.ndarray
+
+
+def sequence_tensors(batch: StepBatch, i: int, advantage: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Tokens of sequence i and its per-token fields, aligned with the tokens (see backend.py)."""
+    p, o = batch.prompt_ids[i], batch.output_ids[i]
+    n_p, n_o = len(p), len(o)
+    ids = np.concatenate([p, o])
+    mask = np.zeros(n_p + n_o, dtype=bool)
+    mask[n_p:] = True
+    behav = np.zeros(n_p + n_o, dtype=np.float32)
+    behav[n_p:] = batch.behav_logp[i]
+    adv = np.zeros(n_p + n_o, dtype=np.float32)
+    adv[n_p:] = advantage
+    versions = np.full(n_p + n_o, -1, dtype=np.int64)
+    versions[n_p:] = batch.versions[i]
+    return ids, {"loss_mask": mask, "behav_logp": behav, "advantages": adv, "versions": versions}
+
+
+def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: int, dp_rank: int,
+              group_baseline: bool, normalize: bool) -> StepPlan:
+    adv = sequence_advantages(batch.rewards, batch.group_ids, [len(o) for o in batch.output_ids],
+                              group_baseline=group_baseline, normalize=normalize)
+    # Minibatches of whole groups, in order.
+    order = list(dict.fromkeys(batch.group_ids))
+    per_mb = max(1, -(-len(order) // n_minibatches))
+    group_mb = {g: k // per_mb for k, g in enumerate(order)}
+    members: list[list[int]] = [[] for _ in range(n_minibatches)]
+    too_long = 0
+    for i, g in enumerate(batch.group_ids):
+        if batch.seq_len(i) > max_tokens:
+            too_long += 1
+            continue
+        members[group_mb[g]].append(i)
+    plans = []
+    for seqs in members:
+        lengths = [batch.seq_len(i) for i in seqs]
+        ranks = allocate_for_ranks(lengths, max_tokens, dp_size)
+        mbs = []
+        for local in ranks[dp_rank]:
+            idx = [seqs[k] for k in local]
+            tensors = [sequence_tensors(batch, i, float(adv[i])) for i in idx]
+            names = tensors[0][1].keys() if tensors else []
+            mbs.append(pack([t[0] for t in tensors], {n: [t[1][n] for t in tensors] for n in names}, idx))
+        n_valid = sum(len(batch.output_ids[i]) for i in seqs)
+        plans.append(MinibatchPlan(mbs, n_valid, len(seqs)))
+    return StepPlan(plans, too_long, adv)

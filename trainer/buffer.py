@@ -1,0 +1,189 @@
+"""The replay buffer on trainer rank 0: trajectories in, whole groups out, oldest first, once.
+
+Samples of a group arrive one by one from many workers, in any order, possibly duplicated (a
+worker retried a push) or after the group was already trained (a slow worker). A group is
+usable only once all its n samples are here, since the group baseline needs all of them. The
+step takes the complete groups with the oldest `admit_version` (ties: the group that completed
+first), which keeps staleness bounded exactly as the controller's admission rule assumes.
+
+Everything the buffer holds or remembers is in `state_dict()` (trajectories as their wire
+encoding), so a checkpoint restores it and a restart neither loses nor re-trains a group.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.protocol import ProtocolError, Trajectory, decode, encode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Group:
+    group_id: str
+    admit_version: int
+    # Completion order: the sequence number of the arrival that completed the group.
+    arrival: int
+    samples: list[Trajectory]
+
+    def min_output_version(self) -> int:
+        mins = [int(t.output_versions.min()) for t in self.samples if len(t.output_versions)]
+        return min(mins) if mins else self.admit_version
+
+
+@dataclass
+class TakeResult:
+    groups: list[Group]
+    # Over-stale groups discarded by stale_policy=drop during this take.
+    dropped: list[Group] = field(default_factory=list)
+    # Over-stale groups trained anyway (stale_policy=train).
+    over_stale_trained: int = 0
+
+
+def validate(t: Trajectory) -> str | None:
+    """Why a trajectory cannot be trained on, or None when it can."""
+    if t.group_size < 1:
+        return f"group_size {t.group_size} < 1"
+    if not (0 <= t.sample_idx < t.group_size):
+        return f"sample_idx {t.sample_idx} outside [0, {t.group_size})"
+    n = len(t.output_ids)
+    if n == 0:
+        return "no output tokens"
+    if len(t.prompt_ids) == 0:
+        return "no prompt tokens"
+    if len(t.output_logprobs) != n or len(t.output_versions) != n:
+        return (f"{n} output tokens but {len(t.output_logprobs)} log-probs and "
+                f"{len(t.output_versions)} versions")
+    if not np.all(np.isfinite(t.output_logprobs)):
+        return "non-finite behaviour log-prob"
+    if not np.isfinite(t.reward):
+        return f"non-finite reward {t.reward}"
+    return None
+
+
+class ReplayBuffer:
+    def __init__(self):
+        self._partial: dict[str, dict[int, Trajectory]] = {}
+        self._ready: list[tuple[int, int, str]] = []  # heap of (admit_version, arrival, group_id)
+        self._groups: dict[str, Group] = {}
+        self._consumed: set[str] = set()
+        self._arrivals = 0
+        self.counters: Counter[str] = Counter()
+
+    # ---- intake -------------------------------------------------------------------------------
+    def add(self, t: Trajectory) -> bool:
+        """Keep a trajectory; False (and counted, never raised) when it is refused."""
+        problem = validate(t)
+        if problem:
+            self.counters["rejected_invalid"] += 1
+            log.warning("refused trajectory %s/%s: %s", t.group_id, t.sample_idx, problem)
+            return False
+        gid = t.group_id
+        if gid in self._consumed or gid in self._groups:
+            self.counters["rejected_late_duplicate"] += 1
+            log.warning("refused trajectory %s/%s: group already complete or trained", gid, t.sample_idx)
+            return False
+        samples = self._partial.setdefault(gid, {})
+        first = next(iter(samples.values()), None)
+        if first is not None and (first.group_size != t.group_size or first.admit_version != t.admit_version):
+            self.counters["rejected_invalid"] += 1
+            log.warning("refused trajectory %s/%s: group_size/admit_version differ from its group's "
+                        "(%d/%d vs %d/%d)", gid, t.sample_idx, t.group_size, t.admit_version,
+                        first.group_size, first.admit_version)
+            return False
+        if t.sample_idx in samples:
+            self.counters["rejected_duplicate"] += 1
+            return False
+        samples[t.sample_idx] = t
+        self._arrivals += 1
+        self.counters["received"] += 1
+        if len(samples) == t.group_size:
+            del self._partial[gid]
+            group = Group(gid, t.admit_version, self._arrivals, [samples[i] for i in range(t.group_size)])
+            self._groups[gid] = group
+            heapq.heappush(self._ready, (group.admit_version, group.arrival, gid))
+        return True
+
+    # ---- output -------------------------------------------------------------------------------
+    @property
+    def n_ready(self) -> int:
+        return len(self._ready)
+
+    @property
+    def n_consumed(self) -> int:
+        """Groups trained or dropped (each counted once, ever)."""
+        return len(self._consumed)
+
+    @property
+    def n_partial(self) -> int:
+        return len(self._partial)
+
+    def peek_order(self) -> list[str]:
+        """Group ids in the order `take` would hand them out."""
+        return [g for _, _, g in sorted(self._ready)]
+
+    def take(self, n: int, version: int, max_staleness: int, stale_policy: str = "train"
+             ) -> TakeResult:
+        """The n oldest complete groups for a step at policy `version`; `groups` is empty (and
+        nothing is taken) when fewer than n usable groups are ready. Over-stale groups (version - admit_version >
+        max_staleness) are dropped or kept per `stale_policy`, and counted either way."""
+        if stale_policy not in ("train", "drop"):
+            raise ValueError(f"stale_policy must be 'train' or 'drop', got {stale_policy!r}")
+        result = TakeResult(groups=[])
+        if stale_policy == "drop":
+            while self._ready and version - self._ready[0][0] > max_staleness:
+                _, _, gid = heapq.heappop(self._ready)
+                group = self._groups.pop(gid)
+                self._consumed.add(gid)
+                result.dropped.append(group)
+            self.counters["dropped_stale"] += len(result.dropped)
+            if result.dropped:
+                log.warning("dropped %d groups staler than eta=%d at version %d", len(result.dropped),
+                            max_staleness, version)
+        if len(self._ready) < n:
+            return result
+        for _ in range(n):
+            _, _, gid = heapq.heappop(self._ready)
+            group = self._groups.pop(gid)
+            self._consumed.add(gid)
+            result.groups.append(group)
+            if version - group.admit_version > max_staleness:
+                result.over_stale_trained += 1
+        self.counters["trained_over_stale"] += result.over_stale_trained
+        self.counters["taken"] += n
+        return result
+
+    # ---- persistence --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Plain Python/bytes only (safe for `torch.save(weights_only=True)` and msgpack)."""
+        ready = [{"group_id": g.group_id, "admit_version": g.admit_version, "arrival": g.arrival,
+                  "samples": [encode(t) for t in g.samples]} for g in self._groups.values()]
+        partial = [encode(t) for samples in self._partial.values() for t in samples.values()]
+        return {"ready": ready, "partial": partial, "consumed": sorted(self._consumed),
+                "arrivals": self._arrivals, "counters": dict(self.counters)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__()
+        for g in state["ready"]:
+            samples = [_decode_trajectory(b) for b in g["samples"]]
+            group = Group(g["group_id"], g["admit_version"], g["arrival"], samples)
+            self._groups[group.group_id] = group
+            heapq.heappush(self._ready, (group.admit_version, group.arrival, group.group_id))
+        for b in state["partial"]:
+            t = _decode_trajectory(b)
+            self._partial.setdefault(t.group_id, {})[t.sample_idx] = t
+        self._consumed = set(state["consumed"])
+        self._arrivals = int(state["arrivals"])
+        self.counters = Counter(state["counters"])
+
+
+def _decode_trajectory(frame: bytes) -> Trajectory:
+    msg = decode(frame)
+    if isinstance(msg, ProtocolError) or not isinstance(msg.body, Trajectory):
+        raise ValueError(f"checkpointed buffer holds an undecodable trajectory: {msg}")
+    return msg.body

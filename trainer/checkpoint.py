@@ -1,0 +1,111 @@
+"""Checkpoints the trainer resumes from: `<exp>/checkpoints/step-<N>/`, complete or absent.
+
+Every rank writes its own `rank-<r>.pt` (its share of model and optimizer, its RNG states) into
+a temp directory; rank 0 adds the loop state (version, counters, staleness histogram and the
+unconsumed replay buffer) and renames the directory into place after every rank is done. A
+crash at any moment leaves either the previous checkpoints or the new one, never a half one,
+and `latest()` only ever sees complete directories.
+
+Resuming restores the version numbering and the buffer, so the next step trains exactly the
+groups the interrupted run would have trained, with the same parameters and optimizer state
+(AReaL issue 1388: staleness accounting that restarts from zero after a resume is the bug).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_steps(root: Path) -> list[int]:
+    root = Path(root)
+    if not root.exists():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir())
+
+
+def latest(root: Path) -> Path | None:
+    steps = checkpoint_steps(root)
+    return Path(root) / f"step-{steps[-1]}" if steps else None
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save(root: Path, step: int, rank: int, rank_state: dict, loop_state: dict | None, keep: int) -> Path:
+    """Collective: every rank passes its `rank_state`; rank 0 also passes `loop_state`."""
+    root = Path(root)
+    final = root / f"step-{step}"
+    tmp = root / f".step-{step}.tmp"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+    _save_file({**rank_state, "rng": rng_state()}, tmp / f"rank-{rank}.pt")
+    if rank == 0:
+        _save_file(loop_state or {}, tmp / "loop.pt")
+    _barrier()
+    if rank == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for old in checkpoint_steps(root)[:-keep]:
+            shutil.rmtree(root / f"step-{old}", ignore_errors=True)
+        log.info("checkpoint saved: %s", final)
+    _barrier()
+    return final
+
+
+def _save_file(obj, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load(path: Path, rank: int) -> tuple[dict, dict]:
+    """(this rank's state with RNG applied, loop state) from a checkpoint directory."""
+    path = Path(path)
+    rank_file = path / f"rank-{rank}.pt"
+    if not rank_file.exists():
+        raise FileNotFoundError(f"{rank_file}: missing; was this checkpoint written by a job with "
+                                f"a different number of trainer ranks?")
+    # Our own files (they hold numpy RNG state and raw bytes, which weights_only refuses).
+    rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
+    loop_state = torch.load(path / "loop.pt", map_location="cpu", weights_only=False)
+    set_rng_state(rank_state.pop("rng"))
+    return rank_state, loop_state

@@ -1,0 +1,91 @@
+"""The trainer's side of its conversation with the controller: weights_ready and trainer_resumed.
+
+The controller may be restarting when the trainer calls (it comes back, possibly on another
+port, and re-announces itself in `<exp>/services/controller.json`), so an unanswered request is
+retried with a fresh look at the announcement until the deadline. A refusal (an error reply) is
+final: retrying would get the same answer, so it is logged and the trainer carries on.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from services.protocol import (
+    CurveKeys,
+    ExpDir,
+    Ok,
+    RemoteError,
+    Shutdown,
+    SyncRequestClient,
+    WeightsAck,
+    WeightsReady,
+    read_service,
+)
+from trainer.publish import BackgroundCall
+
+log = logging.getLogger(__name__)
+
+
+class ControllerLink:
+    def __init__(self, exp: ExpDir, keys: CurveKeys, shutdown: Shutdown, timeout_s: float):
+        self.exp, self.keys, self.shutdown, self.timeout_s = exp, keys, shutdown, timeout_s
+        self._client: SyncRequestClient | None = None
+
+    def request(self, body, what: str):
+        """The controller's reply body; None when it refused (logged) or never answered."""
+        deadline = time.monotonic() + self.timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return self._connect(timeout_s=min(left, 30.0)).request(body, timeout_s=left)
+            except RemoteError as e:
+                log.error("%s refused by the controller: %s", what, e)
+                return None
+            except (TimeoutError, OSError) as e:  # unreachable or restarting: look again, retry
+                log.warning("%s: %s; retrying", what, e)
+                self.close()
+                if self.shutdown.requested:
+                    return None
+                time.sleep(min(1.0, max(left, 0)))
+        return None
+
+    def weights_ready(self, ready: WeightsReady, sender: BackgroundCall | None = None) -> dict:
+        """Announce a published version and wait for the ack (and for the broadcast `sender`,
+        which runs meanwhile); returns the timings and outcome for the step's metrics."""
+        t0 = time.perf_counter()
+        ack = self.request(ready, f"weights_ready v{ready.version}")
+        out = {"ack_wait_s": time.perf_counter() - t0}
+        if sender is not None:
+            try:
+                out.update(sender.result(timeout_s=self.timeout_s))
+                out["broadcast_ok"] = True
+            except Exception as e:  # servers that missed it are the controller's to repair
+                log.error("weights v%d: broadcast failed: %s", ready.version, e)
+                out["broadcast_ok"] = False
+        if isinstance(ack, WeightsAck):
+            if not ack.ok or ack.failed_servers:
+                log.warning("weights v%d: controller reports failed servers %s", ack.version, ack.failed_servers)
+            out["ack_ok"] = ack.ok
+            out["failed_servers"] = len(ack.failed_servers)
+            out.update({f"ack_{k}": v for k, v in ack.timings.items()})
+        elif isinstance(ack, Ok):
+            out["ack_ok"] = True
+        else:
+            log.error("weights v%d: no ack from the controller (refused, or nothing within %.0fs); "
+                      "continuing", ready.version, self.timeout_s)
+            out["ack_ok"] = False
+        return out
+
+    def _connect(self, timeout_s: float) -> SyncRequestClient:
+        info = read_service(self.exp, "controller", timeout_s=timeout_s)
+        address = info.get("address")
+        if not address:
+            raise OSError(f"{self.exp.service_file('controller')} has no 'address'")
+        if self._client is None or self._client.address != address:
+            self.close()
+            self._client = SyncRequestClient(self.keys, address, timeout_s=timeout_s)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -1,0 +1,380 @@
+"""The trainer process: collect B groups, one decoupled-PPO step, publish version+1, repeat.
+
+Every rank runs this loop. Rank 0 also owns the replay buffer (fed by a CURVE-secured PULL
+socket announced in `<exp>/services/trainer.json`), talks to the controller, and writes
+weights, metrics and the loop part of checkpoints. The step's batch travels from rank 0 to the
+other ranks as one broadcast; from it every rank derives the same plan (see batch.py).
+
+Order within a step, and why:
+  1. take the B oldest complete groups (staleness measured against the current version);
+  2. recompute proximal log-probs for the whole batch with the parameters at the start of the
+     step, before any update (so every minibatch's trust region is around the same policy);
+  3. ppo_n_minibatches optimizer updates;
+  4. version += 1, publish the weights, tell the controller (weights_ready) and wait for its
+     ack (or let it run in the background and wait before the next publish);
+  5. checkpoint every `checkpoint_every` steps, and on SIGTERM.
+A crash between 4 and 5 re-trains the step after resume and republishes the same version with
+the same numbers (training is deterministic given the checkpoint). Trajectories that arrived
+after the last checkpoint are not lost: each accepted one is appended to a log (wal.py) that
+resume replays on top of the checkpoint's buffer.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from services.protocol import (
+    ExpDir,
+    MetricsWriter,
+    Shutdown,
+    TrainerResumed,
+    Trajectory,
+    TrajectorySink,
+    WeightsReady,
+    load_keys,
+    publish_service,
+)
+from trainer import checkpoint
+from trainer.backend import PackedBatch, TokenOutputs, TrainBackend, build_backend
+from trainer.batch import StepBatch, plan_step
+from trainer.buffer import ReplayBuffer
+from trainer.controller_link import ControllerLink
+from trainer.loss import PPOSettings, ppo_token_loss
+from trainer.publish import BackgroundCall, BroadcastPublisher, publish_to_disk
+from trainer.wal import TrajectoryLog, wal_path
+from trainer.wal import replay as wal_replay
+
+log = logging.getLogger(__name__)
+
+STAT_SUMS = ("loss", "clipped", "imp_weight_sum", "capped", "ratio_sum", "valid", "entropy_sum")
+STAT_MAXES = ("imp_weight_max",)
+
+
+def init_distributed() -> None:
+    """Join the trainer's own world when launched with several ranks (env:// rendezvous)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # Rank 0 may wait a long time for trajectories while the others sit in a broadcast.
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+
+
+class Trainer:
+    def __init__(self, cfg, exp: ExpDir, resume: bool = False, backend: TrainBackend | None = None):
+        """`cfg` is the experiment config (sections experiment, trainer, gen are read)."""
+        self.cfg, self.tcfg, self.exp = cfg, cfg.trainer, exp
+        if not resume and checkpoint.latest(exp.checkpoints) is not None:
+            raise SystemExit(f"tandem trainer: {exp.checkpoints} already holds checkpoints; pass "
+                             f"--resume to continue that run, or remove them to start over")
+        init_distributed()
+        self.backend = backend or build_backend(self.tcfg, cfg.experiment.model, cfg.experiment.seed)
+        self.rank = self.backend.rank
+        self.version = 0
+        self.buffer = ReplayBuffer()
+        self.staleness = Counter()          # step - admit_version of every trained group
+        self.token_staleness = Counter()    # step - min(output_versions) of every trained group
+        self.shutdown = Shutdown()
+        self.settings = PPOSettings(self.tcfg.eps_clip, self.tcfg.use_decoupled_loss,
+                                    self.tcfg.behav_imp_weight_cap)
+        self._pending_ack: BackgroundCall | None = None
+        self._step_staleness: Counter = Counter()
+        self._step_token_staleness: Counter = Counter()
+        self._last_checkpoint = -1
+        self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
+        self._wal_seq = 0
+        self._resumed = resume
+        if resume:
+            self._resume()
+        if self.rank == 0:
+            self._open_wal(replay_existing=resume)
+            self.keys = load_keys(exp.keys)
+            self.sink = TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port)
+            publish_service(exp, "trainer", {"trajectory_address": self.sink.address,
+                                             "version": self.version})
+            log.info("trainer listening for trajectories on %s (version %d)", self.sink.address, self.version)
+            self.controller = ControllerLink(exp, self.keys, self.shutdown, self.tcfg.ack_timeout_s)
+
+    # ---- main loop ----------------------------------------------------------------------------
+    def run(self, install_signals: bool = True) -> int:
+        if install_signals:
+            self.shutdown.install()
+        try:
+            if self._resumed and self.rank == 0:
+                self._announce_resume()
+            while self.version < self.tcfg.total_steps:
+                t0 = time.perf_counter()
+                batch = self._collect() if self.rank == 0 else None
+                batch = self._broadcast(batch)
+                if batch is None:
+                    break  # shutdown requested while waiting for data
+                wait_s = time.perf_counter() - t0
+                record = self.train_step(batch)
+                record["wait_s"] = wait_s
+                self.version += 1
+                t_sync = time.perf_counter()
+                record.update(self._publish())
+                # Publishing + the controller's pause/update/continue of every server.
+                record["weight_sync_s"] = time.perf_counter() - t_sync
+                if self.tcfg.checkpoint_every and self.version % self.tcfg.checkpoint_every == 0:
+                    record["checkpoint_s"] = self.save_checkpoint()
+                record["step_s"] = time.perf_counter() - t0
+                if self.rank == 0:
+                    self.metrics.log(event="step", step=self.version, **record)
+                    log.info("step %d: loss %.4g clip %.3f grad_norm %.3g tokens/s %.0f", self.version,
+                             record["loss"], record["clip_fraction"], record["grad_norm"],
+                             record["tokens_per_s"])
+                if self._stop_requested():
+                    break
+            self._wait_pending_ack()
+            if self._last_checkpoint != self.version or self._stop_requested():
+                self.save_checkpoint()
+        finally:
+            self.close()
+        return 0
+
+    def _stop_requested(self) -> bool:
+        stop = self.shutdown.requested
+        if dist.is_initialized():
+            flag = torch.tensor([int(stop)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+    def _collect(self) -> StepBatch | None:
+        """Receive trajectories until B usable groups are ready (rank 0); None on shutdown."""
+        t = self.tcfg
+        while True:
+            result = self.buffer.take(t.groups_per_step, self.version, t.max_staleness, t.stale_policy)
+            if result.groups:
+                break
+            if self.shutdown.requested:
+                return None
+            self._drain(first_timeout_s=0.2)
+        self._step_staleness = Counter(self.version - g.admit_version for g in result.groups)
+        self._step_token_staleness = Counter(self.version - g.min_output_version() for g in result.groups)
+        self.staleness.update(self._step_staleness)
+        self.token_staleness.update(self._step_token_staleness)
+        return StepBatch.from_groups(result.groups)
+
+    def _drain(self, first_timeout_s: float) -> None:
+        timeout = first_timeout_s
+        while (body := self.sink.recv(timeout)) is not None:
+            timeout = 0.001
+            if isinstance(body, Trajectory):
+                if self.buffer.add(body):
+                    self.wal.append(body)
+            else:
+                self.buffer.counters["rejected_not_trajectory"] += 1
+                log.warning("ignored a %s message on the trajectory socket", type(body).__name__)
+
+    def _broadcast(self, batch):
+        if not dist.is_initialized():
+            return batch
+        box = [batch]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # ---- one global step ----------------------------------------------------------------------
+    def train_step(self, batch: StepBatch) -> dict:
+        """Proximal recompute + ppo_n_minibatches updates on every rank; returns the metrics."""
+        t, be = self.tcfg, self.backend
+        t0 = time.perf_counter()
+        plan = plan_step(batch, t.ppo_n_minibatches, t.max_tokens_per_mb, be.dp_size, be.dp_rank,
+                         t.group_baseline, t.normalize_advantages)
+        if t.use_decoupled_loss:
+            for mp in plan.minibatches:
+                for mb in mp.micro_batches:
+                    if mb.n_tokens:
+                        mb.fields["prox_logp"] = be.forward_logprobs(mb, t.temperature).logp
+        t1 = time.perf_counter()
+        totals = dict.fromkeys(STAT_SUMS, 0.0) | dict.fromkeys(STAT_MAXES, 0.0)
+        grad_norms, skipped = [], 0
+        for mp in plan.minibatches:
+            result = be.train_step(mp.micro_batches, self._loss_fn(mp.n_valid), t.temperature)
+            grad_norms.append(result.grad_norm)
+            skipped += not result.applied
+            for k, v in result.stats.items():
+                if k in STAT_MAXES:
+                    totals[k] = max(totals[k], v)
+                elif k in totals:
+                    totals[k] += v
+        totals = self._reduce_stats(totals)
+        t2 = time.perf_counter()
+        valid = max(totals["valid"], 1.0)
+        n_tokens = sum(batch.seq_len(i) for i in range(len(batch)))
+        return {
+            "version_trained": self.version,
+            "loss": totals["loss"] / valid,
+            "clip_fraction": totals["clipped"] / valid,
+            "imp_weight_mean": totals["imp_weight_sum"] / valid,
+            "imp_weight_max": totals["imp_weight_max"],
+            "masked_fraction": totals["capped"] / valid,
+            "ratio_mean": totals["ratio_sum"] / valid,
+            "entropy": totals["entropy_sum"] / valid,
+            "grad_norm": max(grad_norms) if grad_norms else 0.0,
+            "updates_skipped": skipped,
+            "reward_mean": float(sum(batch.rewards) / max(len(batch), 1)),
+            "n_seqs": len(batch), "n_groups": batch.n_groups, "valid_tokens": int(totals["valid"]),
+            "tokens": n_tokens, "too_long": plan.too_long,
+            "micro_batches": sum(len(m.micro_batches) for m in plan.minibatches),
+            "prox_s": t1 - t0, "train_s": t2 - t1, "tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
+            # This step's groups by staleness (version - admit_version), and since the run began.
+            "staleness_hist": _hist(self._step_staleness),
+            "token_staleness_hist": _hist(self._step_token_staleness),
+            "staleness_hist_total": _hist(self.staleness),
+            "token_staleness_hist_total": _hist(self.token_staleness),
+            "buffer_ready": self.buffer.n_ready if self.rank == 0 else 0,
+            "buffer_partial": self.buffer.n_partial if self.rank == 0 else 0,
+            **({f"buffer_{k}": v for k, v in self.buffer.counters.items()} if self.rank == 0 else {}),
+        }
+
+    def _loss_fn(self, n_valid: int):
+        settings = self.settings
+
+        def loss_fn(mb: PackedBatch, out: TokenOutputs):
+            f = mb.fields
+            loss, stats = ppo_token_loss(out.logp, f["behav_logp"], f.get("prox_logp"), f["advantages"],
+                                         f["loss_mask"], settings, n_valid)
+            if out.entropy is not None:
+                stats["entropy_sum"] = float((out.entropy * f["loss_mask"]).sum())
+            return loss, stats
+        return loss_fn
+
+    def _reduce_stats(self, totals: dict) -> dict:
+        if not dist.is_initialized():
+            return totals
+        sums = torch.tensor([totals[k] for k in STAT_SUMS], dtype=torch.float64)
+        maxes = torch.tensor([totals[k] for k in STAT_MAXES], dtype=torch.float64)
+        dist.all_reduce(sums)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        return dict(zip(STAT_SUMS, sums.tolist(), strict=True)) | dict(zip(STAT_MAXES, maxes.tolist(), strict=True))
+
+    # ---- weights ------------------------------------------------------------------------------
+    def _publish(self) -> dict:
+        """Publish self.version and notify the controller; returns phase timings."""
+        self._wait_pending_ack()
+        t = self.tcfg
+        timings: dict = {}
+        sender = None
+        if t.weight_sync == "disk":
+            path, timings = publish_to_disk(self.backend, self.exp.weights, self.version, t.keep_weights)
+            ready = WeightsReady(version=self.version, how="disk", path=str(path))
+        else:
+            publisher = BroadcastPublisher(t.host, t.broadcast_port, self._n_receivers(),
+                                           snapshot=not t.wait_for_ack)
+            ready, send = publisher.prepare(self.backend, self.version)
+            if self.rank == 0:
+                sender = BackgroundCall(send, "weights broadcast")
+        if self.rank != 0:
+            return timings
+        notify = BackgroundCall(lambda: self.controller.weights_ready(ready, sender), "weights_ready")
+        if t.wait_for_ack:
+            timings.update(self._await(notify))
+        else:
+            self._pending_ack = notify
+        return timings
+
+    def _await(self, call: BackgroundCall) -> dict:
+        """The call's result; on SIGTERM stop waiting (the checkpoint matters more than the ack)."""
+        while True:
+            try:
+                return call.result(timeout_s=0.5)
+            except TimeoutError:
+                if self.shutdown.requested:
+                    log.warning("shutting down without the controller's ack")
+                    return {"ack_ok": False}
+
+    def _announce_resume(self) -> None:
+        """Tell the controller what a resumed trainer really holds, before taking data: its
+        version and the groups it has (consumed + complete in the buffer), so admission counts
+        from the trainer's truth rather than from the crashed process's."""
+        held = self.buffer.n_consumed + self.buffer.n_ready
+        reply = self.controller.request(TrainerResumed(version=self.version, groups_held=held),
+                                        "trainer_resumed")
+        log.info("announced resume at version %d holding %d groups: %s", self.version, held, reply)
+
+    def _n_receivers(self) -> int:
+        gen = getattr(self.cfg, "gen", None)
+        return int(getattr(gen, "num_servers", 1))
+
+    def _wait_pending_ack(self) -> None:
+        if self._pending_ack is not None:
+            try:
+                self._await(self._pending_ack)
+            finally:
+                self._pending_ack = None
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self) -> float:
+        t0 = time.perf_counter()
+        if self.rank == 0:
+            self._drain(first_timeout_s=0.05)  # whatever already arrived belongs in the buffer
+        loop_state = None
+        if self.rank == 0:
+            # Arrivals after this checkpoint go to the next log, which resume will replay.
+            loop_state = {"version": self.version, "buffer": self.buffer.state_dict(),
+                          "staleness": dict(self.staleness), "token_staleness": dict(self.token_staleness),
+                          "wal_seq": self._wal_seq + 1}
+        checkpoint.save(self.exp.checkpoints, self.version, self.rank, {"backend": self.backend.state_dict()},
+                        loop_state, self.tcfg.keep_checkpoints)
+        self._last_checkpoint = self.version
+        if self.rank == 0:
+            self.wal.close()
+            self._wal_seq += 1
+            self._open_wal(replay_existing=False)
+        return time.perf_counter() - t0
+
+    def _open_wal(self, replay_existing: bool) -> None:
+        """Open the trajectory log of the current checkpoint epoch (see wal.py); on resume,
+        first replay what it holds; drop the logs of older epochs."""
+        path = wal_path(self.exp.checkpoints, self._wal_seq)
+        replayed = 0
+        if replay_existing:
+            for t in wal_replay(path):
+                replayed += self.buffer.add(t)
+            if replayed:
+                log.info("replayed %d trajectories received after the checkpoint from %s", replayed, path)
+        self.wal = TrajectoryLog(path, truncate=not replay_existing)
+        for old in self.exp.checkpoints.glob("trajectories-*.wal"):
+            if old != path:
+                old.unlink(missing_ok=True)
+
+    def _resume(self) -> None:
+        path = checkpoint.latest(self.exp.checkpoints)
+        if path is None:
+            log.info("--resume: no checkpoint in %s; starting from version 0", self.exp.checkpoints)
+            return
+        rank_state, loop_state = checkpoint.load(path, self.rank)
+        self.backend.load_state_dict(rank_state["backend"])
+        self.version = int(loop_state.get("version", int(path.name.split("-")[1])))
+        self._wal_seq = int(loop_state.get("wal_seq", 0))
+        if self.rank == 0:
+            self.buffer.load_state_dict(loop_state["buffer"])
+            self.staleness = Counter(loop_state["staleness"])
+            self.token_staleness = Counter(loop_state["token_staleness"])
+        self._last_checkpoint = self.version
+        log.info("resumed from %s: version %d, %d groups ready, %d partial", path, self.version,
+                 self.buffer.n_ready, self.buffer.n_partial)
+
+    def close(self) -> None:
+        self.backend.close()
+        if self.rank == 0:
+            self.sink.close()
+            self.wal.close()
+            self.controller.close()
+            self.metrics.close()
+
+
+def _hist(counter: Counter) -> dict[str, int]:
+    return {str(k): v for k, v in sorted(counter.items())}
+
+
+def run_trainer(cfg, exp_dir: str | Path, resume: bool = False) -> int:
+    exp = ExpDir(exp_dir)
+    return Trainer(cfg, exp, resume=resume).run()

@@ -1,0 +1,385 @@
+"""`MegatronBackend`: the `TrainBackend` contract on a Megatron-core GPTModel.
+
+One instance per trainer rank. Process groups come from `megatron.core.parallel_state`
+(tensor x pipeline x data parallel over the default group: gloo on CPU, nccl on GPUs). All
+tensor-parallel ranks of one data-parallel replica get the same micro-batches (`dp_rank`), run
+the same forward (logits are gathered over TP), and so compute the same loss; Megatron's
+column/row-parallel layers do the TP communication in forward and backward.
+
+CPU (runs here, see cpu_compat.py): local layer spec, block-diagonal packing mask, torch AdamW
+over this rank's shards, data-parallel gradients summed with one all-reduce, the gradient norm
+reduced over the model-parallel group counting replicated tensors once.
+GPU (written against megatron-core 0.16.1, not run here): TransformerEngine spec when
+installed, THD packed sequences, Megatron's `DistributedDataParallel` and distributed optimizer
+(`calculate_per_token_loss=True`, so gradients are summed, not averaged, over DP ranks).
+
+Pipeline parallelism: each stage holds a contiguous range of layers; micro-batches flow
+through the stages with the small GPipe schedule of pipeline.py (Megatron's own schedules need
+CUDA); log-probs are broadcast from the last stage, and with tied embeddings the first and
+last stages' copies of the embedding get their gradients summed over Megatron's embedding group.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
+from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu
+from trainer.megatron.config import MegatronConfig
+from trainer.megatron.model import (
+    build_gpt_model,
+    check_parallel_fits,
+    init_parallel,
+    layer_offset,
+    layer_spec,
+    padded_vocab_size,
+    qwen2_shape,
+    transformer_config,
+)
+from trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
+from trainer.megatron.pipeline import run_micro_batches
+from trainer.torch_backend import WEIGHT_FILES, token_logprobs
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_hf_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF directory's safetensors files (sharded or not)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights (the Megatron backend "
+                                "reads safetensors only)")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+class MegatronBackend(TrainBackend):
+    def __init__(self, cfg, model_dir: Path, seed: int, mcfg: MegatronConfig | None = None):
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        self.cfg = cfg
+        self.mcfg = mcfg or getattr(cfg, "megatron", None) or MegatronConfig()
+        self.model_dir = Path(model_dir)
+        self.on_gpu = torch.cuda.is_available()
+        tp, pp = cfg.tensor_parallel, cfg.pipeline_parallel
+        if self.on_gpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            cpu_compat.apply()
+            self.device = torch.device("cpu")
+        self.shape = qwen2_shape(self.model_dir)
+        check_parallel_fits(self.shape, tp, pp)
+        init_parallel(tp, pp)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        torch.manual_seed(seed)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), tp
+        self.pp_size = pp
+        self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        self.padded_vocab = padded_vocab_size(self.shape.vocab_size, self.mcfg.vocab_multiple, tp)
+        dtype = _DTYPES[self.mcfg.params_dtype] if self.on_gpu else torch.float32
+        self.dtype = dtype
+        self.config = transformer_config(self.shape, dtype, self.on_gpu)
+        with cpu_compat.model_construction():
+            model = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu), self.padded_vocab)
+        if self.on_gpu:
+            model.cuda()
+        self.te_norms = any(k.endswith("layer_norm_weight") for k in model.state_dict())
+        self.use_thd = self.on_gpu and self.te_norms
+        self.model = model
+        self.load_hf(self.model_dir)
+        model.eval()  # no dropout anyway; eval keeps proximal and first-update log-probs equal
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.updates = 0
+        if self.on_gpu:
+            self.model, self.optimizer = gpu.wrap_model_and_optimizer(self.model, self.config, self.mcfg,
+                                                                      cfg.optim, dtype)
+        else:
+            o = cfg.optim
+            self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2),
+                                               eps=o.eps, weight_decay=o.weight_decay)
+
+    # ---- weights in ---------------------------------------------------------------------------
+    def load_hf(self, model_dir: Path) -> None:
+        """Load this rank's shard of a HF checkpoint (every rank reads the files)."""
+        from megatron.core import parallel_state as ps
+
+        hf = read_hf_tensors(model_dir)
+        n_local = self.shape.num_layers // ps.get_pipeline_model_parallel_world_size()
+        start = layer_offset(self.shape)
+        full = convert.hf_to_megatron(
+            hf, self.shape, self.padded_vocab, te_norms=self.te_norms,
+            layers=range(start, start + n_local), embedding=ps.is_pipeline_first_stage(),
+            output=ps.is_pipeline_last_stage())
+        self.load_model_state({k: convert.shard(k, v, self.tp_rank, self.tp_size) for k, v in full.items()})
+
+    def load_model_state(self, state: dict) -> None:
+        """Load local tensors; anything missing other than Megatron's `_extra_state` is an error."""
+        module = self._module()
+        missing, unexpected = module.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise KeyError(f"Megatron model load: missing {missing}, unexpected {unexpected}")
+
+    def _module(self):
+        """The GPTModel itself (unwrapped from Megatron's DDP on GPUs)."""
+        return getattr(self.model, "module", self.model)
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _stage_forward(self, mb: PackedBatch) -> torch.Tensor:
+        """This pipeline stage's output: hidden states [N, 1, h], or logits [1, N, V] on the last."""
+        ids = mb.input_ids.to(self.device)[None]
+        pos = mb.position_ids.to(self.device)[None]
+        if self.use_thd:
+            return self.model(ids, pos, None, packed_seq_params=thd_packed_seq_params(mb.cu_seqlens, self.device))
+        # Rotary phases follow the packed row's index, not position_ids (Megatron's GPTModel uses
+        # position_ids for learned embeddings only); with the mask confining attention to one
+        # sequence, RoPE's dependence on relative positions alone makes that the same.
+        return self.model(ids, pos, block_diagonal_causal_mask(mb.cu_seqlens, self.device))
+
+    def _logits(self, mb: PackedBatch) -> torch.Tensor:
+        """[N, vocab] logits (padding rows cut off). Single-stage models only (tests, tools)."""
+        return self._stage_forward(mb)[0, :, : self.shape.vocab_size]
+
+    def _outputs(self, mb: PackedBatch, logits: torch.Tensor, temperature: float,
+                 with_entropy: bool) -> TokenOutputs:
+        logits = logits[0, :, : self.shape.vocab_size].float()
+        return token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy)
+
+    def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool) -> list:
+        return run_micro_batches(self._module(), mbs, self._stage_forward, on_last,
+                                 forward_only=forward_only, hidden_size=self.shape.hidden_size,
+                                 dtype=self.dtype, device=self.device)
+
+    @torch.no_grad()
+    def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False
+                         ) -> TokenOutputs:
+        if mb.n_tokens == 0:
+            z = torch.zeros(0)
+            return TokenOutputs(logp=z, entropy=z if with_entropy else None)
+        res = self._run([mb], lambda m, logits: (None, self._outputs(m, logits, temperature, with_entropy)),
+                        forward_only=True)
+        if self.pp_size > 1:
+            res = [self._from_last_stage(res[0] if res else None, mb.n_tokens, with_entropy)]
+        out = res[0]
+        return TokenOutputs(logp=out.logp.cpu(), entropy=None if out.entropy is None else out.entropy.cpu())
+
+    def _from_last_stage(self, out: TokenOutputs | None, n: int, with_entropy: bool) -> TokenOutputs:
+        """Broadcast the last stage's log-probs (and entropy) to every stage."""
+        from megatron.core import parallel_state as ps
+
+        buf = torch.empty(2 if with_entropy else 1, n, dtype=torch.float32, device=self.device)
+        if out is not None:
+            buf[0] = out.logp
+            if with_entropy:
+                buf[1] = out.entropy
+        dist.broadcast(buf, src=ps.get_pipeline_model_parallel_last_rank(),
+                       group=ps.get_pipeline_model_parallel_group())
+        return TokenOutputs(logp=buf[0], entropy=buf[1] if with_entropy else None)
+
+    # ---- update -------------------------------------------------------------------------------
+    def _lr(self) -> float:
+        """Linear warm-up, the same schedule as the torch backend (update k uses (k+1)/warmup)."""
+        o = self.cfg.optim
+        return o.lr * min(1.0, (self.updates + 1) / max(1, o.warmup_steps))
+
+    def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:
+        lr = self._lr()
+        if self.on_gpu:
+            self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        stats: dict[str, float] = {}
+
+        def on_last(mb: PackedBatch, logits: torch.Tensor):
+            out = self._outputs(mb, logits, temperature, with_entropy=True)
+            moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
+                                {k: v.to(self.device) for k, v in mb.fields.items()}, mb.seq_index)
+            loss, mb_stats = loss_fn(moved, out)
+            for k, v in mb_stats.items():
+                stats[k] = max(stats.get(k, v), v) if k.endswith("_max") else stats.get(k, 0.0) + v
+            return loss, None
+
+        self._run([mb for mb in mbs if mb.n_tokens], on_last, forward_only=False)
+        if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
+            self._sum_shared_embedding_grads()
+        stats = self._count_once(stats)
+        if self.on_gpu:
+            applied, grad_norm = gpu.step(self.model, self.optimizer, lr)
+            self.updates += applied
+            return StepResult(grad_norm=grad_norm, lr=lr, stats=stats, applied=applied)
+        if self.dp_size > 1:
+            self._sum_grads_over_dp()
+        grad_norm = self._grad_norm()
+        if not math.isfinite(grad_norm):
+            log.warning("non-finite gradient norm %s: update skipped", grad_norm)
+            self.optimizer.zero_grad()
+            return StepResult(grad_norm=grad_norm, lr=lr, stats=stats, applied=False)
+        clip = self.cfg.optim.grad_clip
+        if clip > 0 and grad_norm > clip:
+            scale = clip / (grad_norm + 1e-6)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.updates += 1
+        return StepResult(grad_norm=grad_norm, lr=lr, stats=stats)
+
+    def _count_once(self, stats: dict[str, float]) -> dict[str, float]:
+        """Every TP rank of a replica saw the same tokens; the loop SUMS stats over all ranks, so
+        only TP rank 0 of the last stage reports the sums (duplicated maxima are harmless)."""
+        if self.tp_rank == 0:
+            return stats
+        return {k: (v if k.endswith("_max") else 0.0) for k, v in stats.items()}
+
+    def _sum_shared_embedding_grads(self) -> None:
+        """Tied embeddings across stages: the first stage's embedding and the last stage's output
+        copy are one parameter, so their gradients are summed (Megatron's embedding group)."""
+        from megatron.core import parallel_state as ps
+
+        if not ps.is_rank_in_embedding_group():
+            return
+        module = self._module()
+        weight = module.shared_embedding_or_output_weight()
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=ps.get_embedding_group())
+
+    def _sum_grads_over_dp(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=ps.get_data_parallel_group())
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[offset: offset + n].view_as(p).clone()
+            offset += n
+
+    def _grad_norm(self) -> float:
+        """L2 norm of the full gradient: shards summed over the model-parallel group, replicated
+        tensors (norms) counted on TP rank 0 only. Which tensors are shards is decided by name
+        (convert.tp_layout): Megatron's `tensor_model_parallel` attribute is not set on weights
+        when `perform_initialization=False`."""
+        from megatron.core import parallel_state as ps
+
+        # The last stage's copy of a tied embedding is the first stage's parameter: count it once.
+        skip = "output_layer.weight" if self.shape.tie_word_embeddings and not self.first_stage else None
+        sq = torch.zeros((), dtype=torch.float64)
+        for name, p in self._module().named_parameters():
+            sharded = convert.tp_layout(name)[0] is not None
+            if p.grad is not None and name != skip and (sharded or self.tp_rank == 0):
+                sq += p.grad.double().pow(2).sum()
+        group = ps.get_model_parallel_group()
+        if dist.get_world_size(group=group) > 1:
+            dist.all_reduce(sq, group=group)
+        return float(sq.sqrt())
+
+    # ---- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's shards (same-layout resume); see `save_checkpoint` for reshardable ones."""
+        if self.on_gpu and self.mcfg.use_distributed_optimizer:
+            raise RuntimeError("the distributed optimizer's state is sharded over data-parallel "
+                               "ranks: checkpoint with save_checkpoint()/load_checkpoint()")
+        model = {k: v.detach().cpu().clone() for k, v in self._module().state_dict().items()
+                 if isinstance(v, torch.Tensor)}
+        return {"model": model, "optimizer": self.optimizer.state_dict(), "updates": self.updates,
+                "layout": self._layout()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("layout") != self._layout():
+            raise ValueError(f"checkpoint layout {state.get('layout')} differs from this job's "
+                             f"{self._layout()}; use the dist checkpoint (save_checkpoint) to reshard")
+        self.load_model_state(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+
+    def _layout(self) -> dict:
+        return {"tp": self.tp_size, "pp": self.cfg.pipeline_parallel, "dp": self.dp_size,
+                "rank": self.rank}
+
+    def save_checkpoint(self, ckpt_dir: Path) -> None:
+        """Collective: a Megatron dist checkpoint (loads into any TP layout)."""
+        dist_ckpt.save(self, ckpt_dir)
+
+    def load_checkpoint(self, ckpt_dir: Path) -> None:
+        """Collective: inverse of save_checkpoint."""
+        dist_ckpt.load(self, ckpt_dir)
+
+    # ---- weights out --------------------------------------------------------------------------
+    def full_megatron_state(self) -> dict[str, torch.Tensor]:
+        """Full (TP-merged) Megatron tensors, gathered with all_gather over the TP group.
+
+        Collective over the TP group: every TP rank must call it. (Merging shards by having
+        rank 0 read other ranks' files hangs inside the job; collectives do not.)
+        """
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_tensor_model_parallel_group()
+        out = {}
+        for name, t in self._module().state_dict().items():
+            if not isinstance(t, torch.Tensor):
+                continue
+            t = t.detach()
+            if self.tp_size > 1 and convert.tp_layout(name)[0] is not None:
+                parts = [torch.empty_like(t) for _ in range(self.tp_size)]
+                dist.all_gather(parts, t.contiguous(), group=group)
+                t = convert.merge(name, parts)
+            out[name] = t.cpu()
+        return out
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        """Collective: the model as HF tensors (every rank gets them). Stages convert their own
+        layers, then exchange them over the pipeline group."""
+        from megatron.core import parallel_state as ps
+
+        part = convert.megatron_to_hf(self.full_megatron_state(), self.shape, te_norms=self.te_norms,
+                                      offset=layer_offset(self.shape))
+        if self.pp_size == 1:
+            return part
+        parts: list = [None] * self.pp_size
+        dist.all_gather_object(parts, part, group=ps.get_pipeline_model_parallel_group())
+        return {k: v for p in parts for k, v in p.items()}
+
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective when called (not when iterated): gathers first, then yields in name order."""
+        state = self.hf_state()
+        return iter(sorted(state.items()))
+
+    def export_hf(self, out_dir: Path) -> None:
+        from safetensors.torch import save_file
+
+        state = self.hf_state()
+        if self.rank != 0:
+            return
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        shutil.copy2(self.model_dir / "config.json", out_dir / "config.json")
+        for f in self.model_dir.iterdir():
+            if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
+                    and not (out_dir / f.name).exists():
+                shutil.copy2(f, out_dir / f.name)
+
+    def close(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()

@@ -1,0 +1,178 @@
+"""A Megatron-core `GPTModel` shaped like a Hugging Face Qwen2 checkpoint, and its process groups.
+
+Qwen2 (and the R1-Distill-Qwen checkpoints) is a pre-norm decoder with RMSNorm, rotary
+embeddings, grouped-query attention with a bias on q/k/v only, and a gated SiLU MLP. Every one
+of those maps onto a `TransformerConfig` switch; `qwen2_shape` reads them from `config.json`
+and refuses any checkpoint with a feature this mapping does not carry (sliding windows, rope
+scaling), because a silently different architecture would train a different model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Qwen2Shape:
+    """The architecture numbers of a Qwen2-style HF checkpoint that the conversion needs."""
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+
+def qwen2_shape(model_dir: str | Path) -> Qwen2Shape:
+    """Read config.json of a HF directory; ValueError naming the field when unsupported."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_dir)
+    where = f"{model_dir}/config.json"
+    if c.model_type != "qwen2":
+        raise ValueError(f"{where}: model_type {c.model_type!r} is not supported by the Megatron "
+                         "backend (expected 'qwen2')")
+    # transformers 5 keeps rope settings in `rope_parameters` (older: rope_theta/rope_scaling).
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"{where}: rope scaling ({rope_type!r}) is not supported by the Megatron backend")
+    if getattr(c, "use_sliding_window", False):
+        raise ValueError(f"{where}: use_sliding_window=true is not supported by the Megatron backend")
+    if getattr(c, "hidden_act", "silu") != "silu":
+        raise ValueError(f"{where}: hidden_act {c.hidden_act!r} is not supported (expected silu)")
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return Qwen2Shape(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
+        num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=head_dim,
+        intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps, rope_theta=float(theta),
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=bool(c.tie_word_embeddings))
+
+
+def padded_vocab_size(vocab: int, multiple: int, tp: int) -> int:
+    """Vocabulary rows after padding, so that each TP rank holds the same number of rows."""
+    step = multiple * tp
+    return int(math.ceil(vocab / step) * step)
+
+
+def check_parallel_fits(shape: Qwen2Shape, tp: int, pp: int) -> None:
+    """ValueError when the model cannot be split this way (named, before Megatron asserts)."""
+    if shape.num_heads % tp:
+        raise ValueError(f"trainer.tensor_parallel={tp} must divide num_attention_heads={shape.num_heads}")
+    if shape.num_kv_heads % tp and tp % shape.num_kv_heads:
+        raise ValueError(f"trainer.tensor_parallel={tp} and num_key_value_heads={shape.num_kv_heads}: "
+                         "one must divide the other")
+    if shape.intermediate_size % tp:
+        raise ValueError(f"trainer.tensor_parallel={tp} must divide intermediate_size={shape.intermediate_size}")
+    if shape.num_layers % pp:
+        raise ValueError(f"trainer.pipeline_parallel={pp} must divide num_hidden_layers={shape.num_layers}")
+
+
+def init_parallel(tp: int, pp: int) -> None:
+    """Megatron's TP/PP/DP groups over the already initialised default process group.
+
+    A single-process job has no default group yet: one is made here (an in-memory store, so no
+    port is needed). Data parallel takes world_size / (tp * pp) ranks.
+    """
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    world = dist.get_world_size()
+    if world % (tp * pp):
+        raise ValueError(f"trainer world size {world} is not a multiple of "
+                         f"tensor_parallel*pipeline_parallel = {tp}*{pp}")
+    if ps.model_parallel_is_initialized():
+        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
+            raise RuntimeError("Megatron process groups already exist with a different layout")
+        return
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+
+
+def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool):
+    """The `TransformerConfig` equivalent of a Qwen2 config (no dropout: RL needs r = 1 exactly
+    at the start of a step, so proximal and first-update log-probs must be the same numbers)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim, ffn_hidden_size=shape.intermediate_size,
+        normalization="RMSNorm", layernorm_epsilon=shape.rms_norm_eps,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+        add_qkv_bias=True, add_bias_linear=False,
+        hidden_dropout=0.0, attention_dropout=0.0,
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        # Weights are always loaded from a checkpoint: skip the random init.
+        perform_initialization=False, use_cpu_initialization=not on_gpu,
+        # Gradients are summed over data-parallel ranks, not averaged: the loss is already
+        # normalised by the global token count (see trainer/backend.py).
+        calculate_per_token_loss=True,
+        # Fusions need CUDA kernels (Apex/TE/jit); the unfused paths are exact.
+        persist_layer_norm=False, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+    )
+
+
+def layer_spec(on_gpu: bool):
+    """TransformerEngine spec on GPUs when TE is installed (fused norms, THD packing), else local.
+
+    The two specs name the norm weights differently (`input_layernorm.weight` vs
+    `linear_qkv.layer_norm_weight`); `convert.py` handles both.
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if on_gpu and has_transformer_engine():
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def has_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_gpt_model(shape: Qwen2Shape, config, spec, padded_vocab: int):
+    """This rank's stage of the model (pre/post process by pipeline position)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config, transformer_layer_spec=spec, vocab_size=padded_vocab,
+        max_sequence_length=shape.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        # Logits are gathered over TP ranks: the loss needs log_softmax over the true vocabulary.
+        parallel_output=False,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        position_embedding_type="rope", rotary_base=shape.rope_theta,
+    )
+
+
+def layer_offset(shape: Qwen2Shape) -> int:
+    """Global index of this pipeline stage's first layer (uniform split)."""
+    from megatron.core import parallel_state as ps
+
+    pp = ps.get_pipeline_model_parallel_world_size()
+    return ps.get_pipeline_model_parallel_rank() * (shape.num_layers // pp)

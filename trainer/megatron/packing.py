@@ -1,0 +1,37 @@
+"""Packed (padding-free) micro-batches for GPTModel: one row holding several whole sequences.
+
+Two paths give the same attention pattern — each token sees the earlier tokens of its own
+sequence only — with rotary positions restarting at 0 for every sequence:
+
+- CPU (runs here): the local layer spec's `DotProductAttention` takes an explicit boolean mask
+  `[1, 1, N, N]` (True = masked), so a block-diagonal causal mask does it. It costs N^2 memory,
+  which is fine for the micro-batch sizes a CPU can train.
+- GPU (TransformerEngine): THD format. `PackedSeqParams(qkv_format="thd", cu_seqlens_q/kv,
+  max_seqlen_q/kv)` makes TE's fused attention treat the row as `len(cu_seqlens) - 1`
+  variable-length sequences, no mask, no N^2 memory. Megatron's `DotProductAttention` (the
+  local spec) refuses `packed_seq_params`, so this path needs TE. Not run on this machine.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def block_diagonal_causal_mask(cu_seqlens: torch.Tensor, device=None) -> torch.Tensor:
+    """Boolean `[1, 1, N, N]`, True where attention is NOT allowed (Megatron's convention)."""
+    cu = cu_seqlens.long()
+    n = int(cu[-1])
+    lengths = (cu[1:] - cu[:-1]).to(device)
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+    causal = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    allowed = causal & (segment[:, None] == segment[None, :])
+    return (~allowed)[None, None]
+
+
+def thd_packed_seq_params(cu_seqlens: torch.Tensor, device):
+    """`PackedSeqParams` for TE's THD attention (GPU path)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                           max_seqlen_q=max_len, max_seqlen_kv=max_len)

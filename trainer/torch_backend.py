@@ -1,0 +1,240 @@
+"""The plain-torch backend: any Hugging Face causal LM, one full replica per rank.
+
+This is the backend of the embedded default (CPU) and of small GPU runs. Data parallelism is a
+sum all-reduce of gradients over the default process group (gloo on CPU, nccl on GPU); no DDP
+wrapper, because the loss is already normalised by the global token count (see backend.py) and
+micro-batch counts are equal on every rank by construction.
+
+Packed forward: all sequences of a micro-batch go through the model as one row, with position
+ids restarting at 0 for each sequence, and the sequence boundaries (`cu_seq_lens_q/k`, the
+flash-attention varlen convention transformers forwards to the attention function). With
+flash-attention 2 installed (GPUs) that is its varlen kernel. Elsewhere a registered attention
+function, `tandem_varlen`, runs causal SDPA once per sequence inside each layer: a
+block-diagonal mask over the whole pack would cost (sum of lengths)^2 instead of the sum of
+squares (measured: 60% of a CPU forward), while the linear layers still run on the whole pack.
+`packed_forward: false` runs one model forward per sequence instead, the exact reference (a
+test checks both agree).
+
+The model stays in eval mode (no dropout) in training too: the proximal log-probs and the
+first update's log-probs must be the same numbers, so that r = 1 exactly at the start of a step.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
+
+log = logging.getLogger(__name__)
+
+# Files of a HF directory that hold weights (re-written on export); everything else (tokenizer,
+# chat template, generation config) is copied from the source directory as-is.
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+VARLEN_ATTENTION = "tandem_varlen"
+
+
+def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                          scaling: float | None = None, **kwargs):
+    """Causal attention within each packed sequence (query/key/value: [1, heads, N, dim])."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu = kwargs.pop("cu_seq_lens_q", None)
+    for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
+        kwargs.pop(k, None)
+    if cu is None:  # not a packed call (e.g. generation): plain SDPA
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    bounds = cu.tolist()
+    outs = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        out, _ = sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
+                                        dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
+        outs.append(out)      # [1, length, heads, dim]
+    return torch.cat(outs, dim=1), None
+
+
+def _register_varlen_attention() -> None:
+    from transformers import AttentionInterface
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention)
+
+
+def packed_attention_implementation() -> str:
+    """flash_attention_2 when it can run (CUDA + the package), else the per-sequence SDPA."""
+    try:
+        from transformers.utils import is_flash_attn_2_available
+        if torch.cuda.is_available() and is_flash_attn_2_available():
+            return "flash_attention_2"
+    except ImportError:
+        pass
+    _register_varlen_attention()
+    return VARLEN_ATTENTION
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                   temperature: float, with_entropy: bool) -> TokenOutputs:
+    """log_softmax(logits / T) of each next token, shifted to the token's own position.
+
+    logits[j] predicts input_ids[j + 1]; the result at position i is that prediction for i
+    (0 at the first position of every sequence, which nothing predicts).
+    """
+    n = input_ids.numel()
+    dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logp_all = F.log_softmax(logits.to(dt) / temperature, dim=-1)
+    out = torch.zeros(n, dtype=dt, device=logits.device)
+    if n > 1:
+        nxt = logp_all[:-1].gather(-1, input_ids[1:, None]).squeeze(-1)
+        out = torch.cat([out[:1], nxt])
+    starts = cu_seqlens[:-1].long().to(logits.device)
+    starts = starts[starts < n]
+    # The row before a sequence start predicted the next sequence's first token: not a prediction.
+    out = out.index_fill(0, starts, 0.0)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+            entropy = torch.zeros(n, dtype=dt, device=logits.device)
+            if n > 1:
+                entropy[1:] = ent[:-1]
+            entropy.index_fill_(0, starts, 0.0)
+    return TokenOutputs(logp=out, entropy=entropy)
+
+
+def _cpu_copy(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+class TorchBackend(TrainBackend):
+    def __init__(self, cfg, model_dir: Path, seed: int, dtype: torch.dtype = torch.float32):
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.dp_rank, self.dp_size = self.rank, self.world_size
+        if torch.cuda.is_available():
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        torch.manual_seed(seed)
+        attn = packed_attention_implementation() if cfg.packed_forward else "sdpa"
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype,
+                                                          attn_implementation=attn).to(self.device)
+        self.model.eval()
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+                                           eps=o.eps, weight_decay=o.weight_decay)
+        warm = max(1, o.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           lambda s: min(1.0, (s + 1) / warm))
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _forward(self, mb: PackedBatch, temperature: float, with_entropy: bool) -> TokenOutputs:
+        ids = mb.input_ids.to(self.device)
+        if mb.n_tokens == 0:
+            z = torch.zeros(0, device=self.device)
+            return TokenOutputs(logp=z, entropy=z if with_entropy else None)
+        if self.cfg.packed_forward:
+            pos = mb.position_ids.to(self.device)
+            cu = mb.cu_seqlens.to(self.device, torch.int32)
+            longest = max(mb.seqlens())
+            logits = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
+                                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
+                                max_length_k=longest).logits[0]
+            return token_logprobs(logits, ids, mb.cu_seqlens, temperature, with_entropy)
+        parts = []
+        cu = mb.cu_seqlens.tolist()
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            logits = self.model(input_ids=ids[None, a:b], use_cache=False).logits[0]
+            parts.append(token_logprobs(logits, ids[a:b], torch.tensor([0, b - a]), temperature,
+                                        with_entropy))
+        return TokenOutputs(logp=torch.cat([p.logp for p in parts]),
+                            entropy=torch.cat([p.entropy for p in parts]) if with_entropy else None)
+
+    @torch.no_grad()
+    def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False
+                         ) -> TokenOutputs:
+        out = self._forward(mb, temperature, with_entropy)
+        return TokenOutputs(logp=out.logp.cpu(), entropy=None if out.entropy is None else out.entropy.cpu())
+
+    # ---- update -------------------------------------------------------------------------------
+    def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:
+        self.optimizer.zero_grad(set_to_none=False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        stats: dict[str, float] = {}
+        for mb in mbs:
+            if mb.n_tokens == 0:
+                continue
+            out = self._forward(mb, temperature, with_entropy=True)
+            moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
+                                {k: v.to(self.device) for k, v in mb.fields.items()}, mb.seq_index)
+            loss, mb_stats = loss_fn(moved, out)
+            loss.backward()
+            for k, v in mb_stats.items():
+                stats[k] = max(stats.get(k, v), v) if k.endswith("_max") else stats.get(k, 0.0) + v
+        if self.world_size > 1:
+            self._all_reduce_grads(params)
+        clip = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not math.isfinite(grad_norm):
+            log.warning("non-finite gradient norm %s: update skipped", grad_norm)
+            self.optimizer.zero_grad(set_to_none=False)
+            return StepResult(grad_norm=grad_norm, lr=lr, stats=stats, applied=False)
+        self.optimizer.step()
+        self.scheduler.step()
+        return StepResult(grad_norm=grad_norm, lr=lr, stats=stats)
+
+    def _all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum gradients over ranks in one flat buffer (one collective instead of one per tensor)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset: offset + n].view_as(p).clone()
+            offset += n
+
+    # ---- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        # A snapshot on the CPU: the live optimizer state keeps changing in place.
+        return _cpu_copy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                          "scheduler": self.scheduler.state_dict()})
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(_cpu_copy(state["optimizer"]))
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def export_hf(self, out_dir: Path) -> None:
+        if self.rank != 0:
+            return
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        for f in self.model_dir.iterdir():
+            if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
+                    and not (out_dir / f.name).exists():
+                shutil.copy2(f, out_dir / f.name)
+
+    def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()
