@@ -1,0 +1,204 @@
+"""Controller admission throughput and latency: closed-loop clients, CURVE on, real process.
+
+`tandem controller --exp DIR` runs in its own process with a staleness budget so large it never
+binds (every request is granted one ticket, journalled before the reply, as in production).
+N client coroutines in this process share a few DEALER sockets (1.3-1.8x faster than one socket
+each, see shared/BASELINES.md); each keeps exactly one admit request in flight. In a closed
+loop p50 latency is about N / throughput, so the 512-client row measures throughput, and tail
+latency is meaningful at 64 clients. A bare `RequestServer` answering the same reply with no
+ledger, no journal (`echo` row) shows what the shared transport and codec alone allow at the
+same moment on the same machine: the controller's own cost is the difference.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from benchmarks.common import cli, print_table, write_results
+from services.protocol import (
+    AdmitReply,
+    AdmitRequest,
+    ExpDir,
+    RequestServer,
+    Ticket,
+    decode,
+    encode,
+    generate_keys,
+    load_keys,
+    read_service,
+)
+from services.protocol.keys import make_client
+from services.protocol.transport import contexts
+
+LEVELS = [(1, 1), (64, 4), (512, 4)]      # (clients, shared DEALER sockets)
+
+
+def start_controller(root: Path) -> tuple[subprocess.Popen, str]:
+    from launcher.config import load_config, save_resolved
+    exp = ExpDir(root)
+    generate_keys(exp.keys)
+    cfg = load_config(None, ["experiment.name=bench", "experiment.model=/none", f"experiment.exp_dir={root}",
+                             "trainer.groups_per_step=1000000000", "controller.max_staleness=0",
+                             "controller.max_concurrent_groups=1000000000", "controller.snapshot_interval_s=3600",
+                             "controller.metrics_interval_s=3600", "controller.health_interval_s=3600"])
+    save_resolved(cfg, root)
+    log = open(root / "controller.out", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "controller", "--exp", str(root)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            info = read_service(exp, "controller")
+            if info.get("pid") == proc.pid:
+                return proc, info["address"]
+        except (TimeoutError, ValueError):
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"controller did not start: {(root / 'controller.out').read_text()[-2000:]}")
+
+
+def _echo_server(keys_dir: str, queue) -> None:
+    """A RequestServer whose admit handler returns a constant one-ticket reply."""
+    async def serve() -> None:
+        reply = AdmitReply(tickets=[Ticket("0-0", 0)], version=0)
+        server = RequestServer(load_keys(keys_dir), {"admit": lambda _req: reply})
+        queue.put(server.address)
+        await server.serve_forever()
+    asyncio.run(serve())
+
+
+def start_echo(keys_dir: Path) -> tuple[mp.Process, str]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_echo_server, args=(str(keys_dir), queue), daemon=True)
+    proc.start()
+    return proc, queue.get(timeout=60)
+
+
+class SharedDealer:
+    """One DEALER socket carrying many clients' requests, replies matched by request id."""
+
+    def __init__(self, keys, address: str):
+        _, actx = contexts()
+        self.sock = actx.socket(zmq.DEALER)
+        make_client(self.sock, keys)
+        self.sock.linger = 0
+        self.sock.connect(address)
+        self.pending: dict[int, asyncio.Future] = {}
+        self.ids = itertools.count(1)
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        raw = zmq.Socket.shadow(self.sock.underlying)
+        while True:
+            await self.sock.poll(1000, zmq.POLLIN)
+            while True:
+                try:
+                    frame = raw.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                msg = decode(frame)
+                fut = self.pending.pop(msg.req_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+
+    async def request(self, body) -> object:
+        rid = next(self.ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        await self.sock.send(encode(body, rid))
+        return await fut
+
+    def close(self) -> None:
+        self.reader.cancel()
+        self.sock.close(0)
+
+
+async def measure(address: str, keys, clients: int, sockets: int, warmup_s: float, window_s: float) -> dict:
+    dealers = [SharedDealer(keys, address) for _ in range(sockets)]
+    latencies: list[float] = []
+    granted = 0
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + window_s
+
+    async def client(i: int) -> None:
+        nonlocal granted
+        dealer = dealers[i % sockets]
+        body = AdmitRequest(f"bench-{i}", 1)
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= t_end:
+                return
+            msg = await dealer.request(body)
+            t1 = time.perf_counter()
+            if t0 >= t_measure:
+                latencies.append(t1 - t0)
+                granted += len(msg.body.tickets)
+
+    try:
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    finally:
+        for d in dealers:
+            d.close()
+    if not latencies:
+        raise RuntimeError(f"no admission completed within {window_s}s at {clients} clients")
+    lat = np.array(latencies) * 1e3
+    return {"clients": clients, "sockets": sockets, "admissions_per_s": len(lat) / window_s,
+            "tickets_per_s": granted / window_s, "p50_ms": float(np.median(lat)),
+            "p99_ms": float(np.percentile(lat, 99))}
+
+
+def main(quick: bool = False) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warmup_s, window_s = (0.2, 0.5) if quick else (1.0, 3.0)
+    root = Path(tempfile.mkdtemp(prefix="tandem-bench-controller-"))
+    proc, address = start_controller(root)
+    keys = load_keys(ExpDir(root).keys)
+    rows = []
+    try:
+        for clients, sockets in LEVELS:
+            rows.append(asyncio.run(measure(address, keys, clients, sockets, warmup_s, window_s)))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    echo_proc, echo_address = start_echo(ExpDir(root).keys)
+    try:
+        echo = asyncio.run(measure(echo_address, keys, 64, 4, warmup_s, window_s))
+    finally:
+        echo_proc.kill()
+    print_table("controller admission round trips (CURVE on, closed loop)",
+                ["server", "clients", "sockets", "admissions/s", "p50 ms", "p99 ms"],
+                [["controller", r["clients"], r["sockets"], r["admissions_per_s"], r["p50_ms"], r["p99_ms"]]
+                 for r in rows] + [["echo", echo["clients"], echo["sockets"], echo["admissions_per_s"],
+                                    echo["p50_ms"], echo["p99_ms"]]])
+    headline = {}
+    for r in rows:
+        n = r["clients"]
+        headline[f"admissions_per_s@{n}"] = round(r["admissions_per_s"], 1)
+        headline[f"p50_ms@{n}"] = round(r["p50_ms"], 3)
+        headline[f"p99_ms@{n}"] = round(r["p99_ms"], 3)
+    headline["echo_admissions_per_s@64"] = round(echo["admissions_per_s"], 1)
+    headline["quick"] = quick
+    write_results("controller", headline)
+    return headline
+
+
+if __name__ == "__main__":
+    cli(main)

@@ -1,0 +1,275 @@
+"""The staleness-bounded admission rule and the ledger of prompt groups (pure, no I/O).
+
+The rule is AReaL's: with B groups per training step, eta the allowed staleness and V the
+latest trained version,
+
+    capacity = min(max_concurrent - running, B * (eta + V + 1) - (accepted + running))
+
+so a group admitted at version V is consumed by step V + eta + 1 at the latest (the trainer
+takes the oldest first), and eta = 0 admits exactly B groups per version: synchronous RL.
+Rejected and failed groups give their slot back; accepted ones keep it for good.
+
+Every change of state is an *event* (a small dict) applied by `apply()`. The controller
+journals each event before it answers, and a restarted controller replays the journal on
+top of the last snapshot, so the ledger after a crash is the ledger before it, exactly.
+Time is passed in by the caller (monotonic seconds), which keeps this module testable.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+STATUSES = ("accepted", "rejected", "failed")
+# Finished groups remembered so a report repeated after a reconnect is recognised.
+FINISHED_MEMORY = 100_000
+
+
+def staleness_capacity(groups_per_step: int, max_staleness: int, version: int, accepted: int,
+                       running: int, max_concurrent: int) -> int:
+    """How many more groups may start now (never negative)."""
+    by_staleness = groups_per_step * (max_staleness + version + 1) - (accepted + running)
+    return max(0, min(max_concurrent - running, by_staleness))
+
+
+@dataclass(slots=True)
+class RunningGroup:
+    worker_id: str
+    admit_version: int
+    admitted_at: float
+
+
+@dataclass
+class Lease:
+    """A worker's liveness: any request renews it; heartbeats also reconcile its groups."""
+    last_seen: float
+    # Arrival time of the worker's previous heartbeat (None before its first).
+    last_heartbeat: float | None = None
+    # Groups absent from the worker's latest heartbeat (released if absent twice).
+    absent: set[str] = field(default_factory=set)
+
+
+class AdmissionLedger:
+    def __init__(self, groups_per_step: int, max_staleness: int, max_concurrent: int, epoch: int = 0):
+        if groups_per_step < 1:
+            raise ValueError(f"groups_per_step must be >= 1, got {groups_per_step}")
+        self.B, self.eta, self.max_concurrent = groups_per_step, max_staleness, max_concurrent
+        self.epoch = epoch
+        self.version = 0
+        self.accepted = self.rejected = self.failed = 0
+        self.admitted = 0          # tickets ever issued
+        self.late_accepts = 0      # revoked groups whose worker reported them accepted afterwards
+        self.next_seq = 0
+        self.running: dict[str, RunningGroup] = {}
+        # group_id -> (status, revoked): revoked = released by the controller, not by its worker.
+        self.finished: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        self.leases: dict[str, Lease] = {}
+        self.events_applied = 0
+
+    # ---- the rule -----------------------------------------------------------------------
+    def capacity(self) -> int:
+        return staleness_capacity(self.B, self.eta, self.version, self.accepted, len(self.running),
+                                  self.max_concurrent)
+
+    # ---- requests (each returns its result and the event it applied, or None) -------------
+    def admit(self, worker_id: str, max_groups: int, now: float) -> tuple[list[tuple[str, int]], dict | None]:
+        """Grant up to `max_groups` tickets: [(group_id, admit_version)]."""
+        if max_groups < 1:
+            raise ValueError(f"admit: max_groups must be >= 1, got {max_groups}")
+        self.touch(worker_id, now)
+        n = min(max_groups, self.capacity())
+        if n == 0:
+            return [], None
+        event = {"op": "admit", "w": worker_id, "v": self.version, "e": self.epoch, "s": self.next_seq,
+                 "n": n, "t": now}
+        self.apply(event)
+        return [(self._gid(event["e"], event["s"] + i), event["v"]) for i in range(n)], event
+
+    def finish(self, worker_id: str, group_id: str, status: str, now: float) -> tuple[str, dict | None]:
+        """A worker's report. Returns "recorded", "duplicate" or "late_accept"."""
+        if status not in STATUSES:
+            raise ValueError(f"group_done: status must be one of {list(STATUSES)}, got {status!r}")
+        self.touch(worker_id, now)
+        group = self.running.get(group_id)
+        if group is not None:
+            if group.worker_id != worker_id:
+                raise ValueError(f"group_done: group {group_id} belongs to worker {group.worker_id!r}, "
+                                 f"not {worker_id!r}")
+            event = {"op": "done", "g": group_id, "st": status}
+            self.apply(event)
+            return "recorded", event
+        previous = self.finished.get(group_id)
+        if previous is None:
+            raise KeyError(f"group_done: unknown group {group_id!r} (never admitted, or finished too long ago)")
+        old_status, revoked = previous
+        if revoked and status == "accepted" and old_status == "failed":
+            # Its trajectories reached the trainer after all: count them, or the bound leaks.
+            event = {"op": "late", "g": group_id}
+            self.apply(event)
+            return "late_accept", event
+        return "duplicate", None
+
+    def heartbeat(self, worker_id: str, running: list[str], now: float) -> tuple[list[str], dict | None]:
+        """Renew the lease and reconcile; returns the groups the worker must stop (revoked)."""
+        lease = self.touch(worker_id, now)
+        listed = set(running)
+        revoked, claims = [], []
+        for gid in running:
+            group = self.running.get(gid)
+            if group is None:
+                previous = self.finished.get(gid)
+                if previous is None:
+                    claims.append(gid)         # admitted by a state this controller never saw
+                elif previous[1]:
+                    revoked.append(gid)        # released by the controller (lease expired, orphaned)
+                # else: its own report crossed this heartbeat on the wire; nothing to do
+            elif group.worker_id != worker_id:
+                revoked.append(gid)
+        # A group missing from two heartbeats in a row, admitted before the earlier one arrived,
+        # is one the worker no longer runs and never reported: release it.
+        mine = {gid for gid, g in self.running.items() if g.worker_id == worker_id and gid not in listed}
+        orphans = []
+        if lease.last_heartbeat is not None:
+            orphans = sorted(gid for gid in mine & lease.absent
+                             if self.running[gid].admitted_at < lease.last_heartbeat)
+        lease.absent = mine - set(orphans)
+        lease.last_heartbeat = now
+        events = []
+        if claims:
+            events.append({"op": "claim", "w": worker_id, "g": claims, "v": self.version, "t": now})
+        if orphans:
+            events.append({"op": "revoke", "g": orphans, "why": "orphaned"})
+        for e in events:
+            self.apply(e)
+        if not events:
+            return revoked, None
+        return revoked, events[0] if len(events) == 1 else {"op": "batch", "events": events}
+
+    def expire(self, now: float, lease_s: float) -> tuple[dict[str, list[str]], dict | None]:
+        """Fail the groups of workers silent for longer than `lease_s`; {worker: [group_id]}."""
+        dead = [w for w, lease in self.leases.items() if now - lease.last_seen > lease_s]
+        if not dead:
+            return {}, None
+        lost: dict[str, list[str]] = {w: [] for w in dead}
+        for gid, g in self.running.items():
+            if g.worker_id in lost:
+                lost[g.worker_id].append(gid)
+        for w in dead:
+            del self.leases[w]
+        gids = [gid for gs in lost.values() for gid in gs]
+        if not gids:
+            return lost, None
+        event = {"op": "revoke", "g": gids, "why": "lease expired"}
+        self.apply(event)
+        return lost, event
+
+    def set_version(self, version: int) -> dict | None:
+        if version < self.version:
+            raise ValueError(f"version {version} is behind the current version {self.version}; "
+                             f"versions never go backwards")
+        if version == self.version:
+            return None
+        event = {"op": "version", "v": version}
+        self.apply(event)
+        return event
+
+    def rebase(self, version: int, groups_held: int) -> dict:
+        """The trainer resumed from a checkpoint: it, not this ledger, knows what it holds."""
+        if version < 0 or groups_held < 0:
+            raise ValueError(f"trainer_resumed: version and groups_held must be >= 0, "
+                             f"got {version} and {groups_held}")
+        event = {"op": "rebase", "v": version, "held": groups_held}
+        self.apply(event)
+        return event
+
+    def touch(self, worker_id: str, now: float) -> Lease:
+        lease = self.leases.get(worker_id)
+        if lease is None:
+            lease = self.leases[worker_id] = Lease(now)
+        else:
+            lease.last_seen = now
+        return lease
+
+    # ---- the one mutation path ----------------------------------------------------------
+    def apply(self, event: dict) -> None:
+        op = event["op"]
+        if op == "admit":
+            for i in range(event["n"]):
+                gid = self._gid(event["e"], event["s"] + i)
+                self.running[gid] = RunningGroup(event["w"], event["v"], event["t"])
+            self.next_seq = max(self.next_seq, event["s"] + event["n"])
+            self.epoch = max(self.epoch, event["e"])
+            self.admitted += event["n"]
+        elif op == "done":
+            self.running.pop(event["g"])
+            self._count(event["st"], +1)
+            self._remember(event["g"], event["st"], False)
+        elif op == "late":
+            self.failed -= 1
+            self.accepted += 1
+            self.late_accepts += 1
+            self._remember(event["g"], "accepted", False)
+        elif op == "revoke":
+            for gid in event["g"]:
+                if self.running.pop(gid, None) is not None:
+                    self.failed += 1
+                    self._remember(gid, "failed", True)
+        elif op == "claim":
+            for gid in event["g"]:
+                self.running[gid] = RunningGroup(event["w"], event["v"], event["t"])
+        elif op == "version":
+            self.version = event["v"]
+        elif op == "rebase":
+            self.version = event["v"]
+            self.accepted = event["held"]
+        elif op == "batch":
+            for e in event["events"]:
+                self.apply(e)
+            return
+        else:
+            raise ValueError(f"unknown ledger event {op!r}")
+        self.events_applied += 1
+
+    def _count(self, status: str, delta: int) -> None:
+        setattr(self, status, getattr(self, status) + delta)
+
+    def _remember(self, gid: str, status: str, revoked: bool) -> None:
+        self.finished[gid] = (status, revoked)
+        self.finished.move_to_end(gid)
+        while len(self.finished) > FINISHED_MEMORY:
+            self.finished.popitem(last=False)
+
+    @staticmethod
+    def _gid(epoch: int, seq: int) -> str:
+        return f"{epoch}-{seq}"
+
+    # ---- persistence --------------------------------------------------------------------
+    def counters(self) -> dict:
+        return {"version": self.version, "capacity": self.capacity(), "running": len(self.running),
+                "accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
+                "admitted": self.admitted, "late_accepts": self.late_accepts, "workers": len(self.leases)}
+
+    def state_dict(self, finished_kept: int = 20_000) -> dict:
+        finished = list(self.finished.items())[-finished_kept:]
+        return {"epoch": self.epoch, "version": self.version, "accepted": self.accepted,
+                "rejected": self.rejected, "failed": self.failed, "admitted": self.admitted,
+                "late_accepts": self.late_accepts, "next_seq": self.next_seq,
+                "running": {gid: [g.worker_id, g.admit_version] for gid, g in self.running.items()},
+                "finished": [[gid, st, rv] for gid, (st, rv) in finished]}
+
+    def load_state_dict(self, state: dict, now: float) -> None:
+        """Restore; every worker gets a fresh lease from `now` (clocks do not survive a restart)."""
+        for key in ("epoch", "version", "accepted", "rejected", "failed", "admitted", "late_accepts", "next_seq"):
+            setattr(self, key, int(state[key]))
+        self.running = {gid: RunningGroup(w, int(v), now) for gid, (w, v) in state["running"].items()}
+        self.finished = OrderedDict((gid, (st, bool(rv))) for gid, st, rv in state["finished"])
+        self.leases = {}
+        for g in self.running.values():
+            self.touch(g.worker_id, now)
+
+    def restart_leases(self, now: float) -> None:
+        """After a replay: times in replayed events are the dead process's clock; reset them."""
+        for g in self.running.values():
+            g.admitted_at = now
+        self.leases = {}
+        for g in self.running.values():
+            self.touch(g.worker_id, now)

@@ -1,0 +1,412 @@
+"""`tandem controller --exp DIR`: the process that keeps generation and training in step.
+
+It answers the control messages of `services.protocol.control` on one CURVE-secured ROUTER
+socket (address in `<exp>/services/controller.json`):
+  admit / group_done / heartbeat   rollout workers (admission.py: the staleness rule, leases)
+  weights_ready / trainer_resumed  the trainer (weight_sync.py; a resumed trainer's version wins)
+  register_server / pick_server    generation servers and routing (registry.py)
+  status                           anyone with the experiment's key
+Background: lease expiry, health checks (which also catch lagging servers up), snapshots and
+metrics. State lives in `<exp>/checkpoints/controller/` (state.py); a restarted controller
+continues from it and, when it can, on the same port, so clients reconnect by themselves.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import aiohttp
+import zmq
+
+from rollout.client import AdminClient, parse_version, server_load
+from services.config import ControllerConfig
+from services.protocol import (
+    AdmitReply,
+    AdmitRequest,
+    ExpDir,
+    GroupDone,
+    Heartbeat,
+    HeartbeatReply,
+    MetricsWriter,
+    Ok,
+    PickServer,
+    RegisterServer,
+    RequestServer,
+    ServerChoice,
+    Shutdown,
+    StatusReply,
+    StatusRequest,
+    Ticket,
+    TrainerResumed,
+    WeightsAck,
+    WeightsReady,
+    load_keys,
+    publish_service,
+    read_service,
+    setup_role_logging,
+)
+
+from .admission import AdmissionLedger
+from .registry import GenServer, ServerRegistry
+from .state import StateStore
+from .weight_sync import SyncResult, WeightSync, check_ready
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig, exp: ExpDir):
+        self.cfg, self.exp = cfg, exp
+        self.ledger = AdmissionLedger(cfg.groups_per_step, cfg.max_staleness, cfg.max_concurrent_groups)
+        self.registry = ServerRegistry(cfg.sticky_entries)
+        self.store = StateStore(exp.checkpoints / "controller")
+        self.sync_lock = asyncio.Lock()
+        self.syncer = WeightSync(self.registry, self._admin, cfg.update_timeout_s, cfg.broadcast_backend)
+        # The last weights every server should hold: {"version", "how", "path"}.
+        self.last_weights: dict = {"version": 0, "how": "initial", "path": ""}
+        self.last_sync: dict = {}
+        self.requests = 0
+        self.server: RequestServer | None = None
+        self.metrics: MetricsWriter | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._keys_cache: dict[str, str | None] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._catching_up: set[str] = set()
+
+    # ---- state --------------------------------------------------------------------------
+    def restore(self) -> None:
+        now = time.monotonic()
+        snapshot, events = self.store.load()
+        if snapshot is not None:
+            self.ledger.load_state_dict(snapshot["ledger"], now)
+            self.registry.load_state_dict(snapshot.get("registry", []))
+            self.last_weights = snapshot.get("last_weights", self.last_weights)
+        for event in events:
+            self.ledger.apply(event)
+        self.ledger.restart_leases(now)
+        if snapshot is not None or events:
+            self.ledger.epoch += 1
+            c = self.ledger.counters()
+            log.info("resumed from %s (+%d journalled events): version %d, %d running, %d accepted, "
+                     "%d rejected, %d failed, %d servers", self.store.dir, len(events), c["version"], c["running"],
+                     c["accepted"], c["rejected"], c["failed"], len(self.registry.servers))
+        self.store.open()
+        self.snapshot()
+
+    def state(self) -> dict:
+        return {"ledger": self.ledger.state_dict(), "registry": self.registry.state_dict(),
+                "last_weights": self.last_weights}
+
+    def snapshot(self) -> None:
+        self.store.snapshot(self.state())
+
+    def _journal(self, event: dict | None) -> None:
+        if event is not None:
+            self.store.append(event)
+
+    # ---- handlers: rollout workers -----------------------------------------------------
+    def admit(self, req: AdmitRequest) -> AdmitReply:
+        self.requests += 1
+        _require_id(req.worker_id, "admit.worker_id")
+        n = min(req.max_groups, self.cfg.max_tickets_per_request) if req.max_groups > 0 else req.max_groups
+        granted, event = self.ledger.admit(req.worker_id, n, time.monotonic())
+        self._journal(event)
+        return AdmitReply(tickets=[Ticket(gid, v) for gid, v in granted], version=self.ledger.version,
+                          retry_after_s=0.0 if granted else self.cfg.retry_after_s)
+
+    def group_done(self, req: GroupDone) -> Ok:
+        self.requests += 1
+        _require_id(req.worker_id, "group_done.worker_id")
+        outcome, event = self.ledger.finish(req.worker_id, req.group_id, req.status, time.monotonic())
+        self._journal(event)
+        if outcome == "late_accept":
+            log.warning("group %s of %s reported accepted after it was released; counted accepted",
+                        req.group_id, req.worker_id)
+        return Ok(detail=outcome)
+
+    def heartbeat(self, req: Heartbeat) -> HeartbeatReply:
+        self.requests += 1
+        _require_id(req.worker_id, "heartbeat.worker_id")
+        revoked, event = self.ledger.heartbeat(req.worker_id, req.running, time.monotonic())
+        self._journal(event)
+        if event is not None:
+            log.info("heartbeat of %s reconciled: %s", req.worker_id, event)
+        return HeartbeatReply(version=self.ledger.version, revoked=revoked)
+
+    # ---- handlers: trainer --------------------------------------------------------------
+    async def weights_ready(self, req: WeightsReady) -> WeightsAck:
+        self.requests += 1
+        check_ready(req)
+        if req.version < self.ledger.version:
+            raise ValueError(f"weights_ready: version {req.version} is behind the controller's version "
+                             f"{self.ledger.version}; versions never go backwards (a trainer resumed from a "
+                             f"checkpoint must send trainer_resumed first)")
+        async with self.sync_lock:
+            if req.version < self.ledger.version:   # another update won the race for the lock
+                raise ValueError(f"weights_ready: version {req.version} is behind {self.ledger.version}")
+            if req.version > self.ledger.version + 1:
+                log.warning("weights_ready jumps from version %d to %d", self.ledger.version, req.version)
+            result = await self.syncer.apply(req)
+            self._journal(self.ledger.set_version(req.version))
+            self.last_weights = {"version": req.version, "how": req.how, "path": req.path}
+            self.snapshot()
+            self._record_sync(result, req.how)
+        return WeightsAck(version=req.version, ok=result.ok, failed_servers=sorted(result.failed),
+                          timings={**{f"{k}_s": v for k, v in result.phases.items()}, "total_s": result.seconds})
+
+    async def trainer_resumed(self, req: TrainerResumed) -> Ok:
+        self.requests += 1
+        async with self.sync_lock:
+            before = self.ledger.counters()
+            self._journal(self.ledger.rebase(req.version, req.groups_held))
+            self.snapshot()
+        log.warning("trainer resumed at version %d holding %d groups (controller had version %d, %d accepted)",
+                    req.version, req.groups_held, before["version"], before["accepted"])
+        if self.metrics:
+            self.metrics.log(event="trainer_resumed", version=req.version, groups_held=req.groups_held,
+                             previous_version=before["version"], previous_accepted=before["accepted"])
+        return Ok(detail=f"version {req.version}, accepted {req.groups_held}")
+
+    def _record_sync(self, result: SyncResult, how: str) -> None:
+        self.last_sync = {"version": result.version, "how": how, "seconds": result.seconds,
+                          "phases": result.phases, "failed": result.failed, "updated": result.updated}
+        log.info("weights v%d (%s) on %d servers in %.2fs %s%s", result.version, how, len(result.updated),
+                 result.seconds, {k: round(v, 3) for k, v in result.phases.items()},
+                 f"; FAILED {result.failed}" if result.failed else "")
+        if self.metrics:
+            self.metrics.log(event="weight_sync", **self.last_sync)
+
+    # ---- handlers: generation servers ---------------------------------------------------
+    def register_server(self, req: RegisterServer) -> Ok:
+        self.requests += 1
+        server, new = self.registry.register(req.address, req.api_key_ref, req.capacity)
+        self._keys_cache.pop(server.api_key_ref, None)
+        if new and self.ledger.version > 0:
+            server.take_out(f"registered at version {self.ledger.version}; checking its weights")
+        self.snapshot()
+        log.info("%s generation server %s (capacity %d)", "registered" if new else "re-registered",
+                 server.address, server.capacity)
+        self._spawn(self._check(server))
+        return Ok(detail="registered" if new else "updated")
+
+    def pick_server(self, req: PickServer) -> ServerChoice:
+        self.requests += 1
+        server = self.registry.pick(req.sticky_key, req.exclude)
+        return ServerChoice(address=server.address, api_key_ref=server.api_key_ref)
+
+    def status(self, _req: StatusRequest) -> StatusReply:
+        return StatusReply(state={"role": "controller", **self.ledger.counters(), "epoch": self.ledger.epoch,
+                                  "servers": self.registry.summary(), "last_weights": self.last_weights,
+                                  "last_sync": self.last_sync, "requests": self.requests,
+                                  "errors": self.server.errors if self.server else 0,
+                                  "journal_seq": self.store.seq})
+
+    # ---- generation server admin --------------------------------------------------------
+    def _admin(self, server: GenServer) -> AdminClient:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return AdminClient(server.address, self._api_key(server.api_key_ref), self.cfg.http_timeout_s,
+                           session=self._http)
+
+    def _api_key(self, ref: str) -> str | None:
+        if not ref:
+            return None
+        if ref not in self._keys_cache:
+            path = self.exp.keys / ref
+            try:
+                self._keys_cache[ref] = path.read_text().strip() or None
+            except OSError as e:
+                log.error("API key file %s unreadable (%s); calling without a key", path, e)
+                return None
+        return self._keys_cache[ref]
+
+    async def _check(self, server: GenServer, after_restart: bool = False) -> None:
+        """One health check; a server holding other weights than the current ones is caught up.
+
+        `after_restart`: the previous controller may have died between pause and continue; a
+        server found at the current version is told to continue (harmless if it was not paused).
+        """
+        admin = self._admin(server)
+        ok = await admin.health(self.cfg.http_timeout_s)
+        info = None
+        if ok:
+            try:
+                info = await admin.get_server_info(self.cfg.http_timeout_s)
+            except Exception as e:  # any failure here is a failed health check
+                log.warning("%s: /get_server_info failed: %s", server.address, e)
+                ok = False
+        if not ok:
+            server.failures += 1
+            if server.failures >= self.cfg.health_failures and server.healthy:
+                server.healthy = False
+                server.reason = server.reason or f"failed {server.failures} health checks"
+                log.error("generation server %s is unhealthy (%d failed checks)", server.address, server.failures)
+            return
+        if not server.healthy:
+            log.info("generation server %s is healthy again", server.address)
+            if server.in_rotation:
+                server.reason = ""
+        server.failures, server.healthy = 0, True
+        server.load, server.routed_since_poll = server_load(info), 0
+        held = await self._held_version(admin, info)
+        if held is None or self.sync_lock.locked():
+            return  # a server that does not say, or versions in flux mid-update: nothing to judge
+        server.weight_version = held
+        want = self.ledger.version
+        if held == want:
+            if (after_restart or not server.in_rotation) and server.address not in self._catching_up:
+                await self._continue(server)
+            return
+        server.take_out(f"holds weights v{held}, the current version is v{want}")
+        path = self.last_weights.get("path") if self.last_weights.get("version") == want else ""
+        if path and server.address not in self._catching_up:
+            self._spawn(self._catch_up(server, want, path))
+        elif not path and want > 0:
+            log.warning("%s holds v%s but v%d was broadcast: it rejoins at the next update", server.address,
+                        held, want)
+
+    async def _held_version(self, admin: AdminClient, info: dict) -> int | None:
+        """The policy version a server holds (`weight_version` of server or model info), if it says."""
+        raw = info.get("weight_version")
+        if raw is None:
+            try:
+                raw = (await admin.get_model_info(self.cfg.http_timeout_s)).get("weight_version")
+            except Exception:
+                return None
+        try:
+            return None if raw is None else parse_version(raw)
+        except Exception:
+            return None
+
+    async def _continue(self, server: GenServer) -> None:
+        """A server found at the right version but out of rotation: resume it and bring it back."""
+        try:
+            await self._admin(server).continue_generation(self.cfg.http_timeout_s)
+        except Exception as e:
+            log.warning("%s: could not continue generation: %s", server.address, e)
+            return
+        server.bring_back(self.ledger.version)
+        log.info("generation server %s back in rotation at v%d", server.address, self.ledger.version)
+
+    async def _catch_up(self, server: GenServer, version: int, path: str) -> None:
+        self._catching_up.add(server.address)
+        try:
+            async with self.sync_lock:
+                if self.ledger.version != version:
+                    return   # a newer update ran meanwhile; the next check decides again
+                result = await self.syncer.catch_up(server, version, path)
+            log.info("catch-up of %s to v%d: %s", server.address, version,
+                     "ok" if result.ok else result.failed.get(server.address))
+            if self.metrics:
+                self.metrics.log(event="catch_up", server=server.address, version=version, ok=result.ok,
+                                 seconds=result.seconds)
+        finally:
+            self._catching_up.discard(server.address)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- background ---------------------------------------------------------------------
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            servers = list(self.registry.servers.values())
+            await asyncio.gather(*(self._check(s) for s in servers), return_exceptions=True)
+
+    async def _housekeeping(self, shutdown: Shutdown) -> None:
+        tick = max(0.02, min(0.5, self.cfg.lease_s / 4))
+        last_snapshot = last_metrics = time.monotonic()
+        last_admitted, last_requests = self.ledger.admitted, self.requests
+        while not shutdown.requested:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            lost, event = self.ledger.expire(now, self.cfg.lease_s)
+            self._journal(event)
+            for worker, gids in lost.items():
+                log.warning("worker %s silent for over %.0fs: lease expired, %d groups released", worker,
+                            self.cfg.lease_s, len(gids))
+            if self.store.since_snapshot and now - last_snapshot >= self.cfg.snapshot_interval_s:
+                self.snapshot()
+                last_snapshot = now
+            if now - last_metrics >= self.cfg.metrics_interval_s:
+                dt = now - last_metrics
+                self.metrics.log(event="admission", **self.ledger.counters(),
+                                 admissions_per_s=(self.ledger.admitted - last_admitted) / dt,
+                                 requests_per_s=(self.requests - last_requests) / dt,
+                                 servers_in_rotation=len(self.registry.servable()),
+                                 bad_requests=self.server.errors)
+                last_metrics, last_admitted, last_requests = now, self.ledger.admitted, self.requests
+
+    def _bind(self) -> RequestServer:
+        handlers = {"admit": self.admit, "group_done": self.group_done, "heartbeat": self.heartbeat,
+                    "weights_ready": self.weights_ready, "trainer_resumed": self.trainer_resumed,
+                    "register_server": self.register_server, "pick_server": self.pick_server,
+                    "status": self.status}
+        keys = load_keys(self.exp.keys)
+        port = self.cfg.port or _previous_port(self.exp)
+        if port:
+            try:
+                return RequestServer(keys, handlers, host=self.cfg.host, port=port)
+            except zmq.ZMQError as e:
+                if self.cfg.port:
+                    raise
+                log.info("previous port %d unavailable (%s); taking a new one", port, e)
+        return RequestServer(keys, handlers, host=self.cfg.host, port=0)
+
+    async def run(self, shutdown: Shutdown) -> int:
+        self.restore()
+        self.metrics = MetricsWriter(self.exp, "controller")
+        self.server = self._bind()
+        publish_service(self.exp, "controller", {"address": self.server.address, "version": self.ledger.version,
+                                                 "epoch": self.ledger.epoch})
+        log.info("controller on %s: B=%d eta=%d max_concurrent=%d lease %.0fs, version %d", self.server.address,
+                 self.cfg.groups_per_step, self.cfg.max_staleness, self.cfg.max_concurrent_groups,
+                 self.cfg.lease_s, self.ledger.version)
+        serving = asyncio.ensure_future(self.server.serve_forever())
+        background = [asyncio.ensure_future(self._health_loop()),
+                      asyncio.ensure_future(self._housekeeping(shutdown))]
+        for s in list(self.registry.servers.values()):
+            self._spawn(self._check(s, after_restart=True))
+        try:
+            while not shutdown.requested and not serving.done():
+                await asyncio.sleep(0.1)
+        finally:
+            for t in background + list(self._tasks):
+                t.cancel()
+            self.server.close()
+            serving.cancel()
+            await asyncio.gather(serving, *background, *self._tasks, return_exceptions=True)
+            self.snapshot()
+            self.store.close()
+            if self._http is not None:
+                await self._http.close()
+            self.metrics.close()
+        if serving.done() and not serving.cancelled() and serving.exception():
+            log.error("server loop failed: %s", serving.exception())
+            return 1
+        return 0
+
+
+def _require_id(value: str, where: str) -> None:
+    if not value or len(value) > 200:
+        raise ValueError(f"{where} must be a non-empty string of at most 200 characters")
+
+
+def _previous_port(exp: ExpDir) -> int:
+    """The port of the previous controller of this experiment, to be found again at once."""
+    try:
+        address = read_service(exp, "controller")["address"]
+        return int(str(address).rsplit(":", 1)[1])
+    except (TimeoutError, KeyError, ValueError, IndexError, OSError):
+        return 0
+
+
+def run_controller(exp_root: str | Path, cfg: ControllerConfig) -> int:
+    exp = ExpDir(exp_root)
+    setup_role_logging(exp, "controller")
+    shutdown = Shutdown().install()
+    return asyncio.run(Controller(cfg, exp).run(shutdown))
