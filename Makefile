@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox-deps test bench lint docs clean
+.PHONY: install sandbox-deps test bench lint docs clean train-math train-code
 
 install: $(STAMP)
 
@@ -33,6 +33,18 @@ test: install
 
 bench: install
 	$(PY) -m benchmarks
+
+# The embedded default runs: warm the tiny model up once (cached in .cache/), then run RL.
+# EXP=path.yaml runs another experiment file; ARGS="trainer.total_steps=10" adds overrides.
+# Each run gets its own directory, runs/<name>-<timestamp>.
+RUN_ID := $(shell date +%Y%m%d-%H%M%S)
+train-math: install
+	$(VENV)/bin/tandem sft --task math --out .cache/tiny-math-sft
+	$(VENV)/bin/tandem run $(or $(EXP),configs/math-tiny.yaml) experiment.exp_dir=runs/math-$(RUN_ID) $(ARGS)
+
+train-code: install
+	$(VENV)/bin/tandem sft --task code --out .cache/tiny-code-sft
+	$(VENV)/bin/tandem run $(or $(EXP),configs/code-tiny.yaml) experiment.exp_dir=runs/code-$(RUN_ID) $(ARGS)
 
 lint: install
 	$(PY) -m ruff check .

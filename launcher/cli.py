@@ -13,7 +13,8 @@ import sys
 from launcher.config import ConfigError, load_config, load_experiment, to_yaml
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
-COMMAND_MODULES = ("services.cli", "rollout.cli", "reward.cli", "trainer.cli", "launcher.commands")
+COMMAND_MODULES = ("services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli",
+                   "launcher.run", "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli")
 
 
 def _config_show(args) -> int:

@@ -54,6 +54,30 @@ class SlurmSection:
     exclusive: bool = True
     # Extra sbatch parameters passed to submitit as-is, e.g. {mail-type: END}.
     extra: dict[str, Any] = field(default_factory=dict)
+    # Partition of the CPU-only roles (controller, reward, rollout workers); null = partition.
+    cpu_partition: str | None = None
+    # teardown: a failed role cancels every job; resubmit: restartable roles (not the trainer)
+    # are resubmitted, up to max_resubmits times each.
+    on_failure: str = "teardown"
+    max_resubmits: int = 2
+    # Seconds between two job-state polls (one squeue + one sacct call).
+    poll_s: float = 15.0
+    # Seconds from submission (queue wait included) until a role must have announced itself.
+    ready_timeout_s: float = 3600.0
+    # Shell lines run in every job before the role, e.g. ["module load cuda/12.4"].
+    setup: list[str] = field(default_factory=list)
+    # Address generation servers bind and publish; "{node}" = the SLURM node name of their job.
+    bind_host: str = "{node}"
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.on_failure not in ("teardown", "resubmit"):
+            out.append(("on_failure", f"must be 'teardown' or 'resubmit', got {self.on_failure!r}"))
+        if self.max_resubmits < 0:
+            out.append(("max_resubmits", "must be >= 0"))
+        if self.poll_s <= 0 or self.ready_timeout_s <= 0:
+            out.append(("poll_s" if self.poll_s <= 0 else "ready_timeout_s", "must be > 0"))
+        return out
 
 
 @dataclass
@@ -76,6 +100,7 @@ class LauncherSection:
             out.append(("nodes", "must be >= 1"))
         if self.gpus_per_node < 0:
             out.append(("gpus_per_node", "must be >= 0"))
+        out += [(f"slurm.{k}", m) for k, m in self.slurm.problems()]
         parts = self.gen_train_ratio.split(":")
         if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
             hint = (" (YAML reads an unquoted 3:1 as the base-60 number 181: write '3:1' in quotes)"

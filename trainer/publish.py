@@ -5,15 +5,14 @@ a server told to load v<N> never sees half a checkpoint; the last `keep` version
 server still loading v<N-1> must not find it deleted).
 
 Broadcast: the trainer's rank 0 and the generation servers form a process group of their own
-(not the trainer's world), with the rendezvous SGLang's `/init_weights_update_group` uses: a
-TCP store at `master_address:master_port`, keys prefixed by the group name, trainer = rank 0.
+(not the trainer's world), with the rendezvous SGLang's `/init_weights_update_group` uses
+(`services.protocol.weight_group.join_weight_group`, shared with the servers; trainer = rank 0).
 Then every tensor is broadcast from rank 0 in the order of `WeightsReady.names`, one broadcast
 per tensor, as SGLang's `/update_weights_from_distributed` receives them. `gloo` on CPU and
 `nccl` on GPUs go through the same code, so the distributed path is tested here.
 """
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import re
@@ -24,10 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from services.protocol import WeightsReady
+from services.protocol.weight_group import join_weight_group, leave_weight_group
 from trainer.backend import TrainBackend
 
 log = logging.getLogger(__name__)
@@ -99,27 +98,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def join_weight_group(master_address: str, master_port: int, rank: int, world_size: int,
-                      group_name: str, backend: str | None = None, timeout_s: float = 300.0):
-    """A process group outside the default world (the trainer is in its own world already).
-
-    Rendezvous as SGLang's weight-update group: TCP store, PrefixStore(group_name), rank 0 hosts.
-    """
-    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
-
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
-    store.set_timeout(timeout)
-    store = PrefixStore(group_name, store)
-    pg, _ = _new_process_group_helper(world_size, rank, [], backend, store, group_name=group_name,
-                                      timeout=timeout)
-    # Ranks of this group are its own (0..world_size-1), so `dist.broadcast(src=0, group=pg)` works.
-    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
-    return pg
-
-
 class BroadcastPublisher:
     """Rank 0 of the trainer sends full tensors to the generation servers over a fresh group.
 
@@ -156,7 +134,7 @@ class BroadcastPublisher:
                     dist.broadcast(t.contiguous(), src=0, group=pg)
                 t2 = time.perf_counter()
             finally:
-                dist.destroy_process_group(pg)
+                leave_weight_group(pg)
             n_bytes = sum(t.numel() * t.element_size() for _, t in params)
             return {"rendezvous_s": t1 - t0, "broadcast_s": t2 - t1, "bytes": n_bytes}
 

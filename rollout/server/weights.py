@@ -8,10 +8,11 @@ collective never hangs on us.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+from services.protocol.weight_group import join_weight_group, leave_weight_group
 
 log = logging.getLogger(__name__)
 
@@ -87,33 +88,34 @@ def parse_dtype(name: str) -> torch.dtype:
 class BroadcastGroup:
     """This server's membership in a trainer -> servers weight group (`/init_weights_update_group`).
 
-    The sender is rank 0; this server is `rank_offset`. The embedded server has one model replica,
-    so it joins as the default torch.distributed group of its process (nothing else here uses
-    torch.distributed). `nccl` is mapped to `gloo` when CUDA is absent: same code path, CPU wire.
+    The sender is rank 0; this server is `rank_offset`. It joins with the shared rendezvous of
+    `services.protocol.weight_group` (SGLang's contract: TCP store, keys prefixed by the group
+    name), the one the trainer's sender uses, and receives on that group only, so the server
+    never needs a default torch.distributed world. `nccl` is mapped to `gloo` when CUDA is
+    absent: same code path, CPU wire.
     """
 
     def __init__(self):
         self.name: str | None = None
+        self.pg = None
 
     def init(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
              group_name: str, backend: str, timeout_s: float = 600.0) -> None:
-        import torch.distributed as dist
         if self.name is not None:
             raise WeightError(f"weight update group {self.name!r} already exists; destroy it first")
         if backend == "nccl" and not torch.cuda.is_available():
             log.warning("backend nccl requested without CUDA; using gloo")
             backend = "gloo"
-        dist.init_process_group(backend=backend, init_method=f"tcp://{master_address}:{master_port}",
-                                world_size=world_size, rank=rank_offset, timeout=timedelta(seconds=timeout_s))
+        self.pg = join_weight_group(master_address, master_port, rank=rank_offset, world_size=world_size,
+                                    group_name=group_name, backend=backend, timeout_s=timeout_s)
         self.name = group_name
         log.info("joined weight update group %s as rank %d of %d (%s)", group_name, rank_offset, world_size, backend)
 
     def destroy(self, group_name: str) -> None:
-        import torch.distributed as dist
         if self.name != group_name:
             raise WeightError(f"no weight update group named {group_name!r}")
-        dist.destroy_process_group()
-        self.name = None
+        pg, self.pg, self.name = self.pg, None, None
+        leave_weight_group(pg)
 
     def receive(self, group_name: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
                 ) -> dict[str, torch.Tensor]:
@@ -127,6 +129,6 @@ class BroadcastGroup:
         state = {}
         for name, dtype, shape in zip(names, parsed, shapes, strict=True):
             t = torch.empty(shape, dtype=dtype)
-            dist.broadcast(t, src=0)
+            dist.broadcast(t, src=0, group=self.pg)
             state[name] = t
         return state

@@ -109,9 +109,6 @@ def test_disk_update_of_a_real_server(exp, controller_proc, gen_server, tiny_mod
         client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the embedded server joins the weight group with a plain "
-                   "init_process_group, without SGLang's PrefixStore(group_name) that trainer.publish "
-                   "(and SGLang's init_custom_process_group) use, so the rendezvous never completes")
 def test_broadcast_update_of_a_real_server(exp, controller_proc, gen_server, tiny_model_dir):
     """The test plays the trainer's rank 0 with the project's own `trainer.publish.join_weight_group`."""
     write_config(exp, groups_per_step=2, max_staleness=0, broadcast_backend="gloo", update_timeout_s=10)

@@ -11,7 +11,6 @@ import asyncio
 import socket
 import threading
 import time
-from datetime import timedelta
 
 import pytest
 from gen_support import reference_logprobs
@@ -92,11 +91,13 @@ def _free_port() -> int:
 
 
 def test_interrupt_with_update_from_distributed(own_server, tmp_path):
-    """The test process plays the trainer's rank 0 and broadcasts new tensors over gloo."""
+    """The test process plays the trainer's rank 0 and broadcasts new tensors over gloo, joining
+    with the shared rendezvous the trainer uses (`services.protocol.weight_group`)."""
     import torch.distributed as dist
     from safetensors.torch import load_file
 
     from rollout.tiny_model import init_tiny
+    from services.protocol.weight_group import join_weight_group, leave_weight_group
     old_dir, old = served(own_server)
     new_dir = init_tiny(tmp_path / "v-next", seed=2)
     new = load_file(str(new_dir / "model.safetensors"))
@@ -107,8 +108,7 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
         "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
                                        "world_size": 2, "group_name": "tandem-test", "backend": "gloo"})))
     joiner.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0,
-                            timeout=timedelta(seconds=60))
+    pg = join_weight_group("127.0.0.1", port, 0, 2, "tandem-test", backend="gloo", timeout_s=60)
     try:
         joiner.join(60)
         assert box["init"][0] == 200 and box["init"][1]["success"], box["init"]
@@ -121,7 +121,7 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
                  "weight_version": str(old + 1)})))
             call.start()
             for n in names:
-                dist.broadcast(new[n].contiguous(), src=0)
+                dist.broadcast(new[n].contiguous(), src=0, group=pg)
             call.join(60)
             assert box["update"][0] == 200 and box["update"][1]["success"], box["update"]
 
@@ -130,5 +130,5 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
         status, reply = own_server.api.post("/destroy_weights_update_group", {"group_name": "tandem-test"})
         assert status == 200 and reply["success"]
     finally:
-        dist.destroy_process_group()
+        leave_weight_group(pg)
     assert own_server.api.get("/get_weight_version")[1]["weight_version"] == str(old + 1)

@@ -6,7 +6,8 @@ process admits one experiment's key): answers weights_ready with weights_ack.
 Appends every received version to <exp>/fake-controller/received (trainer_resumed messages to
 .../resumed as "version groups_held"); the ack of a held version
 waits until the file <exp>/fake-controller/release-<version> exists. For `how="broadcast"` it
-joins the weight group as rank 1 the way SGLang's /init_weights_update_group does, receives
+joins the weight group as rank 1 with the shared rendezvous (`services.protocol.weight_group`,
+SGLang's /init_weights_update_group contract) the generation servers use, receives
 every tensor, and saves them to <exp>/fake-controller/broadcast-v<N>.pt before acking.
 """
 from __future__ import annotations
@@ -42,25 +43,19 @@ async def main(exp: ExpDir, hold: set[int]) -> None:
 
 
 def receive(ready, out: Path) -> None:
-    import datetime
-
     import torch
     import torch.distributed as dist
-    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
 
-    timeout = datetime.timedelta(seconds=60)
-    store, _, _ = next(rendezvous(f"tcp://{ready.master_address}:{ready.master_port}", 1, ready.world_size,
-                                  timeout=timeout))
-    store = PrefixStore(ready.group_name, store)
-    pg, _ = _new_process_group_helper(ready.world_size, 1, [], "gloo", store, group_name=ready.group_name,
-                                      timeout=timeout)
-    _world.pg_group_ranks[pg] = {i: i for i in range(ready.world_size)}
+    from services.protocol.weight_group import join_weight_group, leave_weight_group
+
+    pg = join_weight_group(ready.master_address, ready.master_port, 1, ready.world_size, ready.group_name,
+                           backend="gloo", timeout_s=60)
     got = {}
     for name, dtype, shape in zip(ready.names, ready.dtypes, ready.shapes, strict=True):
         t = torch.empty(shape, dtype=getattr(torch, dtype))
         dist.broadcast(t, src=0, group=pg)
         got[name] = t
-    dist.destroy_process_group(pg)
+    leave_weight_group(pg)
     torch.save(got, out)
 
 

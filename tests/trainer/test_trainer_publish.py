@@ -39,29 +39,26 @@ def test_disk_publish_is_atomic_loadable_and_keeps_the_last_k(small_model_dir, t
 
 
 RECEIVER = textwrap.dedent('''
-    """A generation-server stand-in: joins the weight group as SGLang does and receives tensors."""
-    import datetime, json, sys
+    """A generation-server stand-in: joins with the rendezvous every server uses, receives tensors."""
+    import json, sys
     import torch, torch.distributed as dist
-    from torch.distributed.distributed_c10d import PrefixStore, _new_process_group_helper, _world, rendezvous
+    from services.protocol.weight_group import join_weight_group, leave_weight_group
     ready = json.loads(sys.argv[1])
-    timeout = datetime.timedelta(seconds=60)
-    store, _, _ = next(rendezvous(f"tcp://{ready['master_address']}:{ready['master_port']}", 1,
-                                  ready["world_size"], timeout=timeout))
-    store = PrefixStore(ready["group_name"], store)
-    pg, _ = _new_process_group_helper(ready["world_size"], 1, [], "gloo", store,
-                                      group_name=ready["group_name"], timeout=timeout)
-    _world.pg_group_ranks[pg] = {i: i for i in range(ready["world_size"])}
+    pg = join_weight_group(ready["master_address"], ready["master_port"], 1, ready["world_size"],
+                           ready["group_name"], backend="gloo", timeout_s=60)
     got = {}
     for name, dtype, shape in zip(ready["names"], ready["dtypes"], ready["shapes"]):
         t = torch.empty(shape, dtype=getattr(torch, dtype))
         dist.broadcast(t, src=0, group=pg)
         got[name] = t
+    leave_weight_group(pg)
     torch.save(got, sys.argv[2])
 ''')
 
 
 def test_broadcast_sends_every_tensor_to_a_receiver_process(small_model_dir, tmp_path):
-    """Real two-process gloo group; the receiver is an independent SGLang-style script."""
+    """Real two-process gloo group; the receiver is a separate process joining as a server does
+    (the end-to-end check against the real server is tests/generation/test_gen_trainer_broadcast.py)."""
     import json
     be = backend(small_model_dir)
     ready, send = BroadcastPublisher("127.0.0.1", 0, n_receivers=1, timeout_s=60).prepare(be, version=3)

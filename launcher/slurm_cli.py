@@ -1,0 +1,75 @@
+"""`tandem status --exp DIR` and `tandem cancel --exp DIR`: an experiment's SLURM jobs.
+
+Both read `<exp>/services/slurm-jobs.json`, which the slurm backend writes as it submits, so
+they work from any shell on the shared filesystem while the launcher runs, after it died, or
+from inside `slurm/train.sbatch`'s allocation.
+"""
+from __future__ import annotations
+
+import datetime
+import sys
+
+from services.protocol import ExpDir
+
+from .slurm_jobs import SlurmUnavailable, cancel_experiment, cancel_flag, query_states, read_record
+
+
+def cmd_status(args) -> int:
+    exp = ExpDir(args.exp_dir)
+    try:
+        record = read_record(exp)
+    except FileNotFoundError as e:
+        print(f"tandem status: {e}", file=sys.stderr)
+        return 2
+    roles = record.get("roles", {})
+    states = query_states([r["job_id"] for r in roles.values()])
+    started = datetime.datetime.fromtimestamp(record.get("started_at", 0)).strftime("%Y-%m-%d %H:%M:%S")
+    print(f"experiment {record.get('experiment')} ({exp.root}): launcher status "
+          f"'{record.get('status')}', started {started}"
+          + (" — cancel requested" if cancel_flag(exp).exists() else ""))
+    rows = [("role", "job", "state", "nodes", "elapsed", "resubmits", "detail")]
+    for name, role in roles.items():
+        s = states[str(role["job_id"])]
+        detail = s.detail if s.detail and s.detail != s.state else ""
+        if s.exit_code and s.exit_code != "0:0":
+            detail = f"{detail} exit {s.exit_code}".strip()
+        rows.append((name, str(role["job_id"]), s.state, s.nodes or "-", s.elapsed or "-",
+                     str(role.get("resubmits", 0)), detail))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    exp = ExpDir(args.exp_dir)
+    try:
+        cancelled, left = cancel_experiment(exp, wait_s=args.wait)
+    except FileNotFoundError as e:
+        print(f"tandem cancel: {e}", file=sys.stderr)
+        return 2
+    except SlurmUnavailable as e:
+        print(f"tandem cancel: {e}", file=sys.stderr)
+        return 1
+    if not cancelled:
+        print(f"no job of {exp.root} is queued or running")
+        return 0
+    if left:
+        print(f"tandem cancel: cancelled {' '.join(cancelled)} but squeue still lists {' '.join(left)} "
+              f"after {args.wait:.0f}s (nodes slow to kill; check `squeue -j {','.join(left)}`)",
+              file=sys.stderr)
+        return 1
+    print(f"cancelled {len(cancelled)} job(s): {' '.join(cancelled)}")
+    return 0
+
+
+def register(sub) -> None:
+    # dest=exp_dir: these commands need only the job record, not the experiment's config, so a
+    # config that no longer loads (edited, older code) can never stand in the way of a cancel.
+    p = sub.add_parser("status", help="show each role's SLURM job and its state (slurm backend)")
+    p.add_argument("--exp", dest="exp_dir", required=True, help="experiment directory")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("cancel", help="cancel every SLURM job of an experiment (slurm backend)")
+    p.add_argument("--exp", dest="exp_dir", required=True, help="experiment directory")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait until squeue no longer lists them")
+    p.set_defaults(func=cmd_cancel)

@@ -1,0 +1,93 @@
+"""What each task of a Tandem SLURM job runs: the role as a child process of submitit's worker.
+
+submitit pickles a `RoleCommand` and runs it in every task of the job (srun). It starts the role
+(`tandem <role> ...`) with its console in `<exp>/logs/`, exports the torch.distributed variables
+from SLURM's for the trainer (torchrun's convention: every rank sees the node's allocated GPUs in
+CUDA_VISIBLE_DEVICES and picks its own with LOCAL_RANK), turns SLURM's time-limit warning
+(SIGUSR2, which would kill an unprepared child) into a SIGTERM so the role checkpoints and exits
+cleanly, and raises when the role fails or was stopped, so the job's SLURM state is FAILED or
+CANCELLED rather than COMPLETED — the launcher's watcher relies on that.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+# In a role's argv, replaced by the name of the node the task runs on (an address others reach).
+NODE_PLACEHOLDER = "{node}"
+
+
+def console_name(name: str, rank: int | None) -> str:
+    """`gen-3.console`; for a multi-task job one file per rank: `trainer-0.console`, `trainer-1...`."""
+    if rank is None:
+        return f"{name}.console"
+    base = name.rsplit("-", 1)[0] if re.search(r"-\d+$", name) else name
+    return f"{base}-{rank}.console"
+
+
+class RoleCommand:
+    """What each SLURM task runs (pickled by submitit): the role as a child process."""
+
+    def __init__(self, name: str, command: list[str], exp_root: str, threads: int, distributed: bool):
+        self.name, self.command, self.exp_root = name, command, exp_root
+        self.threads, self.distributed = threads, distributed
+
+    def __call__(self) -> int:
+        threads = str(self.threads)
+        node = os.environ.get("SLURMD_NODENAME", "") or os.uname().nodename
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+               "TANDEM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+               "TANDEM_ADVERTISE_HOST": node}
+        command = [arg.replace(NODE_PLACEHOLDER, node) for arg in self.command]
+        rank = None
+        if self.distributed:
+            import submitit
+
+            dist = submitit.helpers.TorchDistributedEnvironment()
+            env.update(MASTER_ADDR=dist.master_addr, MASTER_PORT=str(dist.master_port),
+                       RANK=str(dist.rank), WORLD_SIZE=str(dist.world_size),
+                       LOCAL_RANK=str(dist.local_rank), LOCAL_WORLD_SIZE=str(dist.local_world_size))
+            rank = dist.rank
+        logs = Path(self.exp_root) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        console_path = logs / console_name(self.name, rank)
+        stopped: list[str] = []
+        children: list[subprocess.Popen] = []
+
+        def forward(signum, frame):
+            stopped.append(signal.Signals(signum).name)
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGUSR2, forward)
+        with open(console_path, "ab") as console:
+            # Where this task landed, for whoever compares the placement with the plan.
+            console.write((f"[tandem-slurm] {self.name} job {os.environ.get('SLURM_JOB_ID', '?')} "
+                           f"node {node} rank {rank if rank is not None else '-'} "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n").encode())
+            console.flush()
+            if stopped:   # cancelled before the role even started
+                raise RuntimeError(f"{self.name} stopped by {stopped[0]} before it started")
+            # The child ignores SLURM's early-warning USR2 (it would kill it); we turn it into SIGTERM.
+            proc = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env,
+                                    preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
+            children.append(proc)
+        code = proc.wait()
+        if code != 0 or stopped:
+            why = f"stopped by {stopped[0]} (cancelled or at its time limit)" if stopped else f"exited with status {code}"
+            raise RuntimeError(f"{self.name} {why}; console {console_path}:\n{tail(console_path)}")
+        return code
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "    (no console output)"
+    return "\n".join("    " + line for line in text[-lines:])

@@ -1,0 +1,100 @@
+"""`tandem sft --task math|code --out DIR`: the tiny model, warmed up on solved synthetic tasks.
+
+The embedded default runs start RL from this model. It composes pieces of other packages (the
+tiny model and the synthetic tasks from `rollout`, the SFT loop from `trainer`) and caches the
+result: a directory whose `sft.json` matches the requested settings is reused, so `make
+train-math` pays the few minutes of warm-up once.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def _boxed_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
+    """Exact match of the last \\boxed{} (enough for the integer answers of synthetic math)."""
+    from trainer.sft import greedy_completions
+
+    outs = greedy_completions(model, tok, [r["prompt"] for r in rows], encode_prompt, max_new_tokens)
+    hits = 0
+    for out, row in zip(outs, rows, strict=True):
+        found = BOXED.findall(out)
+        hits += bool(found) and found[-1].strip() == row["answer"]
+    return hits / max(1, len(rows))
+
+
+def _code_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
+    """Runs each completion's `f` on the hidden points, through the reward package's sandbox."""
+    from reward.code_grader import grade_code
+    from trainer.sft import greedy_completions
+
+    outs = greedy_completions(model, tok, [r["problem"] for r in rows], encode_prompt, max_new_tokens)
+    return sum(grade_code(out, row["tests"]).correct for out, row in zip(outs, rows, strict=True)) / max(1, len(rows))
+
+
+def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n: int,
+            force: bool = False) -> dict:
+    from rollout.synthetic import generate
+    from rollout.tiny_model import init_tiny
+    from rollout.workflow import chat_prompt_ids
+    from trainer.sft import SFTSettings, train_sft
+
+    settings = SFTSettings(max_steps=steps, seconds=seconds, seed=seed)
+    marker = out / "sft.json"
+    if marker.exists() and not force:
+        done = json.loads(marker.read_text())
+        if done.get("task") == task and done["settings"]["max_steps"] == steps and done["settings"]["seed"] == seed:
+            print(f"using cached warm-up model {out} (greedy accuracy {done.get('greedy_accuracy')})")
+            return done
+    base = Path(tempfile.mkdtemp(prefix="tandem-tiny-"))
+    init_tiny(base, seed=seed)
+    rows = list(generate(task, 50_000, seed=seed))
+    if task == "code":
+        rows = [{"prompt": r["problem"], "solution": r["solution"]} for r in rows]
+    held_out = list(generate(task, eval_n, seed=seed + 10_000))
+    max_new = 96 if task == "math" else 48
+    accuracy = _boxed_accuracy if task == "math" else _code_accuracy
+
+    def evaluate(model):
+        from transformers import AutoTokenizer
+        return accuracy(model, AutoTokenizer.from_pretrained(base), held_out, chat_prompt_ids, max_new)
+
+    def progress(p):
+        print(f"sft {task}: step {p['step']}/{steps} loss {p['loss']:.3f} {p['tokens_per_s']:,.0f} tok/s "
+              f"{p['elapsed_s']:.0f}s", flush=True)
+
+    summary = train_sft(base, rows, out, settings, encode_prompt=chat_prompt_ids,
+                        evaluate=evaluate if eval_n else None, progress=progress)
+    summary["task"] = task
+    marker.write_text(json.dumps(summary, indent=2))
+    shutil.rmtree(base, ignore_errors=True)
+    print(f"warm-up done: {summary['steps']} steps, greedy accuracy {summary.get('greedy_accuracy')} "
+          f"on {eval_n} held-out problems -> {out}")
+    return summary
+
+
+def cmd_sft(args) -> int:
+    if args.task not in ("math", "code"):
+        print(f"tandem sft: --task must be math or code, got {args.task!r}", file=sys.stderr)
+        return 2
+    warm_up(args.task, Path(args.out), args.steps, args.seconds, args.seed, args.eval_n, args.force)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sft", help="warm up the tiny model on solved synthetic tasks (cached)")
+    p.add_argument("--task", required=True, help="math or code")
+    p.add_argument("--out", required=True, help="output Hugging Face directory")
+    # Steps, not seconds, so the cached model is the same on a busy machine as on an idle one.
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (batch 64)")
+    p.add_argument("--seconds", type=float, default=1800.0, help="time cap")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-n", type=int, default=200, help="held-out problems for the accuracy check")
+    p.add_argument("--force", action="store_true", help="retrain even if a cached model matches")
+    p.set_defaults(func=cmd_sft)

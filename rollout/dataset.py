@@ -1,0 +1,110 @@
+"""Prompt data sets: JSONL readers for the formats real runs use, and a resumable shuffled order.
+
+Math rows follow DeepScaleR (`{problem | prompt, answer}`); code rows follow DeepCoder
+(`{problem | prompt, tests}`, tests in the APPS/TACO `input_output` convention, possibly as a
+JSON string). A row missing a field is reported with its file and line; the loader stops only
+if no usable row is left, so one bad line does not sink a 40K-row data set.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class DatasetError(ValueError):
+    pass
+
+
+@dataclass
+class Prompt:
+    id: str
+    text: str
+    task: str
+    # math: {"answer": str}; code: {"tests": {...}}
+    reference: dict = field(default_factory=dict)
+
+
+def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    text = row.get("problem", row.get("prompt", row.get("question")))
+    if not isinstance(text, str) or not text.strip():
+        raise DatasetError(f"{where}: missing 'problem' (or 'prompt') text")
+    rid = str(row.get("id", row.get("idx", where)))
+    if task == "math":
+        answer = row.get("answer", row.get("solution_answer"))
+        if answer is None or (isinstance(answer, str) and not answer.strip()):
+            raise DatasetError(f"{where}: math row has no 'answer'")
+        return Prompt(rid, text, task, {"answer": str(answer)})
+    tests = row.get("tests", row.get("input_output"))
+    if isinstance(tests, str):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{where}: 'tests' is a string but not JSON ({e.msg})") from None
+    if isinstance(tests, list):  # DeepCoder's list of {input, output} cases
+        try:
+            tests = {"inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests]}
+        except (KeyError, TypeError):
+            raise DatasetError(f"{where}: 'tests' list items need 'input' and 'output'") from None
+    if not isinstance(tests, dict) or not isinstance(tests.get("inputs"), list) \
+            or not isinstance(tests.get("outputs"), list) or len(tests["inputs"]) != len(tests["outputs"]):
+        raise DatasetError(f"{where}: code row needs 'tests' with equal-length 'inputs' and 'outputs'")
+    if not tests["inputs"]:
+        raise DatasetError(f"{where}: code row has no test cases")
+    return Prompt(rid, text, task, {"tests": tests})
+
+
+def load_jsonl(path: str | Path, task: str) -> list[Prompt]:
+    """All usable prompts of a JSONL file; bad rows are logged with file:line and skipped."""
+    path = Path(path)
+    if task not in ("math", "code"):
+        raise DatasetError(f"unknown task {task!r} (math or code)")
+    if not path.exists():
+        raise DatasetError(f"{path}: no such data file")
+    prompts, bad = [], []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                prompts.append(_row_to_prompt(json.loads(line), task, where))
+            except json.JSONDecodeError as e:
+                bad.append(f"{where}: not JSON ({e.msg})")
+            except DatasetError as e:
+                bad.append(str(e))
+    for msg in bad[:20]:
+        log.warning("skipped row: %s", msg)
+    if len(bad) > 20:
+        log.warning("... and %d more bad rows", len(bad) - 20)
+    if not prompts:
+        raise DatasetError(f"{path}: no usable rows" + (f" (first problem: {bad[0]})" if bad else ""))
+    return prompts
+
+
+class PromptStream:
+    """Endless epochs of a data set in a seeded order; `position` resumes it exactly."""
+
+    def __init__(self, prompts: list[Prompt], seed: int, position: int = 0):
+        if not prompts:
+            raise DatasetError("empty data set")
+        self.prompts, self.seed, self.position = prompts, seed, position
+        self._epoch, self._order = -1, []
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._order = list(range(len(self.prompts)))
+            random.Random(f"{self.seed}-{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self._order
+
+    def next(self) -> Prompt:
+        epoch, i = divmod(self.position, len(self.prompts))
+        self.position += 1
+        return self.prompts[self._order_for(epoch)[i]]

@@ -1,0 +1,196 @@
+"""The rollout worker: many concurrent episodes, each a ticket from the controller to a group of
+graded trajectories in the trainer's buffer.
+
+The worker asks for tickets only for free episode slots, so the controller's admission rule is
+the only throttle; every ticket ends in exactly one `GroupDone` (accepted, rejected or failed)
+so no slot leaks; a heartbeat keeps the worker's leases alive and cancels groups the
+controller revoked. The data position is saved atomically so a restarted worker continues
+where it stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from services.protocol import (
+    AdmitRequest,
+    ExpDir,
+    GradeRequest,
+    GroupDone,
+    Heartbeat,
+    MetricsWriter,
+    RemoteError,
+    RequestClient,
+    Shutdown,
+    Ticket,
+    TrajectorySource,
+    load_keys,
+    read_service,
+    write_json_atomic,
+)
+
+from .dataset import Prompt, PromptStream, load_jsonl
+from .synthetic import generate as synthetic_rows
+from .workflow import EpisodeContext, RejectGroup, load_workflow
+
+log = logging.getLogger(__name__)
+
+
+def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
+    """`synthetic:<task>` or a JSONL file, as Prompts."""
+    if dataset.startswith("synthetic:"):
+        kind = dataset.split(":", 1)[1]
+        rows = synthetic_rows(kind, size, seed)
+        key = "answer" if kind == "math" else "tests"
+        return [Prompt(r["id"], r.get("prompt") or r["problem"], kind, {key: r[key]}) for r in rows]
+    return load_jsonl(dataset, task)
+
+
+class RolloutWorker:
+    def __init__(self, cfg, exp: ExpDir, rank: int, generator, shutdown: Shutdown):
+        self.cfg, self.exp, self.rank = cfg, exp, rank
+        self.rc = cfg.rollout
+        self.worker_id = f"rollout-{rank}-{os.getpid()}"
+        self.generator = generator
+        self.shutdown = shutdown
+        self.keys = load_keys(exp.keys)
+        self.metrics = MetricsWriter(exp, "rollout", rank)
+        self.position_file = exp.checkpoints / f"rollout-{rank}.json"
+        self.workflow = load_workflow(self.rc.workflow)
+        self.running: dict[str, asyncio.Task] = {}
+        self.counts = {"accepted": 0, "rejected": 0, "failed": 0}
+        self.version = 0
+
+    def _resolver(self, role: str, key: str = "address"):
+        return lambda: read_service(self.exp, role, timeout_s=30)[key]
+
+    def _load_stream(self, tokenizer) -> PromptStream:
+        prompts = load_prompts(self.rc.dataset, self.cfg.reward.task, self.rc.synthetic_size,
+                               self.cfg.experiment.seed)
+        position = 0
+        if self.position_file.exists():
+            position = json.loads(self.position_file.read_text())["position"]
+            log.info("resuming data position %d", position)
+        # Each worker walks its own seeded order of the data set.
+        return PromptStream(prompts, seed=self.cfg.experiment.seed + 1000 * self.rank, position=position)
+
+    async def run(self) -> int:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.cfg.experiment.model)
+        stream = self._load_stream(tokenizer)
+        self.controller = RequestClient(self.keys, self._resolver("controller"), timeout_s=10)
+        self.reward = RequestClient(self.keys, self._resolver("reward"), timeout_s=self.rc.reward_timeout_s)
+        trainer = read_service(self.exp, "trainer", timeout_s=300)
+        self.sink = TrajectorySource(self.keys, trainer["trajectory_address"])
+        ctx = EpisodeContext(
+            generate=self.generator.generate, grade=self._grade, tokenizer=tokenizer,
+            n_samples=self.rc.n_samples, filter_all_equal=self.rc.filter_all_equal,
+            sampling_params={"temperature": self.rc.temperature, "top_p": self.rc.top_p,
+                             "top_k": self.rc.top_k, "max_new_tokens": self.rc.max_new_tokens})
+        heartbeat = asyncio.ensure_future(self._heartbeat())
+        last_report = time.time()
+        try:
+            while not self.shutdown.requested:
+                free = self.rc.concurrency - len(self.running)
+                if free <= 0:
+                    await asyncio.sleep(0.05)
+                    continue
+                try:
+                    reply = await self.controller.request(AdmitRequest(self.worker_id, max_groups=free))
+                except (TimeoutError, RemoteError) as e:
+                    log.warning("admission failed (%s); retrying", e)
+                    await asyncio.sleep(1.0)
+                    continue
+                self.version = reply.version
+                for ticket in reply.tickets:
+                    prompt = stream.next()
+                    write_json_atomic(self.position_file, {"position": stream.position})
+                    task = asyncio.ensure_future(self._episode(ctx, prompt, ticket))
+                    self.running[ticket.group_id] = task
+                if not reply.tickets:
+                    await asyncio.sleep(max(0.02, min(reply.retry_after_s or 0.1, 1.0)))
+                if time.time() - last_report > 10:
+                    log.info("running %d groups; %s; version %d", len(self.running), self.counts, self.version)
+                    last_report = time.time()
+        finally:
+            heartbeat.cancel()
+            await self._drain()
+        return 0
+
+    async def _drain(self, timeout_s: float = 60.0) -> None:
+        """Let in-flight groups finish (they were admitted; dropping them would waste them)."""
+        if self.running:
+            log.info("draining %d in-flight groups", len(self.running))
+            done, pending = await asyncio.wait(list(self.running.values()), timeout=timeout_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self.sink.close()
+
+    async def _grade(self, items):
+        reply = await self.reward.request(GradeRequest(items=items, deadline_s=self.rc.reward_timeout_s))
+        return reply.verdicts
+
+    async def _episode(self, ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> None:
+        status, reason, t0 = "failed", "", time.time()
+        try:
+            trajectories = await self.workflow(ctx, prompt, ticket)
+            for traj in trajectories:
+                await self.sink.send(traj)
+            status = "accepted"
+            rewards = [t.reward for t in trajectories]
+            self.metrics.log(event="group", group_id=ticket.group_id, prompt_id=prompt.id,
+                             admit_version=ticket.admit_version, reward_mean=sum(rewards) / len(rewards),
+                             correct=sum(t.timings.get("correct", 0.0) for t in trajectories) / len(rewards),
+                             tokens=int(sum(len(t.output_ids) for t in trajectories)),
+                             # samples whose tokens came from more than one policy version
+                             multi_version=sum(len(set(t.output_versions.tolist())) > 1 for t in trajectories),
+                             seconds=time.time() - t0)
+        except RejectGroup as e:
+            status, reason = "rejected", str(e)
+        except asyncio.CancelledError:
+            status, reason = "failed", "cancelled (revoked or shutting down)"
+        except Exception as e:  # any episode failure fails the group visibly, never silently
+            status, reason = "failed", f"{type(e).__name__}: {e}"
+            log.warning("group %s failed: %s", ticket.group_id, reason)
+        finally:
+            self.running.pop(ticket.group_id, None)
+            self.counts[status] += 1
+            await self._report(GroupDone(self.worker_id, ticket.group_id, status, reason[:500]))
+
+    async def _report(self, done: GroupDone) -> None:
+        for attempt in range(5):
+            try:
+                await self.controller.request(done)
+                return
+            except TimeoutError:
+                await asyncio.sleep(0.5 * (attempt + 1))
+            except RemoteError as e:  # e.g. the lease already expired: the slot is released anyway
+                log.info("group_done %s: %s", done.group_id, e)
+                return
+        log.error("could not report %s as %s; its lease will release the slot", done.group_id, done.status)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.rc.heartbeat_s)
+            try:
+                reply = await self.controller.request(Heartbeat(self.worker_id, list(self.running)))
+            except (TimeoutError, RemoteError) as e:
+                log.warning("heartbeat failed: %s", e)
+                continue
+            self.version = reply.version
+            for gid in reply.revoked:
+                task = self.running.get(gid)
+                if task is not None:
+                    log.warning("controller revoked group %s; cancelling it", gid)
+                    task.cancel()
+
+
+def position_of(exp: ExpDir, rank: int) -> int | None:
+    path = Path(exp.checkpoints) / f"rollout-{rank}.json"
+    return json.loads(path.read_text())["position"] if path.exists() else None
