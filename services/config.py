@@ -38,6 +38,10 @@ class ControllerConfig:
     # Timeout of pause/continue and of one weight update on one server (loading a large model
     # from disk or receiving a broadcast takes minutes).
     update_timeout_s: float = 600.0
+    # Interruptible generation: a weight update pauses servers in abort mode and in-flight samples
+    # continue under the new weights (per-token versions). False: the update waits for in-flight
+    # requests to finish under the old weights (the non-interruptible baseline).
+    interruptible: bool = True
     # Stickiness memory: sticky keys remembered (least recently used forgotten first).
     sticky_entries: int = 65536
     # torch.distributed backend the servers join a weight-broadcast group with; the embedded

@@ -50,8 +50,10 @@ class TrainerConfig:
     temperature: float = II("rollout.temperature")
     # eta: a group whose staleness (step - admit_version) exceeds this is handled by stale_policy.
     max_staleness: int = II("controller.max_staleness")
-    # train: train over-stale groups anyway (counted); drop: discard them (counted).
-    stale_policy: str = "train"
+    # Admission bounds staleness, but a straggler group finishing after younger ones can still
+    # exceed eta. drop: discard it (counted; its admission slot is released) so no trained group
+    # is staler than eta; train: train it anyway (counted).
+    stale_policy: str = "drop"
     # Save a checkpoint every this many global steps (and always on SIGTERM); 0 = only on SIGTERM.
     checkpoint_every: int = 10
     # Checkpoints kept on disk (oldest removed first).

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from services.protocol import (
     ExpDir,
+    GroupsDropped,
     MetricsWriter,
     Shutdown,
     TrainerResumed,
@@ -151,6 +152,9 @@ class Trainer:
         t = self.tcfg
         while True:
             result = self.buffer.take(t.groups_per_step, self.version, t.max_staleness, t.stale_policy)
+            if result.dropped:  # give their admission slots back, or the run would slowly stall
+                self.controller.request(GroupsDropped([g.group_id for g in result.dropped],
+                                                      f"staler than eta={t.max_staleness}"), "groups_dropped")
             if result.groups:
                 break
             if self.shutdown.requested:

@@ -56,6 +56,8 @@ class AdmissionLedger:
         self.epoch = epoch
         self.version = 0
         self.accepted = self.rejected = self.failed = 0
+        # Accepted groups the trainer later dropped as over-stale (their slots were released).
+        self.dropped = 0
         self.admitted = 0          # tickets ever issued
         self.late_accepts = 0      # revoked groups whose worker reported them accepted afterwards
         self.next_seq = 0
@@ -181,6 +183,16 @@ class AdmissionLedger:
         self.apply(event)
         return event
 
+    def release_dropped(self, group_ids: list[str]) -> dict | None:
+        """Accepted groups the trainer discarded as over-stale give their slots back."""
+        known = [g for g in dict.fromkeys(group_ids)
+                 if self.finished.get(g, ("", False))[0] == "accepted"]
+        if not known:
+            return None
+        event = {"op": "drop", "g": known}
+        self.apply(event)
+        return event
+
     def touch(self, worker_id: str, now: float) -> Lease:
         lease = self.leases.get(worker_id)
         if lease is None:
@@ -218,6 +230,11 @@ class AdmissionLedger:
                 self.running[gid] = RunningGroup(event["w"], event["v"], event["t"])
         elif op == "version":
             self.version = event["v"]
+        elif op == "drop":
+            for gid in event["g"]:
+                self.accepted -= 1
+                self.dropped += 1
+                self._remember(gid, "dropped", False)
         elif op == "rebase":
             self.version = event["v"]
             self.accepted = event["held"]
@@ -246,13 +263,14 @@ class AdmissionLedger:
     def counters(self) -> dict:
         return {"version": self.version, "capacity": self.capacity(), "running": len(self.running),
                 "accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
-                "admitted": self.admitted, "late_accepts": self.late_accepts, "workers": len(self.leases)}
+                "admitted": self.admitted, "late_accepts": self.late_accepts, "dropped": self.dropped,
+                "workers": len(self.leases)}
 
     def state_dict(self, finished_kept: int = 20_000) -> dict:
         finished = list(self.finished.items())[-finished_kept:]
         return {"epoch": self.epoch, "version": self.version, "accepted": self.accepted,
                 "rejected": self.rejected, "failed": self.failed, "admitted": self.admitted,
-                "late_accepts": self.late_accepts, "next_seq": self.next_seq,
+                "late_accepts": self.late_accepts, "next_seq": self.next_seq, "dropped": self.dropped,
                 "running": {gid: [g.worker_id, g.admit_version] for gid, g in self.running.items()},
                 "finished": [[gid, st, rv] for gid, (st, rv) in finished]}
 
@@ -260,6 +278,7 @@ class AdmissionLedger:
         """Restore; every worker gets a fresh lease from `now` (clocks do not survive a restart)."""
         for key in ("epoch", "version", "accepted", "rejected", "failed", "admitted", "late_accepts", "next_seq"):
             setattr(self, key, int(state[key]))
+        self.dropped = int(state.get("dropped", 0))
         self.running = {gid: RunningGroup(w, int(v), now) for gid, (w, v) in state["running"].items()}
         self.finished = OrderedDict((gid, (st, bool(rv))) for gid, st, rv in state["finished"])
         self.leases = {}

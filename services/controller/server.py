@@ -27,6 +27,7 @@ from services.protocol import (
     AdmitRequest,
     ExpDir,
     GroupDone,
+    GroupsDropped,
     Heartbeat,
     HeartbeatReply,
     MetricsWriter,
@@ -63,7 +64,8 @@ class Controller:
         self.registry = ServerRegistry(cfg.sticky_entries)
         self.store = StateStore(exp.checkpoints / "controller")
         self.sync_lock = asyncio.Lock()
-        self.syncer = WeightSync(self.registry, self._admin, cfg.update_timeout_s, cfg.broadcast_backend)
+        self.syncer = WeightSync(self.registry, self._admin, cfg.update_timeout_s, cfg.broadcast_backend,
+                                 cfg.interruptible)
         # The last weights every server should hold: {"version", "how", "path"}.
         self.last_weights: dict = {"version": 0, "how": "initial", "path": ""}
         self.last_sync: dict = {}
@@ -155,6 +157,15 @@ class Controller:
             self._record_sync(result, req.how)
         return WeightsAck(version=req.version, ok=result.ok, failed_servers=sorted(result.failed),
                           timings={**{f"{k}_s": v for k, v in result.phases.items()}, "total_s": result.seconds})
+
+    def groups_dropped(self, req: GroupsDropped) -> Ok:
+        self.requests += 1
+        event = self.ledger.release_dropped(req.group_ids)
+        self._journal(event)
+        released = len(event["g"]) if event else 0
+        if self.metrics and released:
+            self.metrics.log(event="groups_dropped", released=released, reason=req.reason)
+        return Ok(detail=f"released {released} slot(s)")
 
     async def trainer_resumed(self, req: TrainerResumed) -> Ok:
         self.requests += 1
@@ -344,6 +355,7 @@ class Controller:
     def _bind(self) -> RequestServer:
         handlers = {"admit": self.admit, "group_done": self.group_done, "heartbeat": self.heartbeat,
                     "weights_ready": self.weights_ready, "trainer_resumed": self.trainer_resumed,
+                    "groups_dropped": self.groups_dropped,
                     "register_server": self.register_server, "pick_server": self.pick_server,
                     "status": self.status}
         keys = load_keys(self.exp.keys)

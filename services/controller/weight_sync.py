@@ -62,11 +62,14 @@ def check_ready(ready: WeightsReady) -> None:
 
 class WeightSync:
     def __init__(self, registry: ServerRegistry, admin_for: Callable[[GenServer], AdminClient],
-                 update_timeout_s: float = 600.0, broadcast_backend: str = "gloo"):
+                 update_timeout_s: float = 600.0, broadcast_backend: str = "gloo", interruptible: bool = True):
         self.registry = registry
         self.admin_for = admin_for
         self.timeout_s = update_timeout_s
         self.backend = broadcast_backend
+        # False: no pause; the update itself waits for in-flight requests to finish under the old
+        # weights (SGLang's behaviour without a pause) — the non-interruptible baseline.
+        self.interruptible = interruptible
 
     async def apply(self, ready: WeightsReady) -> SyncResult:
         check_ready(ready)
@@ -89,7 +92,8 @@ class WeightSync:
                                           f"receivers, only {len(receivers)} healthy servers")
                 receivers = []
             targets = receivers
-        live = await self._phase(result, "pause", targets, lambda a: a.pause_generation("abort", self.timeout_s))
+        live = (await self._phase(result, "pause", targets, lambda a: a.pause_generation("abort", self.timeout_s))
+                if self.interruptible else targets)
         if ready.how == "disk":
             live = await self._phase(result, "update", live, lambda a: a.update_weights_from_disk(
                 ready.path, ready.version, timeout_s=self.timeout_s))
@@ -98,7 +102,8 @@ class WeightSync:
         for s in live:
             s.bring_back(ready.version)
         result.updated = [s.address for s in live]
-        await self._phase(result, "continue", live, lambda a: a.continue_generation(self.timeout_s))
+        if self.interruptible:
+            await self._phase(result, "continue", live, lambda a: a.continue_generation(self.timeout_s))
         result.seconds = time.perf_counter() - t_start
         return result
 

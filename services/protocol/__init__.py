@@ -9,6 +9,7 @@ from .control import (
     AdmitReply,
     AdmitRequest,
     GroupDone,
+    GroupsDropped,
     Heartbeat,
     HeartbeatReply,
     Ok,
@@ -38,7 +39,7 @@ from .transport import (
 
 __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
-    "AdmitReply", "AdmitRequest", "GroupDone", "Heartbeat", "HeartbeatReply", "Ok", "PickServer",
+    "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "Ok", "PickServer",
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsReady", "ExpDir", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "CurveKeys", "generate_keys", "load_keys",

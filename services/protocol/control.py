@@ -118,6 +118,17 @@ class TrainerResumed:
     groups_held: int
 
 
+@message("groups_dropped")
+class GroupsDropped:
+    """The trainer discarded these accepted groups as staler than eta (stale_policy: drop).
+
+    Their admission slots are released, as for rejected groups; otherwise every drop would
+    shrink the staleness budget for good and enough of them would stall the run.
+    """
+    group_ids: list[str]
+    reason: str = ""
+
+
 @message("status")
 class StatusRequest:
     """Ask a service for its state (for `tandem status`, tests and the launcher)."""

@@ -46,17 +46,29 @@ def load_keys(keys_dir: str | os.PathLike) -> CurveKeys:
     return CurveKeys(pub, sec, d)
 
 
-_authenticators: dict[int, ThreadAuthenticator] = {}
+class _AllowedKeys:
+    """ZAP credentials provider: admits the public keys of the experiments this process serves
+    (one in production; tests host servers of several experiments in one process)."""
+
+    def __init__(self):
+        self.keys: set[bytes] = set()
+
+    def callback(self, domain: str, z85_key: bytes) -> bool:
+        return z85_key in self.keys
+
+
+_authenticators: dict[int, tuple[ThreadAuthenticator, _AllowedKeys]] = {}
 
 
 def ensure_authenticator(ctx: zmq.Context, keys: CurveKeys) -> None:
-    """Start (once per context) the ZAP handler that admits only the experiment's public key."""
-    if id(ctx) in _authenticators:
-        return
-    auth = ThreadAuthenticator(ctx)
-    auth.start()
-    auth.configure_curve(domain="*", location=str(keys.directory))
-    _authenticators[id(ctx)] = auth
+    """Start (once per context) the ZAP handler, and admit this experiment's public key."""
+    entry = _authenticators.get(id(ctx))
+    if entry is None:
+        auth, allowed = ThreadAuthenticator(ctx), _AllowedKeys()
+        auth.start()
+        auth.configure_curve_callback(domain="*", credentials_provider=allowed)
+        entry = _authenticators[id(ctx)] = (auth, allowed)
+    entry[1].keys.add(keys.public)
 
 
 def make_server(sock: zmq.Socket, keys: CurveKeys) -> None:

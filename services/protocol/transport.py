@@ -11,6 +11,8 @@ import asyncio
 import inspect
 import itertools
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,12 +43,23 @@ def contexts() -> tuple[zmq.Context, zmq.asyncio.Context]:
 
 
 def bind(sock: zmq.Socket, host: str, port: int) -> str:
-    """Bind to host:port (0 = any free port); return the tcp:// address peers connect to."""
+    """Bind to host:port (0 = any free port); return the tcp:// address peers connect to.
+
+    On a cluster the SLURM task wrapper sets TANDEM_ADVERTISE_HOST to the node's name: a
+    loopback or wildcard host then binds every interface and publishes that name, because
+    roles on other nodes can reach neither 127.0.0.1 nor 0.0.0.0.
+    """
+    advertise = os.environ.get("TANDEM_ADVERTISE_HOST")
+    shown = host
+    if advertise and host in ("127.0.0.1", "localhost", "0.0.0.0", "*"):
+        host, shown = "0.0.0.0", advertise
+    elif host in ("0.0.0.0", "*"):
+        shown = socket.gethostname()
     if port:
         sock.bind(f"tcp://{host}:{port}")
     else:
         port = sock.bind_to_random_port(f"tcp://{host}")
-    return f"tcp://{host}:{port}"
+    return f"tcp://{shown}:{port}"
 
 
 class RequestServer:

@@ -173,3 +173,20 @@ def test_replaying_events_rebuilds_the_same_ledger():
     assert restored.counters() | {"workers": 0} == live.counters() | {"workers": 0}
     assert set(restored.running) == set(live.running) and restored.next_seq == live.next_seq
     assert dict(restored.finished) == dict(live.finished)
+
+
+def test_groups_the_trainer_drops_as_stale_give_their_slots_back():
+    ledger = AdmissionLedger(2, max_staleness=0, max_concurrent=1000)
+    granted, _ = ledger.admit("w", 5, 0.0)
+    assert len(granted) == 2 and ledger.capacity() == 0
+    for gid, _ in granted:
+        ledger.finish("w", gid, "accepted", 0.0)
+    assert ledger.capacity() == 0
+    event = ledger.release_dropped([granted[0][0], granted[0][0], "never-seen"])
+    assert event == {"op": "drop", "g": [granted[0][0]]}
+    assert ledger.capacity() == 1 and ledger.counters()["dropped"] == 1
+    assert ledger.release_dropped([granted[0][0]]) is None  # a second report changes nothing
+    restored = AdmissionLedger(2, 0, 1000)
+    restored.load_state_dict(ledger.state_dict(), 0.0)
+    assert {k: v for k, v in restored.counters().items() if k != "workers"} == \
+        {k: v for k, v in ledger.counters().items() if k != "workers"}

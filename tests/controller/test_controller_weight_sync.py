@@ -129,6 +129,23 @@ def test_disk_update_pauses_updates_and_continues_every_server(exp):
     asyncio.run(main())
 
 
+def test_non_interruptible_update_neither_pauses_nor_continues(exp):
+    """`controller.interruptible: false` (the baseline the async benchmark compares against):
+    the update alone, which the server runs after its in-flight requests finish."""
+    async def main():
+        gens = await servers(1)
+        c = make_controller(exp, interruptible=False)
+        try:
+            await register(c, gens)
+            ack = await c.weights_ready(WeightsReady(version=1, how="disk", path="/w/v1"))
+            assert ack.ok and gens[0].paths() == ["/update_weights_from_disk"]
+        finally:
+            await gens[0].stop()
+            await c._http.close()
+
+    asyncio.run(main())
+
+
 def test_a_failing_server_leaves_rotation_paused_and_is_caught_up_later(exp):
     async def main():
         good, bad = await servers(2)
