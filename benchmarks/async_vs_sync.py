@@ -67,7 +67,7 @@ def main(quick: bool = False) -> dict:
         "interruptible_gain": round(fast["trajectories_per_s"] / slow["trajectories_per_s"] - 1, 3),
         "accuracy_eta0": base["accuracy_after"], "accuracy_eta4": fast["accuracy_after"],
         "accuracy_start": base["accuracy_before"], "steps": steps, "eval_n": eval_n,
-        "variants": results,
+        **{f"{name}_{k}": v for name, r in results.items() for k, v in r.items() if k != "accuracy_before"},
     }
     print(f"speed-up eta=4 over eta=0: {headline['speedup_eta4_over_eta0']}x; "
           f"interruptible generation: {100 * headline['interruptible_gain']:+.1f}%")
