@@ -61,7 +61,20 @@ def test_tiny_experiment_runs_to_its_last_step_on_the_cluster(slurm_cluster, tin
     assert ranks[0]["node"] == ranks[1]["node"]
     assert _header(exp.logs / "controller-0.console")["gpus"] == ""
 
+    # Services published their node's name (TANDEM_ADVERTISE_HOST), not loopback.
+    for role in ("controller", "reward", "trainer"):
+        info = json.loads(exp.service_file(role).read_text())
+        address = info.get("address") or info["trajectory_address"]
+        assert re.match(r"tcp://n[12]:\d+$", address), (role, address)
+
     record = read_record(exp)
     assert record["status"] == "finished"
     live = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
     assert not set(live) & set(recorded_job_ids(record))
+
+    # --resume resubmits every role; the trainer continues from its checkpoint at version 2.
+    cfg, exp = prepare(str(cfg_file), ["trainer.total_steps=3"], True)
+    assert run_slurm(cfg, exp, True, policy=SlurmPolicy(poll_s=1.0, ready_timeout_s=180.0)) == 0
+    steps = [json.loads(line) for line in exp.metrics.read_text().splitlines()]
+    assert [r["step"] for r in steps if r.get("role") == "trainer" and r.get("event") == "step"] == [1, 2, 3]
+    assert (exp.weights / "v3").is_dir()
