@@ -61,11 +61,17 @@ class Progress:
                   f"{rec.get('tokens_per_s', 0):,.0f} tok/s | ETA {eta}", flush=True)
 
 
+def run_staleness(steps: list[dict]) -> Counter:
+    """Trained groups by staleness over the whole run. The trainer's `staleness_hist_total` is
+    cumulative (it survives a resume), so the last step record holds the run's histogram."""
+    return Counter({int(k): int(v) for k, v in (steps[-1].get("staleness_hist_total") or {}).items()}) \
+        if steps else Counter()
+
+
 def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
     """Aggregate the run's metrics into `<exp>/summary.json` (the figures users compare runs by)."""
     steps = [r for r in read_metrics(exp, "trainer") if r.get("event") == "step"]
-    # `staleness_hist_total` is cumulative (it survives a resume): the last one is the run's.
-    hist = Counter({int(k): int(v) for k, v in (steps[-1].get("staleness_hist_total") or {}).items()}) if steps else Counter()
+    hist = run_staleness(steps)
     trained_trajs = sum(r.get("n_seqs", 0) for r in steps)
     trained_tokens = sum(r.get("tokens", 0) for r in steps)
     sync = [r["weight_sync_s"] for r in steps if "weight_sync_s" in r]

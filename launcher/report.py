@@ -12,9 +12,10 @@ import html
 import io
 import json
 import sys
-from collections import Counter
 
 from services.protocol import ExpDir, read_metrics
+
+from .progress import run_staleness
 
 
 def _series(records, key):
@@ -27,9 +28,10 @@ def build_figure(exp: ExpDir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in read_metrics(exp, "trainer") if r.get("event") == "step"]
-    groups = [r for r in read_metrics(exp, "rollout") if r.get("event") == "group"]
-    syncs = [r for r in read_metrics(exp, "controller") if r.get("event") == "weight_sync"]
+    records = read_metrics(exp)  # one pass over the stream, then split by role and event
+    steps = [r for r in records if r.get("role") == "trainer" and r.get("event") == "step"]
+    groups = [r for r in records if r.get("role") == "rollout" and r.get("event") == "group"]
+    syncs = [r for r in records if r.get("role") == "controller" and r.get("event") == "weight_sync"]
     t0 = min([r["time"] - r.get("seconds", 0) for r in groups] + [r["time"] - r.get("step_s", 0) for r in steps]
              + [float("inf")])
     fig, axes = plt.subplots(3, 2, figsize=(13, 11))
@@ -49,7 +51,7 @@ def build_figure(exp: ExpDir):
     ax2.set_ylabel("group accuracy of samples (%)")
     ax.set_title("reward and accuracy")
     ax = axes[0, 1]
-    hist = Counter({int(k): int(v) for k, v in (steps[-1].get("staleness_hist_total") or {}).items()}) if steps else Counter()
+    hist = run_staleness(steps)
     ax.bar(list(hist), list(hist.values()))
     ax.set_xlabel("staleness (trained step - admit version)")
     ax.set_ylabel("groups")

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 
 from services.protocol import (
     AdmitRequest,
@@ -51,11 +50,13 @@ def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
 
 
 class RolloutWorker:
-    def __init__(self, cfg, exp: ExpDir, rank: int, generator, shutdown: Shutdown):
+    def __init__(self, cfg, exp: ExpDir, rank: int, generator, controller: RequestClient, shutdown: Shutdown):
+        """`controller` is the client the generator already routes through; one per process."""
         self.cfg, self.exp, self.rank = cfg, exp, rank
         self.rc = cfg.rollout
         self.worker_id = f"rollout-{rank}-{os.getpid()}"
         self.generator = generator
+        self.controller = controller
         self.shutdown = shutdown
         self.keys = load_keys(exp.keys)
         self.metrics = MetricsWriter(exp, "rollout", rank)
@@ -83,7 +84,6 @@ class RolloutWorker:
 
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.experiment.model)
         stream = self._load_stream(tokenizer)
-        self.controller = RequestClient(self.keys, self._resolver("controller"), timeout_s=10)
         self.reward = RequestClient(self.keys, self._resolver("reward"), timeout_s=self.rc.reward_timeout_s)
         trainer = read_service(self.exp, "trainer", timeout_s=300)
         self.sink = TrajectorySource(self.keys, trainer["trajectory_address"])
@@ -190,7 +190,3 @@ class RolloutWorker:
                     log.warning("controller revoked group %s; cancelling it", gid)
                     task.cancel()
 
-
-def position_of(exp: ExpDir, rank: int) -> int | None:
-    path = Path(exp.checkpoints) / f"rollout-{rank}.json"
-    return json.loads(path.read_text())["position"] if path.exists() else None

@@ -59,7 +59,7 @@ def cmd_rollout(args) -> int:
     async def main():
         worker_id = f"rollout-{args.rank}"
         _, controller, generator = _services(exp, worker_id)
-        worker = RolloutWorker(args.cfg, exp, args.rank, generator, shutdown)
+        worker = RolloutWorker(args.cfg, exp, args.rank, generator, controller, shutdown)
         try:
             return await worker.run()
         finally:
@@ -84,8 +84,7 @@ async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
 
     from rollout.workflow import chat_prompt_ids, grade_item
 
-    _, controller, generator = _services(exp, "eval")
-    keys = load_keys(exp.keys)
+    keys, _, generator = _services(exp, "eval")
     reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30)["address"], timeout_s=300)
     tok = AutoTokenizer.from_pretrained(cfg.experiment.model)
     prompts = held_out_prompts(cfg, n)
