@@ -5,6 +5,12 @@ The same workload (configs/math-tiny.yaml from the warmed-up tiny model) three t
 interruptible generation, and eta = 4 with non-interruptible generation (a weight update waits
 for in-flight requests). Reported: seconds per training step, trajectories per second, held-out
 accuracy after, and the ratios the AReaL paper reports at cluster scale (2.77x; +12-17%).
+
+Then the simulator's check (issue: calibrated on these runs, it predicts the async/sync ratio
+within 15%): `tandem simulate --calibrate` on each run's metrics predicts that run's seconds per
+step, and the predicted ratios are compared with the measured ones. A second, harder prediction
+uses only the synchronous run's costs for every variant: what a user would do before trying
+asynchronous RL.
 """
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ from pathlib import Path
 from benchmarks.common import cli, print_table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
+# Steps left out of every average: the staleness pipeline fills (eta + 1 steps) and the first
+# steps pay one-off costs (the first forward passes, a cold page cache).
+WARMUP = 5
 VARIANTS = {  # name -> overrides
     "eta0": ["controller.max_staleness=0"],
     "eta4": ["controller.max_staleness=4"],
@@ -39,11 +48,28 @@ def run_variant(name: str, overrides: list[str], model: Path, workdir: Path, ste
     summary = json.loads((exp / "summary.json").read_text())
     steps_done = [json.loads(line) for line in (exp / "metrics.jsonl").read_text().splitlines()
                   if '"event": "step"' in line]
-    span = steps_done[-1]["time"] - steps_done[0]["time"]
-    return {"s_per_step": span / max(1, len(steps_done) - 1),
+    warm = min(WARMUP, len(steps_done) - 2)
+    span = steps_done[-1]["time"] - steps_done[warm]["time"]
+    return {"s_per_step": span / max(1, len(steps_done) - 1 - warm),
             "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
             "accuracy_before": summary["eval"]["before"], "accuracy_after": summary["eval"]["after"],
             "staleness_max": summary["staleness"]["max"], "wall_s": summary["wall_s"]}
+
+
+def predict_s_per_step(variant: str, calibrated_on: Path, lengths_from: Path, steps: int) -> float:
+    """The simulator's seconds per step for `variant`, costs fitted to the run `calibrated_on`."""
+    from launcher.config import load_config
+    from launcher.simulate.calibrate import calibrate
+    from launcher.simulate.scenario import simulate
+    groups = [json.loads(line) for line in (lengths_from / "metrics.jsonl").read_text().splitlines()
+              if '"event": "group"' in line]
+    prompt = round(sum(g["prompt_tokens"] for g in groups) / len(groups))
+    cfg = load_config(ROOT / "configs/math-tiny.yaml", [
+        *VARIANTS[variant], f"simulate.output_lengths=empirical:{lengths_from}",
+        f"simulate.prompt_tokens={prompt}", f"simulate.warmup_steps={WARMUP}",
+        f"simulate.steps={max(1, steps - WARMUP)}"])
+    _, result = simulate(cfg, calibrate(calibrated_on))
+    return result.step_s
 
 
 def main(quick: bool = False) -> dict:
@@ -57,14 +83,38 @@ def main(quick: bool = False) -> dict:
             model = ROOT / ".cache" / "tiny-math-sft"
             tandem("sft", "--task", "math", "--out", str(model), timeout=3600)
         results = {name: run_variant(name, ov, model, work, steps, eval_n) for name, ov in VARIANTS.items()}
+        for name, r in results.items():
+            r["sim_s_per_step"] = predict_s_per_step(name, work / name, work / name, steps)
+            r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, work / "eta0", work / "eta0", steps)
     base, fast, slow = results["eta0"], results["eta4"], results["eta4_no_interrupt"]
-    rows = [[name, r["s_per_step"], r["trajectories_per_s"], r["staleness_max"],
-             r["accuracy_before"], r["accuracy_after"], r["wall_s"]] for name, r in results.items()]
-    print_table(f"async vs sync, {steps} steps of configs/math-tiny.yaml",
-                ["variant", "s/step", "trajectories/s", "max staleness", "acc before", "acc after", "wall s"], rows)
+    rows = [[name, r["s_per_step"], r["sim_s_per_step"], r["sim_from_eta0_s_per_step"], r["trajectories_per_s"],
+             r["staleness_max"], r["accuracy_before"], r["accuracy_after"], r["wall_s"]]
+            for name, r in results.items()]
+    print_table(f"async vs sync, {steps} steps of configs/math-tiny.yaml (s/step after {WARMUP} warm-up steps)",
+                ["variant", "s/step", "simulated (own run)", "simulated (eta0 run)", "trajectories/s",
+                 "max staleness", "acc before", "acc after", "wall s"], rows)
+
+    def ratios(key: str) -> tuple[float, float]:  # (async speed-up, interruptible gain)
+        return base[key] / fast[key], slow[key] / fast[key] - 1
+
+    measured, own, cross = ratios("s_per_step"), ratios("sim_s_per_step"), ratios("sim_from_eta0_s_per_step")
+    print_table("ratios: measured vs simulated", ["ratio", "measured", "simulated (own run)", "error",
+                                                  "simulated (eta0 run)", "error"],
+                [["eta4 over eta0 speed-up", measured[0], own[0], own[0] / measured[0] - 1,
+                  cross[0], cross[0] / measured[0] - 1],
+                 # the gain's error as the error of (1 + gain), the ratio of the two speeds
+                 ["interruptible gain", measured[1], own[1], (1 + own[1]) / (1 + measured[1]) - 1,
+                  cross[1], (1 + cross[1]) / (1 + measured[1]) - 1]])
     headline = {
-        "speedup_eta4_over_eta0": round(fast["trajectories_per_s"] / base["trajectories_per_s"], 3),
-        "interruptible_gain": round(fast["trajectories_per_s"] / slow["trajectories_per_s"] - 1, 3),
+        "speedup_eta4_over_eta0": round(measured[0], 3),
+        "interruptible_gain": round(measured[1], 3),
+        # The simulator, calibrated on each run's own metrics, and on the synchronous run's only.
+        "sim_speedup_eta4_over_eta0": round(own[0], 3),
+        "calibrated_error_async_over_sync": round(own[0] / measured[0] - 1, 3),
+        "sim_interruptible_gain": round(own[1], 3),
+        "sim_from_eta0_speedup_eta4_over_eta0": round(cross[0], 3),
+        "calibrated_from_eta0_error_async_over_sync": round(cross[0] / measured[0] - 1, 3),
+        "sim_from_eta0_interruptible_gain": round(cross[1], 3),
         "accuracy_eta0": base["accuracy_after"], "accuracy_eta4": fast["accuracy_after"],
         "accuracy_start": base["accuracy_before"], "steps": steps, "eval_n": eval_n,
         **{f"{name}_{k}": v for name, r in results.items() for k, v in r.items() if k != "accuracy_before"},

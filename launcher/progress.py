@@ -73,7 +73,7 @@ def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
     steps = [r for r in read_metrics(exp, "trainer") if r.get("event") == "step"]
     hist = run_staleness(steps)
     trained_trajs = sum(r.get("n_seqs", 0) for r in steps)
-    trained_tokens = sum(r.get("tokens", 0) for r in steps)
+    trained_tokens = sum(r.get("train_tokens", 0) for r in steps)
     sync = [r["weight_sync_s"] for r in steps if "weight_sync_s" in r]
     step_s = [r["step_s"] for r in steps if "step_s" in r]
     first = steps[0]["time"] if steps else None

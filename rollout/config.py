@@ -76,6 +76,9 @@ class GenConfig:
     dtype: str = "float32"
     # Seeds unseeded requests' sampling (server rank is added).
     seed: int = 0
+    # Seconds between two `gen_window` records (decode/prefill timings the simulator calibrates
+    # on) an embedded server appends to <exp>/metrics.jsonl; 0 = none.
+    metrics_interval_s: float = 5.0
     # SGLang only: tensor-parallel GPUs per server.
     tp_size: int = 1
     # SGLang only: fraction of GPU memory for weights + KV cache.
@@ -97,6 +100,8 @@ class GenConfig:
             out.append(("prefill_tokens_per_step", "must be >= 1"))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             out.append(("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}"))
+        if self.metrics_interval_s < 0:
+            out.append(("metrics_interval_s", "must be >= 0"))
         if self.tp_size < 1:
             out.append(("tp_size", "must be >= 1"))
         if not (0 < self.mem_fraction_static < 1):

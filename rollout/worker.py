@@ -148,6 +148,9 @@ class RolloutWorker:
                              admit_version=ticket.admit_version, reward_mean=sum(rewards) / len(rewards),
                              correct=sum(t.timings.get("correct", 0.0) for t in trajectories) / len(rewards),
                              tokens=int(sum(len(t.output_ids) for t in trajectories)),
+                             # per sample: `simulate.output_lengths: empirical:EXP_DIR` reads these
+                             output_tokens=[len(t.output_ids) for t in trajectories],
+                             prompt_tokens=len(trajectories[0].prompt_ids) if trajectories else 0,
                              # samples whose tokens came from more than one policy version
                              multi_version=sum(len(set(t.output_versions.tolist())) > 1 for t in trajectories),
                              seconds=time.time() - t0)

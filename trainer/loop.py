@@ -117,6 +117,9 @@ class Trainer:
                 wait_s = time.perf_counter() - t0
                 record = self.train_step(batch)
                 record["wait_s"] = wait_s
+                # The step's own cost, without waiting for data or for the weight sync: what the
+                # simulator's trainer cost is calibrated on.
+                record["train_step_s"] = time.perf_counter() - t0 - wait_s
                 self.version += 1
                 t_sync = time.perf_counter()
                 record.update(self._publish())
@@ -225,7 +228,7 @@ class Trainer:
             "updates_skipped": skipped,
             "reward_mean": float(sum(batch.rewards) / max(len(batch), 1)),
             "n_seqs": len(batch), "n_groups": batch.n_groups, "valid_tokens": int(totals["valid"]),
-            "tokens": n_tokens, "too_long": plan.too_long,
+            "train_tokens": n_tokens, "train_world_size": be.world_size, "too_long": plan.too_long,
             "micro_batches": sum(len(m.micro_batches) for m in plan.minibatches),
             "prox_s": t1 - t0, "train_s": t2 - t1, "tokens_per_s": n_tokens / max(t2 - t0, 1e-9),
             # This step's groups by staleness (version - admit_version), and since the run began.
@@ -263,6 +266,7 @@ class Trainer:
     def _publish(self) -> dict:
         """Publish self.version and notify the controller; returns phase timings."""
         self._wait_pending_ack()
+        t_start = time.perf_counter()
         t = self.tcfg
         timings: dict = {}
         sender = None
@@ -277,6 +281,8 @@ class Trainer:
                 sender = BackgroundCall(send, "weights broadcast")
         if self.rank != 0:
             return timings
+        # What the trainer spends making the version available, before any server loads it.
+        timings["weight_publish_s"] = time.perf_counter() - t_start
         notify = BackgroundCall(lambda: self.controller.weights_ready(ready, sender), "weights_ready")
         if t.wait_for_ack:
             timings.update(self._await(notify))

@@ -2,20 +2,25 @@
 
 Datasheet rooflines get the shape right but not the constants (kernel efficiency, scheduler
 overhead, the filesystem). A run's `<exp>/metrics.jsonl` holds the constants; this module reads
-them by metric name, whatever role logged them:
+them by metric name, whatever role logged them (docs/simulator.md lists who logs what):
 
 | metric | meaning | used for |
 |---|---|---|
-| `gen_tokens_per_s` + `gen_running` | decode tokens/s of ONE server over a window, and the mean number of requests it ran concurrently | decode step time vs batch size |
-| `gen_context_tokens` (optional) | mean total tokens held in that server's KV cache over the window | decode cost per context token |
-| `gen_prefill_tokens_per_s` (optional) | prefill throughput of one server | prefill / re-prefill cost |
-| `train_tokens` + `train_step_s` | tokens trained in one global step, and the step's compute seconds (not waiting for data) | trainer step time vs tokens |
-| `train_world_size` (optional) | trainer GPUs (ranks) of that run | scaling the fit to another layout |
-| `weight_publish_s`, `weight_load_s` (or `weight_sync_s`) | trainer busy publishing one version; one server paused loading it | weight-sync costs |
-| `output_tokens` | one record per finished trajectory | `simulate.output_lengths: empirical:EXP_DIR` |
+| `gen_decode_s` + `gen_steps` + `gen_running` | ONE server's seconds in decode steps over a window, the steps, and their mean batch | decode step time vs batch size |
+| `gen_context_tokens` | mean tokens held in that server's KV cache per decode step | decode cost per context token |
+| `gen_prefill_s` + `gen_prefills` + `gen_prefill_tokens` | that server's seconds in prefill calls, the calls, their tokens | prefill / re-prefill cost |
+| `train_tokens` + `train_step_s` | tokens trained in one global step, and its seconds without waiting for data or weights | trainer step time vs tokens |
+| `train_world_size` | trainer ranks of that run | scaling the fit to another layout |
+| `weight_publish_s` | trainer busy publishing one version | weight-sync cost on the trainer |
+| `gen_paused_s`, else `weight_load_s` | one server stopped by a weight update (pause to continue), or just its load | weight-sync cost on a server |
+| `checkpoint_s` | the trainer saving a checkpoint | checkpoint cost |
+| `gen_overhead_s` + `gen_requests` | that server's busy time outside forward passes, and the requests it took | per-request handling cost |
+| `output_tokens` | per finished trajectory (a list per group record) | `simulate.output_lengths: empirical:EXP_DIR` |
 
-Each fit is an ordinary least-squares line (numpy), clipped at zero; a metric that is missing
-falls back to a stated default (listed in `Calibration.notes`), never silently.
+Servers without decode timings (e.g. SGLang's scraped `gen_tokens_per_s` + `gen_running`)
+still calibrate: the step time is then `gen_running / gen_tokens_per_s`. Each fit is an ordinary
+least-squares line (numpy) with coefficients kept >= 0; a missing metric falls back to a stated
+default (listed in `Calibration.notes`), never silently.
 """
 from __future__ import annotations
 
@@ -65,6 +70,36 @@ def _num(rec: dict, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
+def _values(recs: list[dict], key: str) -> list[float]:
+    return [v for r in recs if (v := _num(r, key)) is not None]
+
+
+def _decode_step_s(rec: dict) -> float | None:
+    """Mean seconds of one decode step in a server window."""
+    decode_s, steps = _num(rec, "gen_decode_s"), _num(rec, "gen_steps")
+    if decode_s and steps:
+        return decode_s / steps
+    tps, n = _num(rec, "gen_tokens_per_s"), _num(rec, "gen_running")
+    return n / tps if tps and n else None
+
+
+def _prefill_costs(recs: list[dict], marginal_decode: float, notes: list[str]) -> tuple[float, float]:
+    """(seconds per prefill call, seconds per prefilled token) from the servers' windows."""
+    rows = [(_num(r, "gen_prefill_s"), _num(r, "gen_prefills"), _num(r, "gen_prefill_tokens")) for r in recs]
+    rows = [(s, c, t) for s, c, t in rows if s and c and t and s > 0]
+    if len(rows) >= 3:
+        secs = np.array([s for s, _, _ in rows])
+        call, tok = _fit(np.array([[c, t] for _, c, t in rows]), secs)
+        if tok > 0 or call > 0:
+            return float(call), float(tok)
+    rates = _values(recs, "gen_prefill_tokens_per_s")
+    if rates:
+        return 0.0, 1.0 / float(np.median(rates))
+    # A prefilled token costs about what one more sequence in a decode step costs.
+    notes.append("no prefill timings: prefill priced at the marginal decode cost per request")
+    return 0.0, marginal_decode
+
+
 @dataclass
 class Calibration:
     source: str
@@ -79,6 +114,9 @@ class Calibration:
     prefill_per_token: float
     publish_s: float
     load_s: float
+    prefill_per_request: float = 0.0
+    checkpoint_s: float = 0.0
+    request_s: float = 0.0
     samples: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -89,18 +127,20 @@ class Calibration:
                      decode_per_ctx=self.d2, kv_capacity=kv_capacity, max_running=max_running,
                      train_fixed=self.t0, train_per_token=max(self.t1 * scale, 1e-15), train_per_sq=0.0,
                      prefill_per_token=self.prefill_per_token, prefill_per_sq=0.0,
-                     publish_s=self.publish_s, load_s=self.load_s, notes=list(self.notes))
+                     prefill_per_request=self.prefill_per_request, publish_s=self.publish_s,
+                     load_s=self.load_s, checkpoint_s=self.checkpoint_s, request_s=self.request_s,
+                     notes=list(self.notes))
 
 
 def calibrate(exp_dir: str | Path) -> Calibration:
     recs = read_records(exp_dir)
     notes: list[str] = []
-    gen = [(r, _num(r, "gen_tokens_per_s"), _num(r, "gen_running")) for r in recs]
-    gen = [(r, tps, n) for r, tps, n in gen if tps and n and tps > 0 and n > 0]
+    gen = [(r, _decode_step_s(r), _num(r, "gen_running")) for r in recs]
+    gen = [(r, dt, n) for r, dt, n in gen if dt and n and dt > 0 and n > 0]
     if not gen:
-        raise ConfigError(f"--calibrate {exp_dir}: no record with gen_tokens_per_s and gen_running "
-                          f"(one per generation server and window); see docs/simulator.md")
-    step = np.array([n / tps for _, tps, n in gen])
+        raise ConfigError(f"--calibrate {exp_dir}: no generation-server window (gen_decode_s + gen_steps, "
+                          f"or gen_tokens_per_s, with gen_running); see docs/simulator.md")
+    step = np.array([dt for _, dt, _ in gen])
     running = np.array([n for _, _, n in gen])
     ctx = [_num(r, "gen_context_tokens") for r, _, _ in gen]
     if all(c is not None for c in ctx) and len(set(ctx)) > 2:
@@ -129,24 +169,21 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     world = int(worlds[-1]) if worlds else 1
     if not worlds:
         notes.append("no train_world_size: assuming the run trained on 1 rank")
-    pre = [_num(r, "gen_prefill_tokens_per_s") for r in recs if _num(r, "gen_prefill_tokens_per_s")]
-    if pre:
-        prefill = 1.0 / float(np.median(pre))
-    else:
-        # A prefilled token costs about what one more sequence in a decode step costs.
-        prefill = d1
-        notes.append("no gen_prefill_tokens_per_s: prefill priced at the marginal decode cost per request")
-    sync = [_num(r, "weight_sync_s") for r in recs if _num(r, "weight_sync_s") is not None]
-    pub = [_num(r, "weight_publish_s") for r in recs if _num(r, "weight_publish_s") is not None]
-    load = [_num(r, "weight_load_s") for r in recs if _num(r, "weight_load_s") is not None]
-    pub = pub or sync
-    load = load or sync
+    prefill_call, prefill = _prefill_costs(recs, d1, notes)
+    pub = _values(recs, "weight_publish_s") or _values(recs, "weight_sync_s")
+    load = _values(recs, "gen_paused_s") or _values(recs, "weight_load_s") or _values(recs, "weight_sync_s")
     if not pub or not load:
-        notes.append("no weight_publish_s/weight_load_s/weight_sync_s: weight sync taken as free")
+        notes.append("no weight_publish_s / gen_paused_s / weight_load_s: weight sync taken as free")
+    ckpt = _values(recs, "checkpoint_s")
+    handled = [(_num(r, "gen_overhead_s"), _num(r, "gen_requests")) for r in recs]
+    handled = [(s, n) for s, n in handled if s is not None and n]
+    request_s = sum(s for s, _ in handled) / sum(n for _, n in handled) if handled else 0.0
     return Calibration(source=str(exp_dir), d0=float(d0), d1=float(d1), d2=float(d2), t0=float(t0),
                        t1=float(t1), train_world=world, prefill_per_token=float(prefill),
+                       prefill_per_request=float(prefill_call),
                        publish_s=float(np.median(pub)) if pub else 0.0,
                        load_s=float(np.median(load)) if load else 0.0,
+                       checkpoint_s=float(np.median(ckpt)) if ckpt else 0.0, request_s=float(request_s),
                        samples={"gen windows": len(gen), "trainer steps": len(train),
                                 "weight syncs": max(len(pub), len(load))},
                        notes=notes)

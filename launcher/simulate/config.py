@@ -9,7 +9,8 @@ class SimulateConfig:
     """`tandem simulate` / `tandem plan --suggest`: the cluster and workload assumptions.
 
     Server limits come from the `gen` section (tp_size, max_running_requests,
-    mem_fraction_static), the trainer layout from `trainer`, the cluster from `launcher`.
+    mem_fraction_static), the trainer layout from `trainer`, the cluster from `launcher`,
+    interruptible generation from `controller.interruptible`.
     """
     # GPU type: a name in configs/hardware/ (H800, H100, A100) or a path to such a YAML file.
     hardware: str = "H800"
@@ -25,9 +26,6 @@ class SimulateConfig:
     output_median: int = 4096
     # Log-space standard deviation of the lognormal: larger = longer tail.
     output_sigma: float = 1.0
-    # Interruptible generation: a weight update pauses servers and re-prefills running requests
-    # (true), or waits until every running request has finished (false).
-    interruptible: bool = True
     # Synchronous colocated baseline: every GPU generates, then every GPU trains (needs eta = 0).
     colocated: bool = False
     # Aggregate shared-filesystem bandwidth in GB/s for trainer.weight_sync: disk (every server
@@ -42,6 +40,12 @@ class SimulateConfig:
     warmup_steps: int = 2
     # Seed of the simulated output lengths (same seed = same workload in every sweep point).
     seed: int = 0
+    # Simulate 1/k of the cluster: k times fewer groups per step (k must divide them) and
+    # servers (rounded), the trainer priced for the whole batch, rates scaled back up. Servers
+    # are interchangeable, so this changes little while >= 4 servers and >= 1,024 samples per
+    # step remain, and makes big configurations k times faster. 0 = the largest such k (rounding
+    # the servers by at most 2%); 1 = simulate everything.
+    shrink: int = 0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -65,4 +69,6 @@ class SimulateConfig:
             out.append(("steps", "must be >= 1"))
         if self.warmup_steps < 0:
             out.append(("warmup_steps", "must be >= 0"))
+        if self.shrink < 0:
+            out.append(("shrink", "must be >= 0 (0 = automatic, 1 = the whole cluster)"))
         return out

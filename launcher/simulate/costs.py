@@ -37,13 +37,21 @@ class Costs:
     # Weight sync: the trainer is busy publish_s; each server is paused load_s.
     publish_s: float
     load_s: float
+    # Fixed seconds of one prefill call (a forward pass's launch and framework overhead).
+    prefill_per_request: float = 0.0
+    # Seconds the trainer spends saving one checkpoint.
+    checkpoint_s: float = 0.0
+    # Server seconds per request outside the forward passes (receiving, submitting, answering;
+    # measured on the embedded server, where it shares the GIL; SGLang does it in other processes).
+    request_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def train_step_s(self, tokens: float, sum_sq: float) -> float:
         return self.train_fixed + self.train_per_token * tokens + self.train_per_sq * sum_sq
 
     def prefill_s(self, tokens: float) -> float:
-        return self.prefill_per_token * tokens + self.prefill_per_sq * tokens * tokens
+        """One prefill call of a sequence of `tokens` tokens."""
+        return self.prefill_per_request + self.prefill_per_token * tokens + self.prefill_per_sq * tokens * tokens
 
     def gen_capacity_tokens_s(self, min_ctx: float) -> float:
         """Upper bound on one server's decode tokens/s: best batch size, shortest context."""
@@ -125,6 +133,9 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
     prefill_rate = t * peak * e.prefill_mfu
     prefill_per_token = 2 * mm / prefill_rate
     prefill_per_sq = model.attn_flops_per_ctx / 2 / prefill_rate
+    # A checkpoint: bf16 weights, fp32 master weights and two Adam moments (14 bytes/param),
+    # written by all trainer ranks through the shared filesystem.
+    checkpoint = 14 * model.params / (disk_gbps * 1e9)
     if colocated:
         # Same GPUs: the new weights are resharded over NVLink, not shipped between pools.
         publish = load = w / (gpu.nvlink_bw * e.network)
@@ -138,7 +149,8 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
     return Costs(decode_fixed=decode_fixed, decode_per_ctx=decode_per_ctx, kv_capacity=kv_capacity,
                  max_running=max_running, train_fixed=train_fixed, train_per_token=train_per_token,
                  train_per_sq=train_per_sq, prefill_per_token=prefill_per_token,
-                 prefill_per_sq=prefill_per_sq, publish_s=publish, load_s=load, notes=notes)
+                 prefill_per_sq=prefill_per_sq, publish_s=publish, load_s=load, checkpoint_s=checkpoint,
+                 notes=notes)
 
 
 def describe(costs: Costs) -> dict:
@@ -148,4 +160,5 @@ def describe(costs: Costs) -> dict:
             "decode step at max batch (ms)": 1e3 * costs.decode_fixed[-1],
             "KV capacity per server (tokens)": costs.kv_capacity if math.isfinite(costs.kv_capacity) else "inf",
             "trainer tokens/s ceiling": costs.train_capacity_tokens_s(),
-            "weight publish (s)": costs.publish_s, "weight load per server (s)": costs.load_s}
+            "weight publish (s)": costs.publish_s, "weight load per server (s)": costs.load_s,
+            "checkpoint (s)": costs.checkpoint_s}

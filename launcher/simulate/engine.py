@@ -9,9 +9,12 @@ sample instead of one per token.
 What is modelled: continuous batching with a concurrency cap and a KV-cache budget (with
 SGLang-style retraction when it overflows), prefill and the re-prefill after an interrupt,
 least-loaded dispatch of samples to servers, the admission rule
-`admitted <= B * (version + eta + 1)` with a cap on groups in flight, grading latency, the
-trainer taking the B oldest groups, publishing, and each server pausing to load new weights
-(interrupting its requests, or draining them first when generation is not interruptible).
+`admitted <= B * (version + eta + 1)` with a cap on groups in flight (the controller's version
+moves once every server has loaded it; refused rollout workers poll again), grading latency, the
+trainer taking the B oldest groups, publishing, waiting for the servers' loads or not
+(trainer.wait_for_ack), checkpoints, and each server pausing to load new weights (interrupting
+its requests, which come back as new requests, or draining them first when generation is not
+interruptible).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ KV_RESERVE_FRACTION = 0.1
 # Sequence record fields (a list per sample, for speed).
 GID, PROMPT, TARGET, GEN, FIRST_V, START, BASE, SID = range(8)
 # Event kinds.
-SERVER, LOAD_DONE, GRADED, TRAIN_DONE, PUBLISH_DONE = range(5)
+SERVER, LOAD_DONE, GRADED, TRAIN_DONE, PUBLISH_DONE, TRAINER_FREE, ADMIT = range(7)
 
 
 class _Server:
@@ -80,12 +83,19 @@ class Simulation:
         self.seq = 0
         self.sid = 0
         self.now = 0.0
-        self.version = 0
+        self.version = 0      # the trainer's newest published version
+        self.ctl_version = 0  # the controller's: the newest every server has loaded
         self.admitted = 0
         self.in_flight = 0
+        self.eta_blocked = False  # the last admission attempt stopped at the staleness bound
         self.groups: dict[int, list] = {}
         self.buffer: list = []
         self.trainer_busy = False
+        # Servers that have not yet loaded the newest version (the trainer's ack waits for them),
+        # and what the trainer does when the last one has: publish (its next version was
+        # waiting) or finish the step (wait_for_ack).
+        self.unacked: set[int] = set()
+        self.on_ack: int | None = None
         self.steps_done = 0
         self.step_times: list[float] = [0.0]
         self.train_busy: list[float] = []
@@ -124,8 +134,12 @@ class Simulation:
                 self._graded(arg, t)
             elif kind == TRAIN_DONE:
                 self._train_done(t)
-            else:
+            elif kind == PUBLISH_DONE:
                 self._publish_done(t)
+            elif kind == TRAINER_FREE:
+                self._trainer_free(t)
+            else:
+                self._admit_groups(t)
         self.n_events = count
         if self.steps_done < self.s.steps:
             raise SimulationError(f"the simulation stalled after {self.steps_done} training steps "
@@ -192,8 +206,9 @@ class Simulation:
         c = self.c
         n, base, clock, run, heap = srv.n, srv.base, srv.clock, srv.run, srv.heap
         cap, K, reserve = c.max_running, self.K, self.reserve
-        pt, psq = c.prefill_per_token, c.prefill_per_sq
+        pr, pt, psq, req = c.prefill_per_request, c.prefill_per_token, c.prefill_per_sq, c.request_s
         prefill = 0.0
+        shared = set()  # groups whose prompt this batch of admissions already prefilled
         while queue and n < cap:
             rec = queue[0]
             ctx = rec[PROMPT] + rec[GEN]
@@ -212,7 +227,11 @@ class Simulation:
             n += 1
             run[sid] = rec
             heapq.heappush(heap, (clock + rec[TARGET] - rec[GEN], sid))
-            prefill += pt * ctx + psq * ctx * ctx
+            prefill += req
+            if rec[GEN] == 0 and rec[GID] in shared:
+                continue  # a group's fresh samples share one prefill of their prompt
+            shared.add(rec[GID])
+            prefill += pr + pt * ctx + psq * ctx * ctx
         srv.n, srv.base = n, base
         if prefill:
             srv.t_last = max(srv.t_last, now) + prefill
@@ -278,9 +297,8 @@ class Simulation:
         if srv.n:
             c, clock = self.c, srv.clock
             prefill = 0.0
-            for rec in srv.run.values():
-                ctx = rec[BASE] + clock
-                prefill += c.prefill_per_token * ctx + c.prefill_per_sq * ctx * ctx
+            for rec in srv.run.values():  # each one comes back as a new request
+                prefill += c.request_s + c.prefill_s(rec[BASE] + clock)
             srv.t_last += prefill
             srv.busy += prefill
         if srv.version < self.version:
@@ -288,6 +306,9 @@ class Simulation:
             return
         self._admit(srv, t)
         self._schedule(srv)
+        self.unacked.discard(srv.idx)
+        if not self.unacked and self.ctl_version < self.version:
+            self._version_synced(t)
 
     def _update_server(self, srv: _Server, now: float) -> None:
         """New weights are published: interrupt (or drain) and load them."""
@@ -318,7 +339,7 @@ class Simulation:
 
     def _admit_groups(self, now: float) -> None:
         s = self.s
-        limit = min(s.groups_per_step * (self.version + s.eta + 1), self.max_groups)
+        limit = min(s.groups_per_step * (self.ctl_version + s.eta + 1), self.max_groups)
         touched = set()
         n, prompt, lengths, servers = s.n_samples, s.prompt_tokens, self.lengths, self.servers
         while self.admitted < limit and self.in_flight < s.max_concurrent_groups:
@@ -326,12 +347,13 @@ class Simulation:
             self.admitted += 1
             self.in_flight += 1
             # remaining samples, admit version, tokens, sum of squared lengths, min version
-            self.groups[gid] = [n, self.version, 0.0, 0.0, 1 << 60]
+            self.groups[gid] = [n, self.ctl_version, 0.0, 0.0, 1 << 60]
             for j in range(n):
                 rec = [gid, prompt, lengths[gid * n + j], 0.0, -1, 0.0, 0.0, 0]
                 i = self._pick_server()
                 servers[i].queue.append(rec)
                 touched.add(i)
+        self.eta_blocked = self.admitted >= limit and self.in_flight < s.max_concurrent_groups
         for i in touched:
             srv = servers[i]
             if not srv.paused and not srv.draining:
@@ -389,14 +411,47 @@ class Simulation:
         self.step_times.append(t)
         if self.steps_done == self.s.warmup_steps:
             self._snapshot(t)
-        self._push(t + self.c.publish_s, PUBLISH_DONE)
+        if self.unacked:
+            # Without wait_for_ack the trainer went on, but it cannot publish again before
+            # every server has loaded the previous version.
+            self.on_ack = PUBLISH_DONE
+        else:
+            self._push(t + self.c.publish_s, PUBLISH_DONE)
 
     def _publish_done(self, t: float) -> None:
         self.version += 1
-        self.trainer_busy = False
+        self.unacked = set(range(len(self.servers)))
         for srv in self.servers:
             self._update_server(srv, t)
-        self._admit_groups(t)
+        if self.s.wait_for_ack:
+            self.on_ack = TRAINER_FREE
+        else:
+            self._step_finished(t)
+
+    def _version_synced(self, t: float) -> None:
+        """Every server holds the new version: the controller moves on (admission follows it)
+        and acknowledges the trainer."""
+        self.ctl_version = self.version
+        if self.s.admit_delay_s and self.eta_blocked:
+            self._push(t + self.s.admit_delay_s, ADMIT)
+        else:
+            self._admit_groups(t)
+        then, self.on_ack = self.on_ack, None
+        if then == PUBLISH_DONE:
+            self._push(t + self.c.publish_s, PUBLISH_DONE)
+        elif then == TRAINER_FREE:
+            self._step_finished(t)
+
+    def _step_finished(self, t: float) -> None:
+        """Published (and acknowledged, when the trainer waits for that): checkpoint, go on."""
+        every = self.s.checkpoint_every
+        if every and self.version % every == 0:
+            self._push(t + self.c.checkpoint_s, TRAINER_FREE)
+        else:
+            self._trainer_free(t)
+
+    def _trainer_free(self, t: float) -> None:
+        self.trainer_busy = False
         self._try_train(t)
 
     # ---- results -----------------------------------------------------------------------------

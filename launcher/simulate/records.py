@@ -22,6 +22,14 @@ class SimSetup:
     max_new_tokens: int
     interruptible: bool = True
     reward_s: float = 0.0
+    # trainer.wait_for_ack: the trainer waits until every server holds the new version; else it
+    # goes on and only its next publish waits for the previous version's loads.
+    wait_for_ack: bool = True
+    # trainer.checkpoint_every (0 = never): the trainer is busy Costs.checkpoint_s after those steps.
+    checkpoint_every: int = 0
+    # A rollout worker refused by the staleness bound asks again after controller.retry_after_s:
+    # on average half of that passes between a new version and the next admissions.
+    admit_delay_s: float = 0.0
 
 
 @dataclass

@@ -7,7 +7,7 @@ differences come from the configuration, not from luck).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.config import ConfigError, ExperimentConfig
 from launcher.plan import Plan, PlanError, make_plan, plan_for
@@ -26,14 +26,40 @@ class Scenario:
     setup: SimSetup
     costs: Costs
     notes: list[str] = field(default_factory=list)
+    # 1/shrink of the cluster is simulated; rates are multiplied back by it.
+    shrink: int = 1
 
 
-def with_overrides(cfg: ExperimentConfig, ratio: str | None = None, eta: int | None = None) -> ExperimentConfig:
+# Auto-shrink keeps at least this much of the cluster, so the slice behaves like the whole, and
+# rounds the slice's server count by at most this fraction (the load per server changes by it).
+MIN_SHRUNK_SERVERS = 4
+MIN_SHRUNK_SAMPLES = 1024
+MAX_SHRINK_ROUNDING = 0.02
+
+
+def shrink_factor(requested: int, servers: int, groups: int, n_samples: int) -> int:
+    """k dividing the groups per step; the slice runs round(servers / k) servers."""
+    if requested:
+        if groups % requested:
+            raise ConfigError(f"simulate.shrink={requested} must divide trainer.groups_per_step={groups}")
+        return requested
+
+    def fits(k: int) -> bool:
+        part = servers / k
+        return (groups % k == 0 and groups // k * n_samples >= MIN_SHRUNK_SAMPLES
+                and round(part) >= MIN_SHRUNK_SERVERS and abs(round(part) - part) <= MAX_SHRINK_ROUNDING * part)
+    return max((k for k in range(1, groups + 1) if fits(k)), default=1)
+
+
+def with_overrides(cfg: ExperimentConfig, ratio: str | None = None, eta: int | None = None,
+                   shrink: int | None = None) -> ExperimentConfig:
     out = copy.deepcopy(cfg)
     if ratio is not None:
         out.launcher.gen_train_ratio = ratio
     if eta is not None:
         out.controller.max_staleness = eta
+    if shrink is not None:
+        out.simulate.shrink = shrink
     return out
 
 
@@ -88,11 +114,21 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
         notes.append(f"{model.name} ({model.params / 1e9:.2f}B parameters) on {gpu.name}")
     notes += costs.notes
     warmup, total = step_counts(cfg)
-    setup = SimSetup(num_servers=servers, groups_per_step=B, n_samples=n, eta=eta,
-                     max_concurrent_groups=cfg.controller.max_concurrent_groups, steps=total,
-                     warmup_steps=warmup, prompt_tokens=sim.prompt_tokens,
-                     max_new_tokens=max_new, interruptible=sim.interruptible, reward_s=sim.reward_s)
-    return Scenario(cfg=cfg, plan=plan, layout=layout, setup=setup, costs=costs, notes=notes)
+    # Groups in flight: the controller's cap, or what the rollout workers can run, if fewer.
+    in_flight = min(cfg.controller.max_concurrent_groups, cfg.rollout.num_workers * cfg.rollout.concurrency)
+    k = shrink_factor(sim.shrink, servers, B, n)
+    if k > 1:
+        # The slice's trainer still takes as long as the whole batch would.
+        costs = replace(costs, train_per_token=costs.train_per_token * k, train_per_sq=costs.train_per_sq * k)
+        notes.append(f"simulated 1/{k} of the cluster ({round(servers / k)} servers, {B // k} groups per "
+                     f"step); rates scaled back up (simulate.shrink=1 to simulate it all)")
+    setup = SimSetup(num_servers=max(1, round(servers / k)), groups_per_step=B // k, n_samples=n, eta=eta,
+                     max_concurrent_groups=max(1, in_flight // k), steps=total, warmup_steps=warmup,
+                     prompt_tokens=sim.prompt_tokens, max_new_tokens=max_new,
+                     interruptible=cfg.controller.interruptible, reward_s=sim.reward_s,
+                     wait_for_ack=cfg.trainer.wait_for_ack, checkpoint_every=cfg.trainer.checkpoint_every,
+                     admit_delay_s=cfg.controller.retry_after_s / 2)
+    return Scenario(cfg=cfg, plan=plan, layout=layout, setup=setup, costs=costs, notes=notes, shrink=k)
 
 
 def step_counts(cfg: ExperimentConfig, eta: int | None = None) -> tuple[int, int]:
@@ -114,7 +150,13 @@ def simulate(cfg: ExperimentConfig, calibration=None, lengths=None) -> tuple[Sce
     sc = build(cfg, calibration)
     if lengths is None:
         lengths = lengths_for(cfg, cfg.controller.max_staleness)
-    return sc, Simulation(sc.setup, sc.costs, lengths).run()
+    r = Simulation(sc.setup, sc.costs, lengths).run()
+    k = sc.shrink
+    if k > 1:
+        r = replace(r, trajectories_per_s=r.trajectories_per_s * k, gen_tokens_per_s=r.gen_tokens_per_s * k,
+                    trained_tokens_per_s=r.trained_tokens_per_s * k, interrupts=r.interrupts * k,
+                    retractions=r.retractions * k)
+    return sc, r
 
 
 @dataclass

@@ -33,8 +33,11 @@ def read_output_lengths(path: str | Path) -> np.ndarray:
                 continue
             if not isinstance(rec, dict):
                 continue
-            if isinstance(rec.get("output_tokens"), int | float):
-                out.append(int(rec["output_tokens"]))
+            value = rec.get("output_tokens")
+            if isinstance(value, int | float):
+                out.append(int(value))
+            elif isinstance(value, list):  # a rollout worker's group record: one per sample
+                out.extend(int(v) for v in value if isinstance(v, int | float))
             elif isinstance(rec.get("output_ids"), list):
                 out.append(len(rec["output_ids"]))
     if not out:

@@ -25,6 +25,7 @@ import torch
 
 from .kv_batch import KVBatch
 from .sampling import SamplingParams, logprob_temperature, sample_rows
+from .window import GenWindow
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class Request:
 
 class Engine:
     def __init__(self, model, tokenizer, *, model_path: str, max_running: int = 64,
-                 prefill_tokens_per_step: int = 2048, weight_version: str = "0", seed: int = 0):
+                 prefill_tokens_per_step: int = 2048, weight_version: str = "0", seed: int = 0,
+                 metrics=None, metrics_interval_s: float = 5.0):
         self.model, self.tokenizer, self.model_path = model, tokenizer, model_path
         self.max_running, self.prefill_budget = max_running, prefill_tokens_per_step
         self.weight_version = weight_version
@@ -68,6 +70,10 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(seed)
         self.stats = {"steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "finished": 0, "aborted": 0,
                       "last_step_time": time.time()}
+        # Calibration records for the simulator (a MetricsWriter, or None outside an experiment).
+        self.metrics = metrics
+        self.window = GenWindow(metrics_interval_s if metrics is not None else 0.0)
+        self._paused_at: float | None = None
         self._thread = threading.Thread(target=self._run, name="gen-engine", daemon=True)
         self._thread.start()
 
@@ -86,6 +92,7 @@ class Engine:
             for r in reqs:
                 if r.rid in active:
                     raise ValueError(f"Duplicate request ID {r.rid!r}")
+            self.window.submitted(len(reqs))
             for r in reqs:
                 r.generator = torch.Generator().manual_seed(
                     r.params.sampling_seed if r.params.sampling_seed is not None
@@ -110,11 +117,19 @@ class Engine:
             elif mode == "retract":
                 self._retract_all()
             self.paused = mode
+            if self._paused_at is None:
+                self._paused_at = time.perf_counter()
         return self.call(run)
 
     def resume(self) -> Future:
         def run():
             self.paused = None
+            if self._paused_at is not None and self.metrics is not None:
+                # How long generation stood still (pause, weight load, continue): the simulator's
+                # per-server load time under interruptible generation.
+                self.metrics.log(event="gen_pause", gen_paused_s=time.perf_counter() - self._paused_at,
+                                 weight_version=self.weight_version)
+            self._paused_at = None
         return self.call(run)
 
     def update_weights(self, apply: Callable[[], str]) -> Future:
@@ -152,6 +167,8 @@ class Engine:
             while not self._stop:
                 self._take_commands()
                 self._maybe_update()
+                if self.window.due(time.perf_counter()):
+                    self._log_window()
                 if self.paused or not (self.running or self.waiting):
                     continue
                 try:
@@ -163,12 +180,21 @@ class Engine:
                     for r in list(self.running) + list(self.waiting):
                         self._finish(r, {"type": "abort", "message": f"internal error: {e}"})
                     self.kv.clear()
+            if self.metrics is not None:
+                self._log_window()  # the last partial window
+
+    def _log_window(self) -> None:
+        record = self.window.flush(time.perf_counter())
+        if record:
+            self.metrics.log(**record)
 
     def _take_commands(self) -> None:
         with self._wake:
             busy = (self.running or self.waiting) and not self.paused
             if not self._commands and not busy and not self._stop:
+                t0 = time.perf_counter()
                 self._wake.wait(timeout=0.5)
+                self.window.idle(time.perf_counter() - t0)
             commands, self._commands = list(self._commands), deque()
         for fn, fut in commands:
             try:
@@ -181,11 +207,14 @@ class Engine:
             return
         apply, fut = self._pending_update
         self._pending_update = None
+        t0 = time.perf_counter()
         try:
             version = apply()
         except Exception as e:
             fut.set_exception(e)
             return
+        if self.metrics is not None:
+            self.metrics.log(event="weight_load", weight_load_s=time.perf_counter() - t0, weight_version=version)
         self._retract_all()        # KV built with the old weights is invalid
         if version is not None:
             self.weight_version = str(version)
@@ -209,7 +238,9 @@ class Engine:
             group = [r] + self._same_prompt(r)
             seq = r.prompt_ids + r.output_ids
             cache = DynamicCache(config=self.model.config)
+            t0 = time.perf_counter()
             logits = self.model(input_ids=torch.tensor([seq]), past_key_values=cache, use_cache=True).logits[0]
+            self.window.prefill(time.perf_counter() - t0, len(seq))
             self.stats["prefill_tokens"] += len(seq)
             budget -= len(seq)
             last = logits[-1:].expand(len(group), -1)
@@ -235,6 +266,8 @@ class Engine:
         return same
 
     def _decode_step(self) -> None:
+        t0 = time.perf_counter()
+        context = sum(self.kv.lengths)
         cache, mask, positions = self.kv.step_inputs()
         ids = torch.tensor([[r.pending] for r in self.running])
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
@@ -248,6 +281,7 @@ class Engine:
             else:
                 r.pending = tokens[i]
         self._drop_rows(done)
+        self.window.decode_step(time.perf_counter() - t0, len(ids), context)
         self.stats["steps"] += 1
         self.stats["last_step_time"] = time.time()
 

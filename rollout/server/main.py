@@ -24,7 +24,7 @@ def resolve_threads(cli_value: int | None, cfg_value: int | None) -> int:
 
 
 def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: int, dtype: str,
-                weight_version: str, seed: int):
+                weight_version: str, seed: int, metrics=None, metrics_interval_s: float = 5.0):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,7 +33,8 @@ def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: i
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     model.eval()
     return Engine(model, tokenizer, model_path=str(model_path), max_running=max_running,
-                  prefill_tokens_per_step=prefill_tokens_per_step, weight_version=weight_version, seed=seed)
+                  prefill_tokens_per_step=prefill_tokens_per_step, weight_version=weight_version, seed=seed,
+                  metrics=metrics, metrics_interval_s=metrics_interval_s)
 
 
 async def serve(engine, *, host: str, port: int, api_key: str | None, server_args: dict,
@@ -65,11 +66,12 @@ def serve_from_args(args) -> int:
 
     from rollout.config import GenConfig
     cfg: GenConfig = args.cfg.gen if getattr(args, "cfg", None) is not None else GenConfig()
-    exp = None
+    exp = metrics = None
     if args.exp:
-        from services.protocol import ExpDir, setup_role_logging
+        from services.protocol import ExpDir, MetricsWriter, setup_role_logging
         exp = ExpDir(args.exp)
         setup_role_logging(exp, "gen", args.rank)
+        metrics = MetricsWriter(exp, "gen", args.rank)
     else:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not Path(args.model).is_dir():
@@ -89,7 +91,8 @@ def serve_from_args(args) -> int:
             return 2
     max_running = args.max_running or cfg.max_running_requests
     engine = load_engine(args.model, max_running=max_running, prefill_tokens_per_step=cfg.prefill_tokens_per_step,
-                         dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank)
+                         dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank,
+                         metrics=metrics, metrics_interval_s=cfg.metrics_interval_s)
     server_args = {"model_path": str(args.model), "tokenizer_path": str(args.model), "dtype": cfg.dtype,
                    "device": "cpu", "threads": threads, "random_seed": cfg.seed + args.rank,
                    "prefill_tokens_per_step": cfg.prefill_tokens_per_step}
@@ -115,4 +118,6 @@ def serve_from_args(args) -> int:
         asyncio.run(main())
     finally:
         engine.stop()
+        if metrics is not None:
+            metrics.close()
     return 0

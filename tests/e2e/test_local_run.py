@@ -22,7 +22,7 @@ def write_config(path: Path, model: Path, name: str, **extra: str) -> Path:
     path.write_text(f"""
 experiment: {{name: {name}, model: {model}, exp_dir: {path.parent / name}}}
 controller: {{max_staleness: 2, lease_s: 20}}
-gen: {{num_servers: 1, threads: 1}}
+gen: {{num_servers: 1, threads: 1, metrics_interval_s: 0.5}}
 rollout: {{dataset: "synthetic:math", n_samples: 2, max_new_tokens: 48, concurrency: 4, heartbeat_s: 1.0}}
 reward: {{task: math, num_workers: 1}}
 trainer: {{groups_per_step: 2, total_steps: 4, checkpoint_every: 1, max_tokens_per_mb: 4096}}
@@ -77,11 +77,18 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta):
     dropped = trained[-1].get("buffer_dropped_stale", 0)
     released = sum(r.get("released", 0) for r in read_metrics(exp, "controller") if r.get("event") == "groups_dropped")
     assert released == dropped  # every drop gave its admission slot back
+    groups = [r for r in read_metrics(exp, "rollout") if r.get("event") == "group"]
     if eta == 0:  # synchronous: every token of every trained group came from the version it trains
         assert set(trained[-1]["token_staleness_hist_total"]) == {"0"}
     else:  # updates land while groups generate: some samples carry tokens of two versions
-        groups = [r for r in read_metrics(exp, "rollout") if r.get("event") == "group"]
         assert sum(g["multi_version"] for g in groups) > 0
+    # What `tandem simulate --calibrate` needs is logged, and fits positive costs.
+    from launcher.simulate.calibrate import calibrate
+    cal = calibrate(exp.root)
+    assert cal.d0 + cal.d1 > 0 and cal.t0 + cal.t1 > 0 and cal.prefill_per_request + cal.prefill_per_token > 0
+    assert cal.publish_s > 0 and cal.load_s > 0 and cal.checkpoint_s > 0 and cal.train_world == 1
+    assert cal.samples["gen windows"] >= 1 and cal.samples["trainer steps"] == 4
+    assert all(len(g["output_tokens"]) == 2 and g["prompt_tokens"] > 0 for g in groups)
     assert (exp.weights / "v4").is_dir()
     assert (exp.report / "report.png").stat().st_size > 10_000 and (exp.report / "report.html").exists()
     assert summary["throughput"]["trajectories_per_s"] > 0 and summary["weight_sync"]["mean_s"] > 0

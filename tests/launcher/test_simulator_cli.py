@@ -92,6 +92,31 @@ def test_calibration_recovers_a_known_cost_law(tmp_path):
     assert any("gen_context_tokens" in n for n in cal.notes)
 
 
+def test_calibration_from_server_windows_recovers_decode_prefill_and_request_costs(tmp_path):
+    # Windows as the embedded server logs them (rollout/server/window.py), from a known law:
+    # decode step = 0.004 + 0.0002 n + 1e-6 ctx; prefill call = 0.003 + 5e-5 tokens;
+    # 0.001 s of request handling per request.
+    recs = []
+    for n, ctx, steps, calls, tokens, reqs in [(8, 400, 100, 10, 300, 40), (32, 2000, 80, 30, 2400, 90),
+                                               (64, 3000, 50, 5, 900, 20), (100, 9000, 60, 40, 1200, 300)]:
+        decode = steps * (0.004 + 0.0002 * n + 1e-6 * ctx)
+        prefill = calls * 0.003 + 5e-5 * tokens
+        recs.append({"role": "gen", "event": "gen_window", "window_s": 5.0, "gen_decode_s": decode,
+                     "gen_steps": steps, "gen_running": n, "gen_context_tokens": ctx, "gen_prefill_s": prefill,
+                     "gen_prefills": calls, "gen_prefill_tokens": tokens, "gen_requests": reqs,
+                     "gen_overhead_s": 0.001 * reqs, "gen_idle_s": 5.0 - decode - prefill - 0.001 * reqs})
+    recs.append({"role": "gen", "event": "gen_pause", "gen_paused_s": 0.02})
+    recs.append({"role": "gen", "event": "weight_load", "weight_load_s": 0.005})
+    recs.append({"role": "trainer", "train_tokens": 5000, "train_step_s": 1.0, "checkpoint_s": 0.1})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    cal = calibrate(tmp_path)
+    assert (cal.d0, cal.d1, cal.d2) == pytest.approx((0.004, 0.0002, 1e-6), rel=1e-6)
+    assert (cal.prefill_per_request, cal.prefill_per_token) == pytest.approx((0.003, 5e-5), rel=1e-6)
+    assert cal.request_s == pytest.approx(0.001)
+    # A server stands still from pause to continue, not just while it loads.
+    assert (cal.load_s, cal.checkpoint_s) == (0.02, 0.1)
+
+
 def test_calibrated_simulation_uses_the_fitted_costs(small, tmp_path, capsys):
     _synthetic_metrics(tmp_path / "metrics.jsonl")
     cfg = load_config(small)
@@ -119,7 +144,7 @@ def test_embedded_servers_are_simulated_only_from_a_calibration(small, tmp_path,
 
 def test_calibration_without_the_needed_metrics_says_which(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"role": "trainer", "loss": 1.0}) + "\n")
-    with pytest.raises(ConfigError, match="gen_tokens_per_s and gen_running"):
+    with pytest.raises(ConfigError, match="no generation-server window"):
         calibrate(tmp_path)
 
 

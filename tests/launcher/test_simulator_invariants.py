@@ -21,7 +21,7 @@ def _cfg(*overrides):
     base = ["experiment.name=t", "experiment.model=m", "launcher.backend=slurm", "gen.backend=sglang",
             "simulate.model_size=R1-Distill-Qwen-1.5B", "simulate.hardware=H800",
             "launcher.nodes=1", "trainer.groups_per_step=16", "rollout.n_samples=4",
-            "rollout.max_new_tokens=4096", "controller.max_concurrent_groups=100000",
+            "rollout.max_new_tokens=4096", "controller.max_concurrent_groups=100000", "rollout.concurrency=100000",
             "simulate.output_median=1024", "simulate.steps=4", "simulate.warmup_steps=2"]
     return load_config(None, base + list(overrides))
 
@@ -36,14 +36,58 @@ def _toy_costs(**kw) -> Costs:
 
 def test_eta0_reproduces_hand_computed_step_times():
     # One server, one group of 2 samples (10 and 20 new tokens, 10-token prompts), 0.01 s/step.
-    # Per step: prefill 2 x 10 x 1e-4 = 0.002; decode 20 steps = 0.2 (batch 2, then 1);
-    # train 1 + 0.001 x (20 + 30) = 1.05; publish 0.5; load 0.25 (the first step has no load).
+    # Per step: one shared prefill of the prompt 0.003 + 10 x 1e-4 = 0.004; decode 20 steps = 0.2
+    # (batch 2, then 1); train 1 + 0.001 x (20 + 30) = 1.05; publish 0.5; load 0.25 (the first
+    # step has no load).
     setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=2, eta=0, max_concurrent_groups=10,
                      steps=3, warmup_steps=0, prompt_tokens=10, max_new_tokens=100)
-    r = Simulation(setup, _toy_costs(), np.array([10, 20] * 10)).run()
-    assert r.step_times[1] == pytest.approx(0.002 + 0.2 + 1.05)
-    assert np.diff(r.step_times[1:]) == pytest.approx([2.002, 2.002])
+    r = Simulation(setup, _toy_costs(prefill_per_request=0.003), np.array([10, 20] * 10)).run()
+    assert r.step_times[1] == pytest.approx(0.004 + 0.2 + 1.05)
+    assert np.diff(r.step_times[1:]) == pytest.approx([2.004, 2.004])
     assert r.staleness == {0: 3}
+    # A refused rollout worker polls again: half its retry interval passes before admission.
+    setup.admit_delay_s = 0.1
+    r = Simulation(setup, _toy_costs(prefill_per_request=0.003), np.array([10, 20] * 10)).run()
+    assert np.diff(r.step_times[1:]) == pytest.approx([2.104, 2.104])
+
+
+def _async_toy(wait_for_ack: bool, **costs) -> list[float]:
+    """Generation is instant next to training: the step time is the trainer's critical path."""
+    setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=1, eta=4, max_concurrent_groups=10,
+                     steps=6, warmup_steps=0, prompt_tokens=10, max_new_tokens=100,
+                     wait_for_ack=wait_for_ack, checkpoint_every=costs.pop("checkpoint_every", 0))
+    args = dict(decode_fixed=[0.0] + [1e-6] * 8, prefill_per_token=0.0, train_fixed=1.0, train_per_token=0.0)
+    r = Simulation(setup, _toy_costs(**(args | costs)), np.array([5] * 100)).run()
+    return list(np.diff(r.step_times[2:]))
+
+
+def test_trainer_waits_for_the_servers_load_only_with_wait_for_ack():
+    # train 1 + publish 0.5 + load 0.25 when it waits for the ack; train 1 + publish 0.5 when the
+    # load overlaps the next step (the load ends before the next publish needs it).
+    assert _async_toy(True) == pytest.approx([1.75] * 4)
+    assert _async_toy(False) == pytest.approx([1.5] * 4)
+    # A load longer than a step holds the next publish back: train 1, then wait for the load of
+    # 2.0 that started after the previous publish, then publish 0.5 = 2.5 per step.
+    assert _async_toy(False, load_s=2.0) == pytest.approx([2.5] * 4)
+
+
+def test_checkpoints_cost_the_trainer_every_nth_step():
+    # checkpoint_every=2: versions 2 and 4 add 0.3 s after their publish, so steps 3 and 5
+    # (the first and third intervals measured) end 0.3 s later.
+    assert _async_toy(False, checkpoint_every=2, checkpoint_s=0.3) == pytest.approx([1.8, 1.5, 1.8, 1.5])
+
+
+def test_interrupted_requests_pay_a_prefill_call_each():
+    # eta 1, one server, 4 single-sample groups of 1000 tokens at 0.01 s/step: every publish
+    # interrupts the running requests, each re-prefilling prompt + partial output as its own call.
+    setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=1, eta=1, max_concurrent_groups=10,
+                     steps=4, warmup_steps=0, prompt_tokens=10, max_new_tokens=1000)
+    base = dict(train_fixed=0.1, train_per_token=0.0, prefill_per_token=0.0)
+    quick = Simulation(setup, _toy_costs(**base), np.array([1000] * 20)).run()
+    slow = Simulation(setup, _toy_costs(**base, prefill_per_request=0.5), np.array([1000] * 20)).run()
+    assert slow.interrupts == quick.interrupts > 0
+    # Every interrupted request and every fresh group pays 0.5 s more, on the critical path.
+    assert slow.step_times[-1] - quick.step_times[-1] >= 0.5 * slow.interrupts
 
 
 def test_decode_cost_grows_with_context_as_summed_by_hand():
@@ -65,8 +109,10 @@ def test_eta0_physical_model_matches_its_formula():
     c, p, L = sc.costs, 512, 1000
     decode = L * (c.decode_fixed[1] + c.decode_per_ctx * p) + c.decode_per_ctx * L * (L - 1) / 2
     train = c.train_step_s(4 * (p + L), 4 * (p + L) ** 2)
+    # + the mean wait of a rollout worker polling for admission after the new version.
     assert np.diff(r.step_times[1:]) == pytest.approx([c.prefill_s(p) + decode + train + c.publish_s
-                                                       + c.load_s] * 2, rel=1e-9)
+                                                       + c.load_s + sc.setup.admit_delay_s] * 2, rel=1e-9)
+    assert sc.setup.admit_delay_s == cfg.controller.retry_after_s / 2
     # And the roofline itself: batch-1 decode of 1.78B BF16 params is a weight read at 70% of
     # 3.35 TB/s plus the 3 ms step overhead.
     shape = load_model_shape("R1-Distill-Qwen-1.5B")
@@ -84,21 +130,42 @@ def test_model_shapes_give_the_published_parameter_counts(name, published_b):
     ["controller.max_staleness=0"],
     ["controller.max_staleness=4"],
     ["controller.max_staleness=2", "launcher.gen_train_ratio='1:1'", "simulate.output_sigma=1.5"],
-    ["controller.max_staleness=8", "simulate.interruptible=false", "gen.max_running_requests=16"],
+    ["controller.max_staleness=8", "controller.interruptible=false", "gen.max_running_requests=16"],
 ])
 def test_throughput_never_exceeds_either_pools_capacity(overrides):
     sc, r = simulate(_cfg(*overrides))
-    gen_cap = sc.setup.num_servers * sc.costs.gen_capacity_tokens_s(sc.setup.prompt_tokens)
+    k = sc.shrink  # the slice's capacities, scaled like its rates
+    gen_cap = k * sc.setup.num_servers * sc.costs.gen_capacity_tokens_s(sc.setup.prompt_tokens)
     assert 0 < r.gen_tokens_per_s <= gen_cap
-    assert 0 < r.trained_tokens_per_s <= sc.costs.train_capacity_tokens_s()
+    assert 0 < r.trained_tokens_per_s <= k * sc.costs.train_capacity_tokens_s()
     assert 0 < r.gen_utilization <= 1 and 0 < r.train_utilization <= 1
+
+
+@pytest.mark.parametrize("eta", [0, 4])
+def test_a_shrunk_cluster_predicts_what_the_whole_one_does(eta):
+    # 4 nodes at 3:1 = 24 servers, 256 groups x 8 = 2,048 samples per step: a quarter of it,
+    # asked for, against the whole.
+    common = ["launcher.nodes=4", "trainer.groups_per_step=256", "rollout.n_samples=8",
+              f"controller.max_staleness={eta}", "simulate.steps=4"]
+    whole_sc, whole = simulate(_cfg(*common, "simulate.shrink=1"))
+    part_sc, part = simulate(_cfg(*common, "simulate.shrink=4"))
+    assert (whole_sc.shrink, part_sc.shrink, part_sc.setup.num_servers) == (1, 4, 6)
+    assert part.steps_per_hour == pytest.approx(whole.steps_per_hour, rel=0.05)
+    assert part.trajectories_per_s == pytest.approx(whole.trajectories_per_s, rel=0.05)
+    assert part.gen_utilization == pytest.approx(whole.gen_utilization, abs=0.05)
+    with pytest.raises(ConfigError, match="simulate.shrink=3 must divide"):
+        simulate(_cfg(*common, "simulate.shrink=3"))
+    # auto: the largest k leaving >= 4 servers and >= 1,024 samples per step
+    assert simulate(_cfg(*common))[0].shrink == 2
+    assert simulate(_cfg(*common, "trainer.groups_per_step=128"))[0].shrink == 1
 
 
 def test_doubling_all_gpus_roughly_doubles_throughput():
     # Saturated servers (a concurrency cap, and eta 8 keeps enough groups in flight for both
-    # sizes) and a broadcast weight sync, so neither the batch nor the filesystem binds.
+    # sizes), a broadcast weight sync and a trainer that does not wait for the servers' loads,
+    # so neither the batch nor the weight sync binds.
     common = ["controller.max_staleness=8", "gen.max_running_requests=16",
-              "simulate.output_lengths=fixed", "trainer.weight_sync=broadcast",
+              "simulate.output_lengths=fixed", "trainer.weight_sync=broadcast", "trainer.wait_for_ack=false",
               "trainer.groups_per_step=32", "simulate.steps=5"]
     _, one = simulate(_cfg("launcher.nodes=2", *common))
     _, two = simulate(_cfg("launcher.nodes=4", *common))
@@ -123,7 +190,7 @@ def test_interruptible_generation_helps_async_with_long_tails():
     cfg = _cfg("controller.max_staleness=4", "simulate.output_sigma=1.4", "rollout.max_new_tokens=8192",
                "simulate.output_median=512")
     _, inter = simulate(cfg)
-    cfg.simulate.interruptible = False
+    cfg.controller.interruptible = False
     _, drain = simulate(cfg)
     assert inter.steps_per_hour > drain.steps_per_hour
     assert inter.interrupts > 0 and drain.interrupts == 0
