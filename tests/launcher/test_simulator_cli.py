@@ -80,7 +80,8 @@ def _synthetic_metrics(path, d0=0.02, d1=0.001, t0=2.0, t1=1e-4):
         recs.append({"role": "trainer", "train_tokens": tokens, "train_step_s": t0 + t1 * tokens,
                      "train_world_size": 2, "weight_publish_s": 1.5})
     recs.append({"role": "controller", "weight_load_s": 0.5})
-    recs += [{"role": "rollout", "output_tokens": int(x)} for x in (100, 200, 300, 400)]
+    recs += [{"role": "rollout", "output_tokens": int(x)} for x in (100, 200)]
+    recs.append({"role": "rollout", "event": "group", "output_tokens": [300, 400]})  # a worker's group record
     path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{cut by a cra")
 
 
