@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from services.protocol import (
     ExpDir,
     RegisterServer,
     SyncRequestClient,
+    free_port,
     generate_keys,
     load_keys,
     read_service,
@@ -30,12 +30,6 @@ from .progress import Progress, summarize
 from .report import write_report
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[ExperimentConfig, ExpDir]:

@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from services.protocol import WeightsReady
+from services.protocol import WeightsReady, free_port
 from services.protocol.weight_group import join_weight_group, leave_weight_group
 from trainer.backend import TrainBackend
 
@@ -92,12 +91,6 @@ def _fsync_dir(path: Path) -> None:
 
 
 # ---- broadcast ----------------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class BroadcastPublisher:
     """Rank 0 of the trainer sends full tensors to the generation servers over a fresh group.
 

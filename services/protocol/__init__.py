@@ -35,6 +35,7 @@ from .transport import (
     SyncRequestClient,
     TrajectorySink,
     TrajectorySource,
+    free_port,
 )
 
 __all__ = [
@@ -44,5 +45,5 @@ __all__ = [
     "WeightsReady", "ExpDir", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "CurveKeys", "generate_keys", "load_keys",
     "MetricsWriter", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "RemoteError",
-    "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource",
+    "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
 ]

@@ -42,6 +42,14 @@ def contexts() -> tuple[zmq.Context, zmq.asyncio.Context]:
     return sync, zmq.asyncio.Context.shadow(sync.underlying)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on host right now, for a listener that must be told its port up front
+    (an HTTP server's command line, a torch.distributed rendezvous)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def bind(sock: zmq.Socket, host: str, port: int) -> str:
     """Bind to host:port (0 = any free port); return the tcp:// address peers connect to.
 

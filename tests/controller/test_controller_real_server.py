@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -16,16 +15,17 @@ import torch
 from controller_helpers import write_config
 from safetensors.torch import load_file, save_file
 
-from services.protocol import RegisterServer, StatusRequest, SyncRequestClient, WeightsReady, load_keys
+from services.protocol import (
+    RegisterServer,
+    StatusRequest,
+    SyncRequestClient,
+    WeightsReady,
+    free_port,
+    load_keys,
+)
 
 pytestmark = pytest.mark.timeout(180)
 KEY = "real-server-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, path: str, body: dict | None = None):

@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from rollout.client import GenerationClient, GenerationError, ServerRef
+from services.protocol import free_port
 
 PROMPT = [1, 6, 57, 50, 58]
 
@@ -52,11 +53,7 @@ def test_decoding_is_batched(shared_server, embedded_only):
 
 
 def _dead_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def test_client_fails_over_to_a_live_server(shared_server):

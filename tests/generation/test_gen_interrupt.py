@@ -8,7 +8,6 @@ the code path NCCL takes on GPUs).
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -16,6 +15,7 @@ import pytest
 from gen_support import reference_logprobs
 
 from rollout.client import GenerationClient, ServerRef
+from services.protocol import free_port
 
 PROMPT = [1, 6, 57, 50, 58, 61]
 NEW_TOKENS = 240
@@ -82,14 +82,6 @@ def test_interrupt_with_update_from_disk(own_server, model_v1):
     assert served(own_server) == (str(model_v1), old + 1)
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_interrupt_with_update_from_distributed(own_server, tmp_path):
     """The test process plays the trainer's rank 0 and broadcasts new tensors over gloo, joining
     with the shared rendezvous the trainer uses (`services.protocol.weight_group`)."""
@@ -102,7 +94,7 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
     new_dir = init_tiny(tmp_path / "v-next", seed=2)
     new = load_file(str(new_dir / "model.safetensors"))
     names = sorted(new)
-    port = _free_port()
+    port = free_port()
     box = {}
     joiner = threading.Thread(target=lambda: box.setdefault("init", own_server.api.post(
         "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,

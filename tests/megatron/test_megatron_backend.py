@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import megatron_case as mc
 import pytest
 import torch
 
+from services.protocol import free_port
 from trainer.backend import PackedBatch
 from trainer.megatron import convert
 from trainer.megatron.model import check_parallel_fits, qwen2_shape
@@ -167,14 +167,8 @@ def test_export_hf_is_exact_and_loads(backend, model_dir, tmp_path):
 
 
 # ---- the 2-process TP=2 job -------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(mode: str, model_dir: Path, out: Path) -> list[subprocess.Popen]:
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = os.environ | {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",

@@ -206,7 +206,7 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
 
 def test_two_data_parallel_ranks_match_one_rank(tmp_path, small_model_dir, traj, python_bin, reference_run):
     """Two trainer processes over gloo (env:// rendezvous, as the launcher starts them)."""
-    from trainer.publish import free_port
+    from services.protocol import free_port
     exp = make_exp(tmp_path, "dp", small_model_dir, **{"trainer.total_steps": 1})
     ctl = FakeController(exp, python_bin)
     port = free_port()
