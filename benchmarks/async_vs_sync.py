@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import cli, print_table, write_results
+from services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # Steps left out of every average: the staleness pipeline fills (eta + 1 steps) and the first
@@ -46,8 +47,7 @@ def run_variant(name: str, overrides: list[str], model: Path, workdir: Path, ste
     tandem("run", "configs/math-tiny.yaml", f"experiment.model={model}", f"experiment.exp_dir={exp}",
            f"trainer.total_steps={steps}", f"rollout.eval_size={eval_n}", *overrides, timeout=3600)
     summary = json.loads((exp / "summary.json").read_text())
-    steps_done = [json.loads(line) for line in (exp / "metrics.jsonl").read_text().splitlines()
-                  if '"event": "step"' in line]
+    steps_done = [r for r in read_metrics(ExpDir(exp), "trainer") if r.get("event") == "step"]
     warm = min(WARMUP, len(steps_done) - 2)
     span = steps_done[-1]["time"] - steps_done[warm]["time"]
     return {"s_per_step": span / max(1, len(steps_done) - 1 - warm),
@@ -56,19 +56,17 @@ def run_variant(name: str, overrides: list[str], model: Path, workdir: Path, ste
             "staleness_max": summary["staleness"]["max"], "wall_s": summary["wall_s"]}
 
 
-def predict_s_per_step(variant: str, calibrated_on: Path, lengths_from: Path, steps: int) -> float:
-    """The simulator's seconds per step for `variant`, costs fitted to the run `calibrated_on`."""
+def predict_s_per_step(variant: str, run: Path, calibration, steps: int) -> float:
+    """The simulator's seconds per step for `variant`, with `run`'s fitted costs and lengths."""
     from launcher.config import load_config
-    from launcher.simulate.calibrate import calibrate
     from launcher.simulate.scenario import simulate
-    groups = [json.loads(line) for line in (lengths_from / "metrics.jsonl").read_text().splitlines()
-              if '"event": "group"' in line]
+    groups = [r for r in read_metrics(ExpDir(run), "rollout") if r.get("event") == "group"]
     prompt = round(sum(g["prompt_tokens"] for g in groups) / len(groups))
     cfg = load_config(ROOT / "configs/math-tiny.yaml", [
-        *VARIANTS[variant], f"simulate.output_lengths=empirical:{lengths_from}",
+        *VARIANTS[variant], f"simulate.output_lengths=empirical:{run}",
         f"simulate.prompt_tokens={prompt}", f"simulate.warmup_steps={WARMUP}",
         f"simulate.steps={max(1, steps - WARMUP)}"])
-    _, result = simulate(cfg, calibrate(calibrated_on))
+    _, result = simulate(cfg, calibration)
     return result.step_s
 
 
@@ -83,9 +81,11 @@ def main(quick: bool = False) -> dict:
             model = ROOT / ".cache" / "tiny-math-sft"
             tandem("sft", "--task", "math", "--out", str(model), timeout=3600)
         results = {name: run_variant(name, ov, model, work, steps, eval_n) for name, ov in VARIANTS.items()}
+        from launcher.simulate.calibrate import calibrate
+        fitted = {name: calibrate(work / name) for name in results}
         for name, r in results.items():
-            r["sim_s_per_step"] = predict_s_per_step(name, work / name, work / name, steps)
-            r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, work / "eta0", work / "eta0", steps)
+            r["sim_s_per_step"] = predict_s_per_step(name, work / name, fitted[name], steps)
+            r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, work / "eta0", fitted["eta0"], steps)
     base, fast, slow = results["eta0"], results["eta4"], results["eta4_no_interrupt"]
     rows = [[name, r["s_per_step"], r["sim_s_per_step"], r["sim_from_eta0_s_per_step"], r["trajectories_per_s"],
              r["staleness_max"], r["accuracy_before"], r["accuracy_after"], r["wall_s"]]

@@ -165,7 +165,7 @@ def calibrate(exp_dir: str | Path) -> Calibration:
         notes.append("one batch size only: trainer time taken as proportional to tokens")
     if t1 <= 0:
         t1 = float((ty / tx).mean())
-    worlds = [_num(r, "train_world_size") for r in recs if _num(r, "train_world_size")]
+    worlds = [w for w in _values(recs, "train_world_size") if w]
     world = int(worlds[-1]) if worlds else 1
     if not worlds:
         notes.append("no train_world_size: assuming the run trained on 1 rank")

@@ -24,7 +24,7 @@ def result_rows(sc: Scenario, r: SimResult, total_steps: int) -> list[tuple[str,
         ("mode", f"{mode}, {'interruptible' if su.interruptible else 'non-interruptible'} generation"),
         ("generation servers", f"{sc.layout.num_servers} x TP {sc.layout.gen_tp}"),
         ("trainer GPUs", f"{sc.layout.train_gpus} (TP {sc.layout.train_tp} x PP {sc.layout.train_pp})"),
-        ("batch", f"{su.groups_per_step * sc.shrink} groups x {su.n_samples} samples, up to "
+        ("batch", f"{sc.cfg.trainer.groups_per_step} groups x {su.n_samples} samples, up to "
                   f"{su.max_new_tokens:,} new tokens"),
         ("training steps / hour", f"{r.steps_per_hour:.2f}"),
         ("seconds / step", f"{r.step_s:.1f}"),
