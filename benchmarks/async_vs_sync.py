@@ -1,20 +1,30 @@
 """Asynchronous vs synchronous RL on the embedded default, in one run of this script.
 
-The same workload (configs/math-tiny.yaml from the warmed-up tiny model) three times through
-`tandem run`: eta = 0 (synchronous: generation waits for every update), eta = 4 with
-interruptible generation, and eta = 4 with non-interruptible generation (a weight update waits
-for in-flight requests). Reported: seconds per training step, trajectories per second, held-out
-accuracy after, and the ratios the AReaL paper reports at cluster scale (2.77x; +12-17%).
+Two workloads, each run through `tandem run` with the local launcher's CPU placement
+(generation and training on disjoint cores, as on a cluster's disjoint GPUs):
+- `default`: configs/math-tiny.yaml from the warmed-up tiny model (answers of ~31 tokens; the
+  trainer is the slower pool);
+- `long_tail`: the same, with every sample's length drawn from a skewed distribution up to 448
+  tokens (benchmarks/long_tail.py), where generation is the bottleneck and a synchronous step
+  waits for its longest sample.
+Each in five modes: eta = 0 (synchronous); eta = 4 with the shipped default
+`controller.interrupt_mode=in_place` (in-flight requests keep their KV cache across the update
+and go on under the new weights); eta = 4 `retract` (they stay on the server and are
+re-prefilled under the new weights); eta = 4 `abort` (they go back to their rollout worker and
+are resubmitted); and eta = 4 non-interruptible (an update waits for in-flight requests).
+Reported per variant: seconds per training step and trajectories per second after the warm-up,
+held-out accuracy (default workload), staleness, and the CPU seconds of every role
+(`<exp>/role_cpu.json`).
 
-Then the simulator's check (issue: calibrated on these runs, it predicts the async/sync ratio
-within 15%): `tandem simulate --calibrate` on each run's metrics predicts that run's seconds per
-step, and the predicted ratios are compared with the measured ones. A second, harder prediction
-uses only the synchronous run's costs for every variant: what a user would do before trying
-asynchronous RL.
+Then the simulator's check: `tandem simulate --calibrate` on each workload's synchronous run
+alone predicts every variant of that workload (what a user would do before trying asynchronous
+RL), and on each run's own metrics predicts that run; `sim_costs_from` says which run and which
+metrics every cost came from.
 """
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -24,14 +34,40 @@ from benchmarks.common import cli, print_table, write_results
 from services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs/math-tiny.yaml"
 # Steps left out of every average: the staleness pipeline fills (eta + 1 steps) and the first
 # steps pay one-off costs (the first forward passes, a cold page cache).
 WARMUP = 5
-VARIANTS = {  # name -> overrides
+WORKLOADS = {  # name -> (variant prefix, overrides)
+    "default": ("", []),
+    "long_tail": ("long_tail_", ["rollout.workflow=benchmarks.long_tail:episode", "rollout.max_new_tokens=448"]),
+}
+MODES = {  # name -> overrides
     "eta0": ["controller.max_staleness=0"],
+    # the shipped default: interrupt_mode in_place
     "eta4": ["controller.max_staleness=4"],
+    "eta4_retract": ["controller.max_staleness=4", "controller.interrupt_mode=retract"],
+    "eta4_abort": ["controller.max_staleness=4", "controller.interrupt_mode=abort"],
     "eta4_no_interrupt": ["controller.max_staleness=4", "controller.interruptible=false"],
 }
+VARIANTS = {f"{prefix}{mode}": (workload, [*ov, *mov])
+            for workload, (prefix, ov) in WORKLOADS.items() for mode, mov in MODES.items()}
+# The quick path checks the mechanics only: small steps of an untrained model, short answers.
+QUICK = ["trainer.groups_per_step=4", "rollout.n_samples=4", "rollout.max_new_tokens=32",
+         "trainer.checkpoint_every=0"]
+QUICK_LONG_TAIL = ["rollout.max_new_tokens=96"]
+
+
+def require_interrupt_mode() -> None:
+    """The retract variants need `controller.interrupt_mode` (issue 13); fail before any run."""
+    from launcher.config import ConfigError, load_config
+    for mode in ("abort", "retract", "in_place"):
+        try:
+            load_config(CONFIG, [f"controller.interrupt_mode={mode}"])
+        except ConfigError as e:
+            raise SystemExit(f"benchmarks.async_vs_sync: controller.interrupt_mode={mode} is not accepted by "
+                             f"this checkout ({e}); the eta4 and eta4_retract variants set it (issue 13: server-side "
+                             f"retract)") from None
 
 
 def tandem(*args: str, timeout: float) -> str:
@@ -42,36 +78,85 @@ def tandem(*args: str, timeout: float) -> str:
     return proc.stdout
 
 
-def run_variant(name: str, overrides: list[str], model: Path, workdir: Path, steps: int, eval_n: int) -> dict:
+def overrides_for(name: str, quick: bool) -> list[str]:
+    workload, ov = VARIANTS[name]
+    if not quick:
+        return ov
+    return [*ov, *QUICK, *(QUICK_LONG_TAIL if workload == "long_tail" else [])]
+
+
+def run_variant(name: str, model: Path, workdir: Path, steps: int, eval_n: int, quick: bool) -> dict:
     exp = workdir / name
-    tandem("run", "configs/math-tiny.yaml", f"experiment.model={model}", f"experiment.exp_dir={exp}",
-           f"trainer.total_steps={steps}", f"rollout.eval_size={eval_n}", *overrides, timeout=3600)
+    tandem("run", str(CONFIG), f"experiment.model={model}", f"experiment.exp_dir={exp}",
+           f"trainer.total_steps={steps}", f"rollout.eval_size={eval_n}", *overrides_for(name, quick),
+           timeout=3600)
     summary = json.loads((exp / "summary.json").read_text())
     steps_done = [r for r in read_metrics(ExpDir(exp), "trainer") if r.get("event") == "step"]
-    warm = min(WARMUP, len(steps_done) - 2)
+    warm = max(0, min(WARMUP, len(steps_done) - 2))
     span = steps_done[-1]["time"] - steps_done[warm]["time"]
-    return {"s_per_step": span / max(1, len(steps_done) - 1 - warm),
-            "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
+    measured = steps_done[warm + 1:]
+    role_cpu = json.loads((exp / "role_cpu.json").read_text()) if (exp / "role_cpu.json").exists() else {}
+    cpu = role_cpu.get("cpu_seconds", {})
+    generated = sum(len(r.get("output_tokens", [])) for r in read_metrics(ExpDir(exp), "rollout")
+                    if r.get("event") == "group")
+    # The light services share the generation CPU: their cost per trajectory should not depend
+    # on eta, or a synchronous calibration would not carry over (docs/plan.md).
+    services = sum(v for k, v in cpu.items() if k.split("-")[0] in ("controller", "reward", "rollout"))
+    return {"services_cpu_ms_per_trajectory": 1e3 * services / generated if generated and cpu else None,
+            "s_per_step": span / max(1, len(measured)),
+            "trajectories_per_s": sum(r.get("n_seqs", 0) for r in measured) / span if span else None,
+            "trajectories_per_s_whole_run": summary["throughput"]["trajectories_per_s"],
             "accuracy_before": summary["eval"]["before"], "accuracy_after": summary["eval"]["after"],
-            "staleness_max": summary["staleness"]["max"], "wall_s": summary["wall_s"]}
+            "eval_n": summary["eval"]["n"], "staleness_max": summary["staleness"]["max"],
+            "wall_s": summary["wall_s"], "role_cpu_s": cpu}
 
 
-def predict_s_per_step(variant: str, run: Path, calibration, steps: int) -> float:
+def predict_s_per_step(variant: str, run: Path, calibration, steps: int, quick: bool) -> float:
     """The simulator's seconds per step for `variant`, with `run`'s fitted costs and lengths."""
     from launcher.config import load_config
     from launcher.simulate.scenario import simulate
     groups = [r for r in read_metrics(ExpDir(run), "rollout") if r.get("event") == "group"]
     prompt = round(sum(g["prompt_tokens"] for g in groups) / len(groups))
-    cfg = load_config(ROOT / "configs/math-tiny.yaml", [
-        *VARIANTS[variant], f"simulate.output_lengths=empirical:{run}",
+    cfg = load_config(CONFIG, [
+        *overrides_for(variant, quick), f"simulate.output_lengths=empirical:{run}",
         f"simulate.prompt_tokens={prompt}", f"simulate.warmup_steps={WARMUP}",
         f"simulate.steps={max(1, steps - WARMUP)}"])
     _, result = simulate(cfg, calibration)
     return result.step_s
 
 
+def _std_error(p: float | None, n: int) -> float | None:
+    return math.sqrt(p * (1 - p) / n) if p is not None and n else None
+
+
+def _ratios(results: dict, prefix: str, key: str) -> dict:
+    """Speed-up of each asynchronous mode over eta 0, and gain of each interrupting mode over
+    draining (non-interruptible), from seconds per step (`*s_per_step`) or a rate."""
+    speed = {m: results[prefix + m][key] for m in MODES}
+    if key.endswith("s_per_step"):
+        speed = {m: 1 / v for m, v in speed.items()}
+    return {"speedup_eta4_over_eta0": speed["eta4"] / speed["eta0"],
+            "speedup_eta4_retract_over_eta0": speed["eta4_retract"] / speed["eta0"],
+            "speedup_eta4_abort_over_eta0": speed["eta4_abort"] / speed["eta0"],
+            "speedup_eta4_no_interrupt_over_eta0": speed["eta4_no_interrupt"] / speed["eta0"],
+            "interruptible_gain": speed["eta4"] / speed["eta4_no_interrupt"] - 1,
+            "retract_gain": speed["eta4_retract"] / speed["eta4_no_interrupt"] - 1,
+            "abort_gain": speed["eta4_abort"] / speed["eta4_no_interrupt"] - 1}
+
+
+def _error(key: str, predicted: float, measured: float) -> float:
+    """Relative error of a predicted ratio; of a gain, the error of (1 + gain), the speed ratio."""
+    if key.startswith("speedup"):
+        return predicted / measured - 1
+    return (1 + predicted) / (1 + measured) - 1
+
+
 def main(quick: bool = False) -> dict:
-    steps, eval_n = (3, 16) if quick else (60, 300)
+    require_interrupt_mode()
+    steps, eval_n = (3, 8) if quick else (60, 300)
+    # Held-out accuracy where it means something: the default workload's eta 0 and eta 4 (in
+    # --quick, eta 0 only: each evaluation starts two more processes).
+    evaluated = ("eta0",) if quick else ("eta0", "eta4")
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
         work = Path(tmp)
         if quick:  # the mechanics only: an untrained model, a few steps
@@ -80,47 +165,62 @@ def main(quick: bool = False) -> dict:
         else:
             model = ROOT / ".cache" / "tiny-math-sft"
             tandem("sft", "--task", "math", "--out", str(model), timeout=3600)
-        results = {name: run_variant(name, ov, model, work, steps, eval_n) for name, ov in VARIANTS.items()}
+        results = {name: run_variant(name, model, work, steps, eval_n if name in evaluated else 0, quick)
+                   for name in VARIANTS}
         from launcher.simulate.calibrate import calibrate
         fitted = {name: calibrate(work / name) for name in results}
-        for name, r in results.items():
-            r["sim_s_per_step"] = predict_s_per_step(name, work / name, fitted[name], steps)
-            r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, work / "eta0", fitted["eta0"], steps)
-    base, fast, slow = results["eta0"], results["eta4"], results["eta4_no_interrupt"]
+        sources = {}
+        for workload, (prefix, _) in WORKLOADS.items():
+            sync = prefix + "eta0"
+            sources[workload] = {"run": sync, **fitted[sync].provenance,
+                                 "placement": fitted[sync].placement, "notes": fitted[sync].notes}
+            for mode in MODES:
+                name = prefix + mode
+                r = results[name]
+                r["sim_s_per_step"] = predict_s_per_step(name, work / name, fitted[name], steps, quick)
+                r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, work / sync, fitted[sync], steps, quick)
     rows = [[name, r["s_per_step"], r["sim_s_per_step"], r["sim_from_eta0_s_per_step"], r["trajectories_per_s"],
              r["staleness_max"], r["accuracy_before"], r["accuracy_after"], r["wall_s"]]
             for name, r in results.items()]
-    print_table(f"async vs sync, {steps} steps of configs/math-tiny.yaml (s/step after {WARMUP} warm-up steps)",
+    print_table(f"async vs sync, {steps} steps of configs/math-tiny.yaml (rates after the first "
+                f"{min(WARMUP, steps - 2)} steps)",
                 ["variant", "s/step", "simulated (own run)", "simulated (eta0 run)", "trajectories/s",
                  "max staleness", "acc before", "acc after", "wall s"], rows)
-
-    def ratios(key: str) -> tuple[float, float]:  # (async speed-up, interruptible gain)
-        return base[key] / fast[key], slow[key] / fast[key] - 1
-
-    measured, own, cross = ratios("s_per_step"), ratios("sim_s_per_step"), ratios("sim_from_eta0_s_per_step")
-    print_table("ratios: measured vs simulated", ["ratio", "measured", "simulated (own run)", "error",
-                                                  "simulated (eta0 run)", "error"],
-                [["eta4 over eta0 speed-up", measured[0], own[0], own[0] / measured[0] - 1,
-                  cross[0], cross[0] / measured[0] - 1],
-                 # the gain's error as the error of (1 + gain), the ratio of the two speeds
-                 ["interruptible gain", measured[1], own[1], (1 + own[1]) / (1 + measured[1]) - 1,
-                  cross[1], (1 + cross[1]) / (1 + measured[1]) - 1]])
-    headline = {
-        "speedup_eta4_over_eta0": round(measured[0], 3),
-        "interruptible_gain": round(measured[1], 3),
-        # The simulator, calibrated on each run's own metrics, and on the synchronous run's only.
-        "sim_speedup_eta4_over_eta0": round(own[0], 3),
-        "calibrated_error_async_over_sync": round(own[0] / measured[0] - 1, 3),
-        "sim_interruptible_gain": round(own[1], 3),
-        "sim_from_eta0_speedup_eta4_over_eta0": round(cross[0], 3),
-        "calibrated_from_eta0_error_async_over_sync": round(cross[0] / measured[0] - 1, 3),
-        "sim_from_eta0_interruptible_gain": round(cross[1], 3),
-        "accuracy_eta0": base["accuracy_after"], "accuracy_eta4": fast["accuracy_after"],
-        "accuracy_start": base["accuracy_before"], "steps": steps, "eval_n": eval_n,
+    headline: dict = {"steps": steps, "eval_n": eval_n, "warmup_steps": WARMUP}
+    for workload, (prefix, _) in WORKLOADS.items():
+        tag = "" if workload == "default" else f"{workload}_"
+        measured = _ratios(results, prefix, "s_per_step")
+        by_traj = _ratios(results, prefix, "trajectories_per_s")
+        own = _ratios(results, prefix, "sim_s_per_step")
+        cross = _ratios(results, prefix, "sim_from_eta0_s_per_step")
+        table = []
+        for key, value in measured.items():
+            headline[f"{tag}{key}"] = round(value, 3)
+            headline[f"{tag}trajectories_{key}"] = round(by_traj[key], 3)
+            headline[f"{tag}sim_{key}"] = round(own[key], 3)
+            headline[f"{tag}sim_from_eta0_{key}"] = round(cross[key], 3)
+            own_err, cross_err = _error(key, own[key], value), _error(key, cross[key], value)
+            headline[f"{tag}sim_from_eta0_error_{key}"] = round(cross_err, 3)
+            headline[f"{tag}sim_error_{key}"] = round(own_err, 3)
+            table.append([key, value, own[key], own_err, cross[key], cross_err])
+        print_table(f"{workload}: measured vs simulated", ["ratio", "measured", "simulated (own run)", "error",
+                                                           "simulated (eta0 run)", "error"], table)
+    base, fast = results["eta0"], results["eta4"]
+    se0, se4 = _std_error(base["accuracy_after"], base["eval_n"]), _std_error(fast["accuracy_after"], fast["eval_n"])
+    headline.update({
+        "accuracy_start": base["accuracy_before"], "accuracy_eta0": base["accuracy_after"],
+        "accuracy_eta4": fast["accuracy_after"], "accuracy_se_eta0": se0, "accuracy_se_eta4": se4,
+        # eta 4 no worse than eta 0 within one standard error (of the difference)
+        "accuracy_eta4_within_1se_of_eta0": (None if se0 is None or se4 is None else
+                                             fast["accuracy_after"] >= base["accuracy_after"] - math.hypot(se0, se4)),
+        "sim_costs_from": sources,
         **{f"{name}_{k}": v for name, r in results.items() for k, v in r.items() if k != "accuracy_before"},
-    }
-    print(f"speed-up eta=4 over eta=0: {headline['speedup_eta4_over_eta0']}x; "
-          f"interruptible generation: {100 * headline['interruptible_gain']:+.1f}%")
+    })
+    print(f"speed-up eta=4 over eta=0: {headline['speedup_eta4_over_eta0']}x (long tail "
+          f"{headline['long_tail_speedup_eta4_over_eta0']}x); interruptible generation "
+          f"{100 * headline['interruptible_gain']:+.1f}% (long tail {100 * headline['long_tail_interruptible_gain']:+.1f}%), "
+          f"retract {100 * headline['retract_gain']:+.1f}% (long tail {100 * headline['long_tail_retract_gain']:+.1f}%), "
+          f"abort {100 * headline['abort_gain']:+.1f}% (long tail {100 * headline['long_tail_abort_gain']:+.1f}%)")
     if not quick:
         write_results("async_vs_sync", headline)
     return headline

@@ -45,8 +45,12 @@ def calibrated_error() -> dict:
         return {"calibrated_error_async_over_sync": None,
                 "calibrated_error_reason": "run `python -m benchmarks async_vs_sync` first"}
     r = json.loads(path.read_text())
-    return {**{k: r.get(k) for k in ("calibrated_error_async_over_sync", "sim_speedup_eta4_over_eta0",
-                                      "speedup_eta4_over_eta0", "calibrated_from_eta0_error_async_over_sync")},
+    # async_vs_sync.json's names (older results used the names on the left)
+    names = {"calibrated_error_async_over_sync": "sim_error_speedup_eta4_over_eta0",
+             "calibrated_from_eta0_error_async_over_sync": "sim_from_eta0_error_speedup_eta4_over_eta0",
+             "sim_speedup_eta4_over_eta0": "sim_speedup_eta4_over_eta0",
+             "speedup_eta4_over_eta0": "speedup_eta4_over_eta0"}
+    return {**{k: r.get(new, r.get(k)) for k, new in names.items()},
             "calibrated_error_measured_on": r.get("date")}
 
 

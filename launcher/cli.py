@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from launcher.config import ConfigError, load_config, load_experiment, to_yaml
+from launcher.placement import pin_from_env
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
 COMMAND_MODULES = ("services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli",
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        # A role started by the local launcher runs on its CPU pool, from before any thread starts.
+        pin_from_env()
         if getattr(args, "exp", None):
             args.cfg = load_experiment(args.exp)
         code = args.func(args)

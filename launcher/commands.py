@@ -81,10 +81,9 @@ def _simulate(args) -> int:
     calibration = None
     if args.calibrate:
         from launcher.simulate.calibrate import calibrate
+        from launcher.simulate.report import print_calibration
         calibration = calibrate(args.calibrate)
-        print(f"calibrated from {args.calibrate}: {calibration.samples}")
-        for n in calibration.notes:
-            print(f"note: {n}")
+        print_calibration(calibration)
     try:
         if args.sweep is None:
             sc, r = simulate(cfg, calibration)

@@ -81,6 +81,40 @@ class SlurmSection:
 
 
 @dataclass
+class CpuSection:
+    """Local backend: the CPU pool of each role (Linux cpu-list syntax, e.g. "0-5,8").
+
+    Empty = planned (docs/plan.md, "CPU placement"): 2 CPUs give generation one and training
+    the other, the light services sharing the generation CPU; more CPUs keep a few cores for the
+    light services and split the rest in launcher.gen_train_ratio.
+    """
+    # Pin every role to its pool (os.sched_setaffinity) and size its threads to it; false = roles
+    # float over every CPU with gen.threads / trainer.threads threads.
+    pin: bool = True
+    # Generation pool, divided between the gen.num_servers servers.
+    gen: str = ""
+    # Training pool (disjoint from gen).
+    train: str = ""
+    # Controller, reward service, rollout workers, evaluation and the launcher; may overlap one
+    # pool. Empty = the CPUs gen and train leave over, else the generation pool.
+    services: str = ""
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        for key in ("gen", "train", "services"):
+            value = getattr(self, key)
+            if value:
+                try:
+                    parse_cpus(value, f"launcher.cpus.{key}")
+                except ConfigError as e:
+                    out.append((key, str(e).removeprefix(f"launcher.cpus.{key}=")))
+        if (self.gen or self.train or self.services) and not (self.gen and self.train):
+            out.append(("gen" if not self.gen else "train",
+                        "launcher.cpus needs both gen and train when either (or services) is set"))
+        return out
+
+
+@dataclass
 class LauncherSection:
     """How roles are started and how the cluster is split between them."""
     # local: subprocesses on this machine; slurm: one submitit job per role.
@@ -91,6 +125,8 @@ class LauncherSection:
     # Generation GPUs : training GPUs.
     gen_train_ratio: str = "3:1"
     slurm: SlurmSection = field(default_factory=SlurmSection)
+    # Local backend: CPU pools of generation, training and the light services.
+    cpus: CpuSection = field(default_factory=CpuSection)
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -101,6 +137,7 @@ class LauncherSection:
         if self.gpus_per_node < 0:
             out.append(("gpus_per_node", "must be >= 0"))
         out += [(f"slurm.{k}", m) for k, m in self.slurm.problems()]
+        out += [(f"cpus.{k}", m) for k, m in self.cpus.problems()]
         parts = self.gen_train_ratio.split(":")
         if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
             hint = (" (YAML reads an unquoted 3:1 as the base-60 number 181: write '3:1' in quotes)"
@@ -127,6 +164,25 @@ SECTIONS = ("experiment", "launcher", "controller", "gen", "rollout", "reward", 
 
 class ConfigError(Exception):
     """A user mistake in an experiment file or override; the message says what and where."""
+
+
+def parse_cpus(text: str, key: str = "launcher.cpus") -> tuple[int, ...]:
+    """Linux cpu-list syntax ("0-3,6,8-9") -> sorted CPU ids; an error names `key`."""
+    out: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ConfigError(f"{key}={text!r}: expected CPU ids and ranges like '0-3,6'") from None
+        if a < 0 or b < a:
+            raise ConfigError(f"{key}={text!r}: bad range {part!r}")
+        out.update(range(a, b + 1))
+    if not out:
+        raise ConfigError(f"{key}={text!r}: names no CPU")
+    return tuple(sorted(out))
 
 
 def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:

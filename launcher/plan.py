@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from launcher.config import ConfigError, ExperimentConfig
+from launcher.placement import CpuPlacement, available_cpus, format_ranges, place_cpus
 
 
 class PlanError(ConfigError):
@@ -52,6 +53,10 @@ class Plan:
     # role -> where it runs (CPU roles).
     cpu_roles: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Local backend: the CPU pools of every role (launcher.placement); None on SLURM.
+    cpus: CpuPlacement | None = None
+    # False when no role uses a GPU (local backend with embedded CPU servers).
+    uses_gpus: bool = True
 
     @property
     def total_gpus(self) -> int:
@@ -171,31 +176,54 @@ def make_plan(nodes: int, gpus_per_node: int, ratio: str | tuple[int, int], gen_
     return plan
 
 
-def plan_for(cfg: ExperimentConfig) -> Plan:
-    """The plan of an experiment config (its launcher, gen and trainer sections)."""
+def plan_for(cfg: ExperimentConfig, place_cpus: bool = True) -> Plan:
+    """The plan of an experiment config (its launcher, gen and trainer sections).
+
+    With the local backend it also places every role on this machine's CPUs (`place_cpus`;
+    the simulator, which plans clusters, does not ask for that)."""
     la = cfg.launcher
     where = "this machine" if la.backend == "local" else "a CPU job (no GPUs)"
     plan = make_plan(la.nodes, la.gpus_per_node, la.gen_train_ratio, gen_tp=cfg.gen.tp_size,
                      train_tp=cfg.trainer.tensor_parallel, train_pp=cfg.trainer.pipeline_parallel,
                      cpu_where=where, rollout_workers=cfg.rollout.num_workers)
+    if place_cpus:
+        plan.cpus = cpu_placement_for(cfg)
+    if plan.cpus is not None:
+        services = f"CPUs {format_ranges(plan.cpus.services)} (light services pool)"
+        plan.cpu_roles = {k: services for k in plan.cpu_roles}
+    # One machine, CPU roles only: the GPU tables would describe GPUs nothing uses.
+    plan.uses_gpus = not (la.backend == "local" and la.nodes == 1 and cfg.gen.backend == "embedded"
+                          and cfg.trainer.backend == "torch")
     if la.backend == "slurm" and cfg.gen.num_servers not in (1, plan.num_servers):
         plan.notes.append(f"gen.num_servers={cfg.gen.num_servers} is ignored on slurm: the plan "
                           f"starts {plan.num_servers} servers")
     return plan
 
 
-def _ranges(xs: list[int]) -> str:
-    if not xs:
-        return "-"
-    out, start, prev = [], xs[0], xs[0]
-    for x in xs[1:] + [None]:
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if x is not None:
-            start = prev = x
-    return ",".join(out)
+def cpu_placement_for(cfg, available=None) -> CpuPlacement | None:
+    """The local backend's placement of `cfg`, or None when pinning is off or roles run on SLURM."""
+    la = cfg.launcher
+    if la.backend != "local" or not la.cpus.pin:
+        return None
+    return place_cpus(available_cpus() if available is None else available, num_servers=cfg.gen.num_servers,
+                      trainer_ranks=1, ratio=parse_ratio(la.gen_train_ratio), gen=la.cpus.gen,
+                      train=la.cpus.train, services=la.cpus.services)
+
+
+def render_cpus(cpus: CpuPlacement, console) -> None:
+    """The local backend's CPU pools: one row per server, trainer rank and the services."""
+    from rich.table import Table
+
+    where = "launcher.cpus" if cpus.source == "launcher.cpus" else "planned"
+    table = Table(title=f"CPU placement ({where}): {len(cpus.available)} CPUs "
+                        f"({format_ranges(list(cpus.available))}) on this machine")
+    for c in ("pool", "CPUs", "threads", "roles"):
+        table.add_column(c)
+    for row in cpus.rows():
+        table.add_row(*row)
+    console.print(table)
+    for note in (*cpus.notes, *cpus.shared_pools()):
+        console.print(f"note: {note}")
 
 
 def render(plan: Plan, console=None) -> None:
@@ -204,14 +232,19 @@ def render(plan: Plan, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    if plan.cpus is not None:
+        render_cpus(plan.cpus, console)
+    if not plan.uses_gpus:
+        console.print("no GPU roles: embedded generation servers and the torch trainer run on the CPUs above")
+        return
     a, b = plan.ratio
     summary = Table(title=f"Allocation plan: {plan.nodes} nodes x {plan.gpus_per_node} GPUs, "
                           f"ratio {a}:{b} ({plan.split} split)")
     for c in ("role", "GPUs", "nodes", "layout"):
         summary.add_column(c)
-    summary.add_row("generation", str(plan.gen_gpus), _ranges(plan.gen_nodes),
+    summary.add_row("generation", str(plan.gen_gpus), format_ranges(plan.gen_nodes),
                     f"{plan.num_servers} servers x TP {plan.gen_tp}")
-    summary.add_row("training", str(plan.train_gpus), _ranges(plan.train_nodes),
+    summary.add_row("training", str(plan.train_gpus), format_ranges(plan.train_nodes),
                     f"world {plan.trainer_world} = TP {plan.train_tp} x PP {plan.train_pp} "
                     f"x DP {plan.train_dp}")
     for role, where in plan.cpu_roles.items():
@@ -235,8 +268,8 @@ def render(plan: Plan, console=None) -> None:
         node_ids = list(range(rows[i][0], rows[j][0] + 1))
         servers = sum((by_node_servers.get(n, []) for n in node_ids), [])
         ranks = sum((by_node_ranks.get(n, []) for n in node_ids), [])
-        nodes.add_row(_ranges(node_ids), str(rows[i][1]), _ranges(servers), str(rows[i][2]),
-                      _ranges(ranks))
+        nodes.add_row(format_ranges(node_ids), str(rows[i][1]), format_ranges(servers), str(rows[i][2]),
+                      format_ranges(ranks))
         i = j + 1
     console.print(nodes)
     for note in plan.notes:

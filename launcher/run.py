@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import shutil
 import sys
 import time
@@ -26,6 +28,7 @@ from services.protocol import (
 
 from .config import ConfigError, ExperimentConfig, load_config, load_experiment, save_resolved
 from .local import LaunchError, LocalSupervisor, RoleSpec
+from .plan import cpu_placement_for
 from .progress import Progress, summarize
 from .report import write_report
 
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[ExperimentConfig, ExpDir]:
     """Resolve the config and create (or reopen, with --resume) the experiment directory."""
     cfg = load_config(file, overrides)
+    sglang_layout(cfg)      # sets gen.num_servers from the plan; a layout the backend cannot start fails
+    cpu_placement_for(cfg)  # a CPU placement that does not fit fails before the directory exists
     exp = ExpDir(cfg.experiment.exp_dir)
     if exp.config.exists():
         if not resume:
@@ -52,34 +57,108 @@ def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[Exper
     exp.root.mkdir(parents=True, exist_ok=True)
     save_resolved(cfg, exp.root)
     generate_keys(exp.keys)
-    (exp.keys / "gen-api-key").write_text(f"tandem-{time.time_ns()}\n")
-    (exp.keys / "gen-api-key").chmod(0o600)
+    write_gen_keys(exp)
     return cfg, exp
+
+
+# Local backend: SGLang loads and warms up a GPU model (minutes for 14B), not seconds.
+SGLANG_READY_TIMEOUT_S = 1800.0
+# The generation servers' bearer keys under <exp>/keys/ (the names travel in RegisterServer).
+GEN_API_KEY, GEN_ADMIN_KEY = "gen-api-key", "gen-admin-api-key"
+
+
+def write_gen_keys(exp: ExpDir) -> None:
+    """Fresh random API and admin keys for this launch, each created 0600 (never world-readable,
+    not even for an instant) and swapped in atomically."""
+    for name in (GEN_API_KEY, GEN_ADMIN_KEY):
+        path, tmp = exp.keys / name, exp.keys / f".{name}.tmp"
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            # The prefix keeps a key from starting with "-": SGLang turns its --config file into
+            # command-line options in-process, where such a value would parse as a flag.
+            f.write(f"tandem-{secrets.token_urlsafe(32)}\n")
+        os.replace(tmp, path)
+
+
+def sglang_layout(cfg: ExperimentConfig):
+    """With gen.backend: sglang, the plan that places the servers on GPUs (None otherwise).
+
+    The plan decides the server count (one per gen.tp_size generation GPUs), as on SLURM; the
+    local backend — one machine, one trainer process — also gives each server and the trainer
+    their GPUs from it, so it refuses layouts it cannot start as planned."""
+    if cfg.gen.backend != "sglang":
+        return None
+    from .plan import plan_for
+
+    plan = plan_for(cfg, place_cpus=False)
+    cfg.gen.num_servers = plan.num_servers
+    la = cfg.launcher
+    if la.backend == "local":
+        if la.nodes != 1:
+            raise ConfigError(f"launcher.nodes={la.nodes}: the local backend runs on this machine only; "
+                              f"use launcher.backend: slurm for several nodes")
+        if plan.trainer_world != 1:
+            raise ConfigError(f"the local backend starts one trainer process, but the plan gives training "
+                              f"{plan.trainer_world} GPUs (launcher.gpus_per_node={la.gpus_per_node}, "
+                              f"gen_train_ratio={la.gen_train_ratio}); choose a ratio that leaves training "
+                              f"one GPU (e.g. {la.gpus_per_node - 1}:1) or use launcher.backend: slurm")
+    return plan
 
 
 def role_specs(cfg: ExperimentConfig, exp: ExpDir, resume: bool) -> list[RoleSpec]:
     root = str(exp.root)
     specs = [RoleSpec("controller-0", ["controller", "--exp", root], ready_file="controller", restart=True),
              RoleSpec("reward-0", ["reward", "serve", "--exp", root], ready_file="reward", restart=True)]
-    for i in range(cfg.gen.num_servers):
-        specs.append(RoleSpec(f"gen-{i}", ["gen", "serve", "--model", cfg.experiment.model, "--host", "127.0.0.1",
-                                           "--port", str(free_port()), "--api-key-file",
-                                           str(exp.keys / "gen-api-key"), "--exp", root, "--rank", str(i)],
-                              threads=cfg.gen.threads, ready_file=f"gen-{i}", restart=True,
-                              on_ready=lambda i=i: register_server(exp, i)))
+    specs += gen_role_specs(cfg, exp)
+    gpu_plan = sglang_layout(cfg) if cfg.launcher.backend == "local" else None
     specs.append(RoleSpec("trainer-0", ["trainer", "--exp", root] + (["--resume"] if resume else []),
-                          threads=cfg.trainer.threads, ready_file="trainer"))
+                          threads=cfg.trainer.threads, ready_file="trainer",
+                          # On a local GPU machine the trainer gets the plan's training GPU only.
+                          env={"CUDA_VISIBLE_DEVICES": gpu_plan.cuda_visible_devices("trainer", 0)}
+                          if gpu_plan else {}))
     for r in range(cfg.rollout.num_workers):
         specs.append(RoleSpec(f"rollout-{r}", ["rollout", "--exp", root, "--rank", str(r)], restart=True))
     return specs
 
 
+def gen_role_specs(cfg: ExperimentConfig, exp: ExpDir) -> list[RoleSpec]:
+    """The generation servers: `tandem gen serve` (embedded, CPU) or, with gen.backend: sglang,
+    `tandem gen sglang` (rollout/sglang_role.py: a supervised `python -m sglang.launch_server`).
+    Both take the same key files and announce `<exp>/services/gen-<i>.json`; the launcher then
+    registers each with the controller. On SLURM, slurm_requests rewrites host and ports."""
+    root = str(exp.root)
+    sglang = cfg.gen.backend == "sglang"
+    plan = sglang_layout(cfg)                       # None for embedded servers
+    gpu_plan = plan if cfg.launcher.backend == "local" else None
+    specs = []
+    for i in range(cfg.gen.num_servers):
+        argv = ["gen", "sglang" if sglang else "serve", "--model", cfg.experiment.model, "--host", "127.0.0.1",
+                "--port", str(free_port())]
+        if sglang:
+            argv += ["--nccl-port", str(free_port())]
+        argv += ["--api-key-file", str(exp.keys / GEN_API_KEY), "--admin-api-key-file",
+                 str(exp.keys / GEN_ADMIN_KEY), "--exp", root, "--rank", str(i)]
+        # SGLang runs a scheduler per TP rank, a tokenizer/HTTP process and a detokenizer, each
+        # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
+        threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads
+        specs.append(RoleSpec(f"gen-{i}", argv, threads=threads, ready_file=f"gen-{i}", restart=True,
+                              on_ready=lambda i=i: register_server(exp, i),
+                              env={"CUDA_VISIBLE_DEVICES": gpu_plan.cuda_visible_devices("gen", i)}
+                              if gpu_plan else {},
+                              ready_timeout_s=SGLANG_READY_TIMEOUT_S if sglang else None))
+    return specs
+
+
 def register_server(exp: ExpDir, rank: int) -> None:
+    """Add server `rank` (as announced in services/gen-<rank>.json) to the controller's rotation,
+    naming the key files it checks (the controller and workers read them from <exp>/keys/)."""
     info = read_service(exp, f"gen-{rank}", timeout_s=10)
     controller = read_service(exp, "controller", timeout_s=10)
     client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=30)
     try:
-        client.request(RegisterServer(address=info["url"], api_key_ref="gen-api-key"))
+        client.request(RegisterServer(address=info["url"], api_key_ref=GEN_API_KEY, admin_key_ref=GEN_ADMIN_KEY,
+                                      tp_size=int(info.get("tp_size", 0))))
     finally:
         client.close()
 
@@ -98,7 +177,7 @@ def evaluate(sup: LocalSupervisor, exp: ExpDir, tag: str) -> dict | None:
 
 
 def run_local(cfg: ExperimentConfig, exp: ExpDir, resume: bool) -> int:
-    sup = LocalSupervisor(exp)
+    sup = LocalSupervisor(exp, cpu_placement_for(cfg))
     t0 = time.time()
     progress = Progress(exp, cfg.trainer.total_steps)
     evals: dict[str, dict | None] = {}

@@ -58,10 +58,13 @@ def time_minutes(text: str | int) -> int:
 
 
 def _rewrite_gen_argv(argv: list[str], host: str) -> list[str]:
-    """The local launcher picks a free port on its own machine; on a cluster the server picks
-    one on its node (port 0) and binds an interface other nodes reach."""
+    """The local launcher picks free ports on its own machine; on a cluster the server picks
+    them on its node (port 0: HTTP, and SGLang's NCCL port with gen.backend: sglang) and binds
+    an interface other nodes reach. The command stays the role's: `tandem gen serve` or, for
+    SGLang, `tandem gen sglang`, which runs `python -m sglang.launch_server` on the job's GPUs
+    (CUDA_VISIBLE_DEVICES from SLURM's allocation of gen.tp_size GPUs)."""
     out = list(argv)
-    for flag, value in (("--host", host), ("--port", "0")):
+    for flag, value in (("--host", host), ("--port", "0"), ("--nccl-port", "0")):
         if flag in out:
             out[out.index(flag) + 1] = value
     return out

@@ -40,29 +40,37 @@ def _gen_serve(args) -> int:
     return serve_from_args(args)
 
 
-def _add_gen_commands(sub) -> None:
+def _add_gen_commands(sub):
     p = sub.add_parser("gen", help="generation servers")
-    gsub = p.add_subparsers(dest="gen_cmd", required=True, metavar="{serve}")
+    gsub = p.add_subparsers(dest="gen_cmd", required=True, metavar="{serve,sglang}")
     c = gsub.add_parser("serve", help="run the embedded (CPU) SGLang-compatible generation server")
     c.add_argument("--model", required=True, help="Hugging Face model directory")
     c.add_argument("--host", default="127.0.0.1")
     c.add_argument("--port", type=int, default=30000, help="0 picks a free port")
     c.add_argument("--api-key-file", type=Path, default=None,
                    help="file holding the bearer key clients must send (none: no key checked)")
+    c.add_argument("--admin-api-key-file", type=Path, default=None,
+                   help="file holding the admin key: when set, only it unlocks pause/continue/abort/flush "
+                        "and weight updates, and the API key is refused there (SGLang's --admin-api-key)")
     c.add_argument("--exp", default=None,
                    help="experiment directory: read the `gen` config section, log there and "
                         "publish the address in <exp>/services/gen-<rank>.json")
     c.add_argument("--rank", type=int, default=0, help="server index within the experiment")
     c.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: gen.threads; 0 there means $TANDEM_THREADS, else 1)")
+                   help="torch threads (default: $TANDEM_THREADS, which the local launcher sizes to the "
+                        "server's CPU pool, else gen.threads, else 1)")
     c.add_argument("--max-running", type=int, default=None,
                    help="most sequences decoded together (default: gen.max_running_requests)")
     c.add_argument("--weight-version", default="0",
                    help="weight_version reported until the first update (the policy version)")
     c.set_defaults(func=_gen_serve)
+    return gsub
 
 
 def register(sub) -> None:
     """Add this package's sub-commands to the `tandem` parser."""
     _add_model_commands(sub)
-    _add_gen_commands(sub)
+    gsub = _add_gen_commands(sub)
+    # `tandem gen sglang`: the supervised SGLang server of gen.backend: sglang (rollout/sglang_role.py).
+    from rollout.sglang_role import add_parser as add_sglang_parser
+    add_sglang_parser(gsub)

@@ -66,7 +66,8 @@ class GenConfig:
     backend: str = "embedded"
     # Generation servers (embedded: processes on this machine; sglang: one per tp_size GPUs).
     num_servers: int = 1
-    # Torch threads of each embedded server (0: $TANDEM_THREADS, else 1).
+    # Torch threads of each embedded server (0: 1). The local launcher with launcher.cpus.pin
+    # gives each server as many threads as its CPU set instead.
     threads: int = 1
     # Most sequences one embedded server decodes together (the running batch).
     max_running_requests: int = 64
@@ -85,6 +86,11 @@ class GenConfig:
     mem_fraction_static: float = 0.8
     # SGLang only: extra `python -m sglang.launch_server` arguments, as-is.
     sglang_args: list[str] = field(default_factory=list)
+    # SGLang only: start with --enable-deterministic-inference (batch-invariant kernels, slower),
+    # the mode in which a request's sampling_seed reproduces its sample. Rollout workers then seed
+    # each sample from experiment.seed and its group/sample id (SGLang would give every unseeded
+    # request the same seed, making a group's samples identical).
+    deterministic_inference: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+import zlib
 
 from services.protocol import (
     AdmitRequest,
@@ -88,7 +89,7 @@ class RolloutWorker:
         trainer = read_service(self.exp, "trainer", timeout_s=300)
         self.sink = TrajectorySource(self.keys, trainer["trajectory_address"])
         ctx = EpisodeContext(
-            generate=self.generator.generate, grade=self._grade, tokenizer=tokenizer,
+            generate=self._seeded(self.generator.generate), grade=self._grade, tokenizer=tokenizer,
             n_samples=self.rc.n_samples, filter_all_equal=self.rc.filter_all_equal,
             sampling_params={"temperature": self.rc.temperature, "top_p": self.rc.top_p,
                              "top_k": self.rc.top_k, "max_new_tokens": self.rc.max_new_tokens})
@@ -121,6 +122,18 @@ class RolloutWorker:
             heartbeat.cancel()
             await self._drain()
         return 0
+
+    def _seeded(self, generate):
+        """With `gen.deterministic_inference`, SGLang samples every unseeded request with the same
+        seed (42), so the n samples of a group would be identical: give each sample its own
+        seed, derived from the experiment seed and the sample's sticky key."""
+        if not getattr(self.cfg.gen, "deterministic_inference", False):
+            return generate
+
+        async def seeded(prompt_ids, params, sticky_key):
+            seed = zlib.crc32(f"{self.cfg.experiment.seed}/{sticky_key}".encode())
+            return await generate(prompt_ids, {**params, "sampling_seed": seed}, sticky_key)
+        return seeded
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
         """Let in-flight groups finish (they were admitted; dropping them would waste them)."""

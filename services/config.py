@@ -38,10 +38,19 @@ class ControllerConfig:
     # Timeout of pause/continue and of one weight update on one server (loading a large model
     # from disk or receiving a broadcast takes minutes).
     update_timeout_s: float = 600.0
-    # Interruptible generation: a weight update pauses servers in abort mode and in-flight samples
-    # continue under the new weights (per-token versions). False: the update waits for in-flight
-    # requests to finish under the old weights (the non-interruptible baseline).
+    # Interruptible generation: a weight update pauses the servers (interrupt_mode) and in-flight
+    # samples continue under the new weights (per-token versions). False: no pause; the update
+    # waits for in-flight requests to finish under the old weights (the non-interruptible baseline).
     interruptible: bool = True
+    # How the pause treats in-flight requests (SGLang's /pause_generation modes). abort: they
+    # return at once with their partial output and the generation client resubmits them as
+    # prompt + partial output; retract: they stay queued on the server and are re-prefilled
+    # under the new weights after the update (nothing is resubmitted; replies carry
+    # weight_versions spans); in_place: they keep their KV cache, computed by the old weights, and
+    # go on with the new ones (no re-prefill; updates are sent with flush_cache: false, as SGLang
+    # requires for it). Behaviour log-probs are exact in every mode: they are the probabilities
+    # the tokens were sampled with.
+    interrupt_mode: str = "in_place"
     # Stickiness memory: sticky keys remembered (least recently used forgotten first).
     sticky_entries: int = 65536
     # torch.distributed backend the servers join a weight-broadcast group with; the embedded
@@ -68,6 +77,8 @@ class ControllerConfig:
             out.append(("health_failures", "must be >= 1"))
         if self.sticky_entries < 0:
             out.append(("sticky_entries", "must be >= 0"))
+        if self.interrupt_mode not in ("abort", "retract", "in_place"):
+            out.append(("interrupt_mode", f"must be 'abort', 'retract' or 'in_place', got {self.interrupt_mode!r}"))
         if self.broadcast_backend not in ("gloo", "nccl"):
             out.append(("broadcast_backend", f"must be 'gloo' or 'nccl', got {self.broadcast_backend!r}"))
         return out

@@ -120,6 +120,19 @@ class TrainBackend(ABC):
     def load_state_dict(self, state: dict) -> None:
         """Inverse of state_dict (same world layout)."""
 
+    # True when the loop's checkpoints hold this backend's state as one sharded directory
+    # written by save_checkpoint (collective, reloadable into another parallel layout, e.g.
+    # Megatron's dist checkpointing) instead of every rank's state_dict() (same layout only).
+    sharded_checkpoint: bool = False
+
+    def save_checkpoint(self, ckpt_dir: Path) -> None:
+        """Collective: write model and optimizer into `ckpt_dir` (sharded backends only)."""
+        raise NotImplementedError(f"{type(self).__name__} checkpoints through state_dict()")
+
+    def load_checkpoint(self, ckpt_dir: Path) -> None:
+        """Collective: inverse of save_checkpoint, in any parallel layout."""
+        raise NotImplementedError(f"{type(self).__name__} checkpoints through state_dict()")
+
     @abstractmethod
     def export_hf(self, out_dir: Path) -> None:
         """Write a Hugging Face directory (config.json, model.safetensors, tokenizer files) that

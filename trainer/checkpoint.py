@@ -6,6 +6,12 @@ unconsumed replay buffer) and renames the directory into place after every rank 
 crash at any moment leaves either the previous checkpoints or the new one, never a half one,
 and `latest()` only ever sees complete directories.
 
+Backends with sharded checkpoints (`TrainBackend.sharded_checkpoint`, the Megatron backend)
+write model and optimizer as one collective directory `dist/` inside the same temp directory
+(Megatron's dist checkpointing: every tensor with its global offsets, so it loads into another
+tensor/pipeline/data-parallel layout); their rank files then hold only the RNG states, and a
+resume with a different number of ranks is allowed (ranks without a file keep fresh RNG states).
+
 Resuming restores the version numbering and the buffer, so the next step trains exactly the
 groups the interrupted run would have trained, with the same parameters and optimizer state
 (AReaL issue 1388: staleness accounting that restarts from zero after a resume is the bug).
@@ -17,6 +23,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +33,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
+SHARDED_DIR = "dist"
 
 
 def rng_state() -> dict:
@@ -60,8 +68,11 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save(root: Path, step: int, rank: int, rank_state: dict, loop_state: dict | None, keep: int) -> Path:
-    """Collective: every rank passes its `rank_state`; rank 0 also passes `loop_state`."""
+def save(root: Path, step: int, rank: int, rank_state: dict, loop_state: dict | None, keep: int,
+         write_sharded: Callable[[Path], None] | None = None) -> Path:
+    """Collective: every rank passes its `rank_state`; rank 0 also passes `loop_state`.
+    `write_sharded(dir)`, when given, is called on every rank to write the backend's sharded
+    checkpoint into `<checkpoint>/dist/` before the directory is renamed into place."""
     root = Path(root)
     final = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
@@ -70,6 +81,8 @@ def save(root: Path, step: int, rank: int, rank_state: dict, loop_state: dict | 
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier()
+    if write_sharded is not None:
+        write_sharded(tmp / SHARDED_DIR)
     _save_file({**rank_state, "rng": rng_state()}, tmp / f"rank-{rank}.pt")
     if rank == 0:
         _save_file(loop_state or {}, tmp / "loop.pt")
@@ -97,11 +110,21 @@ def _save_file(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def load(path: Path, rank: int) -> tuple[dict, dict]:
-    """(this rank's state with RNG applied, loop state) from a checkpoint directory."""
+def load(path: Path, rank: int, sharded: bool = False) -> tuple[dict, dict]:
+    """(this rank's state with RNG applied, loop state) from a checkpoint directory.
+
+    `sharded`: the backend resumes from `sharded_dir(path)`; the checkpoint must hold one, and
+    a missing rank file (a job with more ranks than the writer) only means fresh RNG states.
+    """
     path = Path(path)
     rank_file = path / f"rank-{rank}.pt"
-    if not rank_file.exists():
+    if sharded:
+        sharded_dir(path)
+        if not rank_file.exists():
+            log.info("%s: no RNG states for rank %d (written by a smaller job); keeping fresh ones",
+                     path, rank)
+            return {}, torch.load(path / "loop.pt", map_location="cpu", weights_only=False)
+    elif not rank_file.exists():
         raise FileNotFoundError(f"{rank_file}: missing; was this checkpoint written by a job with "
                                 f"a different number of trainer ranks?")
     # Our own files (they hold numpy RNG state and raw bytes, which weights_only refuses).
@@ -109,3 +132,12 @@ def load(path: Path, rank: int) -> tuple[dict, dict]:
     loop_state = torch.load(path / "loop.pt", map_location="cpu", weights_only=False)
     set_rng_state(rank_state.pop("rng"))
     return rank_state, loop_state
+
+
+def sharded_dir(path: Path) -> Path:
+    """The sharded backend checkpoint inside a checkpoint directory (ValueError when absent)."""
+    d = Path(path) / SHARDED_DIR
+    if not d.is_dir():
+        raise ValueError(f"{path}: holds no sharded checkpoint ({SHARDED_DIR}/); it was written by "
+                         f"a backend that checkpoints per rank (trainer.backend: torch)")
+    return d

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from omegaconf import II
 
 from trainer.megatron.config import MegatronConfig
+from trainer.weights import METHODS as WEIGHT_SYNC_METHODS
 
 
 @dataclass
@@ -58,8 +59,9 @@ class TrainerConfig:
     checkpoint_every: int = 10
     # Checkpoints kept on disk (oldest removed first).
     keep_checkpoints: int = 2
-    # disk: write <exp>/weights/v<N>/ as a HF directory; broadcast: send tensors over a
-    # torch.distributed group joined by the generation servers.
+    # How new weights reach the generation servers (one publisher per method, trainer/weights/):
+    # disk: write <exp>/weights/v<N>/ as a HF directory each server loads; broadcast: send the
+    # tensors over a torch.distributed group joined by every TP rank of every server.
     weight_sync: str = "disk"
     # Published weight versions kept under <exp>/weights/ (oldest removed first).
     keep_weights: int = 3
@@ -76,9 +78,8 @@ class TrainerConfig:
     # Megatron backend: tensor- and pipeline-parallel sizes (data parallel takes the rest).
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    # Torch threads of each trainer rank (local backend; roles share the machine's cores).
-    threads: int = 1
-    # torch threads of one trainer rank (the local backend also sets OMP/MKL threads to this).
+    # Torch threads of one trainer rank. The local launcher with launcher.cpus.pin gives each
+    # rank as many threads as its CPU set instead (OMP/MKL threads follow).
     threads: int = 1
     # Interface the trajectory socket binds (rollout workers connect to it).
     host: str = "127.0.0.1"
@@ -117,8 +118,8 @@ class TrainerConfig:
             out.append(("checkpoint_every", "must be >= 0 (0 = only on SIGTERM)"))
         if self.keep_checkpoints < 1:
             out.append(("keep_checkpoints", "must be >= 1"))
-        if self.weight_sync not in ("disk", "broadcast"):
-            out.append(("weight_sync", f"must be 'disk' or 'broadcast', got {self.weight_sync!r}"))
+        if self.weight_sync not in WEIGHT_SYNC_METHODS:
+            out.append(("weight_sync", f"must be one of {sorted(WEIGHT_SYNC_METHODS)}, got {self.weight_sync!r}"))
         if self.keep_weights < 1:
             out.append(("keep_weights", "must be >= 1"))
         if self.ack_timeout_s <= 0:

@@ -1,4 +1,5 @@
-"""The trainer's side of its conversation with the controller: weights_ready and trainer_resumed.
+"""The trainer's side of its conversation with the controller: a published version (the weight
+message of trainer.weight_sync's method) and trainer_resumed.
 
 The controller may be restarting when the trainer calls (it comes back, possibly on another
 port, and re-announces itself in `<exp>/services/controller.json`), so an unanswered request is
@@ -18,10 +19,9 @@ from services.protocol import (
     Shutdown,
     SyncRequestClient,
     WeightsAck,
-    WeightsReady,
     read_service,
 )
-from trainer.publish import BackgroundCall
+from trainer.weights import BackgroundCall
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +48,20 @@ class ControllerLink:
                 time.sleep(min(1.0, max(left, 0)))
         return None
 
-    def weights_ready(self, ready: WeightsReady, sender: BackgroundCall | None = None) -> dict:
-        """Announce a published version and wait for the ack (and for the broadcast `sender`,
-        which runs meanwhile); returns the timings and outcome for the step's metrics."""
+    def weights_ready(self, ready, sender: BackgroundCall | None = None) -> dict:
+        """Announce a published version (`ready`: its method's weight message) and wait for the
+        ack (and for the transfer `sender`, e.g. a broadcast, which runs meanwhile); returns the
+        timings and outcome for the step's metrics."""
         t0 = time.perf_counter()
-        ack = self.request(ready, f"weights_ready v{ready.version}")
+        ack = self.request(ready, f"{ready.OP} v{ready.version}")
         out = {"ack_wait_s": time.perf_counter() - t0}
         if sender is not None:
             try:
                 out.update(sender.result(timeout_s=self.timeout_s))
-                out["broadcast_ok"] = True
+                out["transfer_ok"] = True
             except Exception as e:  # servers that missed it are the controller's to repair
-                log.error("weights v%d: broadcast failed: %s", ready.version, e)
-                out["broadcast_ok"] = False
+                log.error("weights v%d: transfer failed: %s", ready.version, e)
+                out["transfer_ok"] = False
         if isinstance(ack, WeightsAck):
             if not ack.ok or ack.failed_servers:
                 log.warning("weights v%d: controller reports failed servers %s", ack.version, ack.failed_servers)

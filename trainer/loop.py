@@ -10,7 +10,8 @@ Order within a step, and why:
   2. recompute proximal log-probs for the whole batch with the parameters at the start of the
      step, before any update (so every minibatch's trust region is around the same policy);
   3. ppo_n_minibatches optimizer updates;
-  4. version += 1, publish the weights, tell the controller (weights_ready) and wait for its
+  4. version += 1, publish the weights (trainer/weights/), tell the controller (the method's
+     message: weights_on_disk, weights_broadcast) and wait for its
      ack (or let it run in the background and wait before the next publish);
   5. checkpoint every `checkpoint_every` steps, and on SIGTERM.
 A crash between 4 and 5 re-trains the step after resume and republishes the same version with
@@ -38,7 +39,6 @@ from services.protocol import (
     TrainerResumed,
     Trajectory,
     TrajectorySink,
-    WeightsReady,
     load_keys,
     publish_service,
 )
@@ -48,9 +48,9 @@ from trainer.batch import StepBatch, plan_step
 from trainer.buffer import ReplayBuffer
 from trainer.controller_link import ControllerLink
 from trainer.loss import PPOSettings, ppo_token_loss
-from trainer.publish import BackgroundCall, BroadcastPublisher, publish_to_disk
 from trainer.wal import TrajectoryLog, wal_path
 from trainer.wal import replay as wal_replay
+from trainer.weights import BackgroundCall, build_publisher
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class Trainer:
         self.settings = PPOSettings(self.tcfg.eps_clip, self.tcfg.use_decoupled_loss,
                                     self.tcfg.behav_imp_weight_cap)
         self._pending_ack: BackgroundCall | None = None
+        self.publisher = build_publisher(self.tcfg, exp.weights, self._receiver_ranks())
         self._step_staleness: Counter = Counter()
         self._step_token_staleness: Counter = Counter()
         self._last_checkpoint = -1
@@ -264,27 +265,21 @@ class Trainer:
 
     # ---- weights ------------------------------------------------------------------------------
     def _publish(self) -> dict:
-        """Publish self.version and notify the controller; returns phase timings."""
+        """Publish self.version (with trainer.weight_sync's publisher) and notify the controller;
+        returns phase timings."""
         self._wait_pending_ack()
         t_start = time.perf_counter()
-        t = self.tcfg
-        timings: dict = {}
-        sender = None
-        if t.weight_sync == "disk":
-            path, timings = publish_to_disk(self.backend, self.exp.weights, self.version, t.keep_weights)
-            ready = WeightsReady(version=self.version, how="disk", path=str(path))
-        else:
-            publisher = BroadcastPublisher(t.host, t.broadcast_port, self._n_receivers(),
-                                           snapshot=not t.wait_for_ack)
-            ready, send = publisher.prepare(self.backend, self.version)
-            if self.rank == 0:
-                sender = BackgroundCall(send, "weights broadcast")
+        publication = self.publisher.publish(self.backend, self.version)
+        timings = dict(publication.timings)
         if self.rank != 0:
             return timings
+        # The transfer (a broadcast) runs while the controller has the servers receive it.
+        sender = BackgroundCall(publication.transfer, "weights transfer") if publication.transfer else None
         # What the trainer spends making the version available, before any server loads it.
         timings["weight_publish_s"] = time.perf_counter() - t_start
-        notify = BackgroundCall(lambda: self.controller.weights_ready(ready, sender), "weights_ready")
-        if t.wait_for_ack:
+        notify = BackgroundCall(lambda: self.controller.weights_ready(publication.message, sender),
+                                "weights announcement")
+        if self.tcfg.wait_for_ack:
             timings.update(self._await(notify))
         else:
             self._pending_ack = notify
@@ -309,9 +304,13 @@ class Trainer:
                                         "trainer_resumed")
         log.info("announced resume at version %d holding %d groups: %s", self.version, held, reply)
 
-    def _n_receivers(self) -> int:
+    def _receiver_ranks(self) -> int:
+        """Ranks that receive a weight broadcast: every TP rank of every generation server
+        (SGLang joins each at rank_offset + tp_rank; the controller assigns the offsets). An
+        embedded server is one process: one rank whatever gen.tp_size says."""
         gen = getattr(self.cfg, "gen", None)
-        return int(getattr(gen, "num_servers", 1))
+        tp = int(getattr(gen, "tp_size", 1)) if getattr(gen, "backend", "embedded") == "sglang" else 1
+        return int(getattr(gen, "num_servers", 1)) * tp
 
     def _wait_pending_ack(self) -> None:
         if self._pending_ack is not None:
@@ -331,8 +330,13 @@ class Trainer:
             loop_state = {"version": self.version, "buffer": self.buffer.state_dict(),
                           "staleness": dict(self.staleness), "token_staleness": dict(self.token_staleness),
                           "wal_seq": self._wal_seq + 1}
-        checkpoint.save(self.exp.checkpoints, self.version, self.rank, {"backend": self.backend.state_dict()},
-                        loop_state, self.tcfg.keep_checkpoints)
+        be = self.backend
+        if be.sharded_checkpoint:  # Megatron: dist checkpointing, reshardable on load
+            checkpoint.save(self.exp.checkpoints, self.version, self.rank, {}, loop_state,
+                            self.tcfg.keep_checkpoints, write_sharded=be.save_checkpoint)
+        else:
+            checkpoint.save(self.exp.checkpoints, self.version, self.rank, {"backend": be.state_dict()},
+                            loop_state, self.tcfg.keep_checkpoints)
         self._last_checkpoint = self.version
         if self.rank == 0:
             self.wal.close()
@@ -360,8 +364,15 @@ class Trainer:
         if path is None:
             log.info("--resume: no checkpoint in %s; starting from version 0", self.exp.checkpoints)
             return
-        rank_state, loop_state = checkpoint.load(path, self.rank)
-        self.backend.load_state_dict(rank_state["backend"])
+        sharded = self.backend.sharded_checkpoint
+        rank_state, loop_state = checkpoint.load(path, self.rank, sharded=sharded)
+        if sharded:
+            self.backend.load_checkpoint(checkpoint.sharded_dir(path))
+        elif "backend" not in rank_state:
+            raise SystemExit(f"tandem trainer: {path} holds no per-rank backend state (written by "
+                             f"trainer.backend: megatron?); resume it with the backend that wrote it")
+        else:
+            self.backend.load_state_dict(rank_state["backend"])
         self.version = int(loop_state.get("version", int(path.name.split("-")[1])))
         self._wal_seq = int(loop_state.get("wal_seq", 0))
         if self.rank == 0:

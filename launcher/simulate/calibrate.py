@@ -100,6 +100,19 @@ def _prefill_costs(recs: list[dict], marginal_decode: float, notes: list[str]) -
     return 0.0, marginal_decode
 
 
+def _join_costs(recs: list[dict]) -> tuple[float, float]:
+    """(seconds per join, seconds per resident KV entry) from the servers' join timings."""
+    rows = [(_num(r, "gen_join_s"), _num(r, "gen_joins"), _num(r, "gen_join_kv_tokens")) for r in recs]
+    rows = [(s, n, t) for s, n, t in rows if s and n and t is not None]
+    if not rows:
+        return 0.0, 0.0
+    if len(rows) >= 3 and len({t / n for _, n, t in rows}) > 1:
+        fixed, per_kv = _fit(np.array([[n, t] for _, n, t in rows]), np.array([s for s, _, _ in rows]))
+        return float(fixed), float(per_kv)
+    secs, kv = sum(s for s, _, _ in rows), sum(t for _, _, t in rows)
+    return (0.0, secs / kv) if kv else (secs / sum(n for _, n, _ in rows), 0.0)
+
+
 @dataclass
 class Calibration:
     source: str
@@ -117,8 +130,13 @@ class Calibration:
     prefill_per_request: float = 0.0
     checkpoint_s: float = 0.0
     request_s: float = 0.0
+    join_per_kv_token: float = 0.0
     samples: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # cost -> where it came from: "<run>: <metrics> (<records>)" or "default: <why>".
+    provenance: dict[str, str] = field(default_factory=dict)
+    # The run's CPU placement record (launcher.placement), when the local launcher logged one.
+    placement: dict | None = None
 
     def costs(self, layout: Layout, max_running: int, kv_capacity: float = math.inf) -> Costs:
         # Trainer compute scales with its GPU count; fixed costs do not.
@@ -129,7 +147,41 @@ class Calibration:
                      prefill_per_token=self.prefill_per_token, prefill_per_sq=0.0,
                      prefill_per_request=self.prefill_per_request, publish_s=self.publish_s,
                      load_s=self.load_s, checkpoint_s=self.checkpoint_s, request_s=self.request_s,
-                     notes=list(self.notes))
+                     join_per_kv_token=self.join_per_kv_token, notes=list(self.notes))
+
+
+def placement_note(placement: dict | None) -> str:
+    """Whether a run's costs carry over to another eta: only if its pools did not slow each other."""
+    if placement is None:
+        return ("the run logged no CPU placement (launched without launcher.cpus.pin, or not by the "
+                "local launcher): if its roles shared cores, costs measured at one eta do not carry "
+                "over to another")
+    where = (f"generation on CPUs {placement.get('gen')}, training on {placement.get('train')}, "
+             f"light services on {placement.get('services')}")
+    shared = placement.get("shared") or []
+    if "generation and training share CPUs" in shared:
+        return (f"the run's generation and training shared CPUs ({where}): each slowed the other only "
+                f"while both ran, so costs from one eta do not carry over to another")
+    return f"measured on disjoint pools ({where}); " + ("; ".join(shared) if shared else "no pool shared")
+
+
+def _provenance(source: str, **counts: int) -> dict[str, str]:
+    """Which metrics (and how many records) each fitted cost came from."""
+    def src(cost: str, metrics: str, n: int, default: str) -> tuple[str, str]:
+        return cost, (f"{source}: {metrics} ({n} records)" if n else f"default: {default}")
+    return dict([
+        src("decode step (d0, d1, d2)", "gen_decode_s/gen_steps/gen_running/gen_context_tokens",
+            counts["gen"], "none"),
+        src("prefill (per call, per token)", "gen_prefill_s/gen_prefills/gen_prefill_tokens",
+            counts["prefill"], "the marginal decode cost per request"),
+        src("request handling", "gen_overhead_s/gen_requests", counts["requests"], "free"),
+        src("joining the running batch (per resident KV entry)", "gen_join_s/gen_joins/gen_join_kv_tokens",
+            counts["joins"], "free (no join timings: SGLang, or an older embedded server)"),
+        src("trainer step (t0, t1)", "train_tokens/train_step_s", counts["train"], "none"),
+        src("weight publish", "weight_publish_s", counts["publish"], "free"),
+        src("server pause per update", "gen_paused_s or weight_load_s", counts["load"], "free"),
+        src("checkpoint", "checkpoint_s", counts["checkpoint"], "free"),
+    ])
 
 
 def calibrate(exp_dir: str | Path) -> Calibration:
@@ -164,7 +216,11 @@ def calibrate(exp_dir: str | Path) -> Calibration:
         t0, t1 = 0.0, float((ty / tx).mean())
         notes.append("one batch size only: trainer time taken as proportional to tokens")
     if t1 <= 0:
-        t1 = float((ty / tx).mean())
+        # Batch sizes too alike (or too noisy) for a slope: the fit kept only the mean as t0.
+        # Price the step as proportional to tokens instead, not t0 plus a second full share.
+        t0, t1 = 0.0, float((ty / tx).mean())
+        notes.append("no trainer slope in the fit (batch sizes too alike): trainer time taken as "
+                     "proportional to tokens")
     worlds = [w for w in _values(recs, "train_world_size") if w]
     world = int(worlds[-1]) if worlds else 1
     if not worlds:
@@ -178,12 +234,23 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     handled = [(_num(r, "gen_overhead_s"), _num(r, "gen_requests")) for r in recs]
     handled = [(s, n) for s, n in handled if s is not None and n]
     request_s = sum(s for s, _ in handled) / sum(n for _, n in handled) if handled else 0.0
+    join_fixed, join_per_kv = _join_costs(recs)
+    request_s += join_fixed
+    placements = [r for r in recs if r.get("event") == "cpu_placement"]
+    placement = placements[-1] if placements else None
+    notes.append(placement_note(placement))
+    prefill_rows = sum(1 for r in recs if _num(r, "gen_prefill_s") and _num(r, "gen_prefills"))
+    joins = sum(1 for r in recs if _num(r, "gen_join_s") and _num(r, "gen_joins"))
+    provenance = _provenance(str(exp_dir), gen=len(gen), prefill=prefill_rows, joins=joins,
+                             requests=len(handled), train=len(train), publish=len(pub), load=len(load),
+                             checkpoint=len(ckpt))
     return Calibration(source=str(exp_dir), d0=float(d0), d1=float(d1), d2=float(d2), t0=float(t0),
                        t1=float(t1), train_world=world, prefill_per_token=float(prefill),
                        prefill_per_request=float(prefill_call),
                        publish_s=float(np.median(pub)) if pub else 0.0,
                        load_s=float(np.median(load)) if load else 0.0,
                        checkpoint_s=float(np.median(ckpt)) if ckpt else 0.0, request_s=float(request_s),
+                       join_per_kv_token=join_per_kv,
                        samples={"gen windows": len(gen), "trainer steps": len(train),
                                 "weight syncs": max(len(pub), len(load))},
-                       notes=notes)
+                       notes=notes, provenance=provenance, placement=placement)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from launcher.config import ConfigError
 from launcher.simulate.hardware import GPU, ModelShape
+from trainer.weights import transfer_path
 
 
 @dataclass
@@ -44,6 +45,11 @@ class Costs:
     # Server seconds per request outside the forward passes (receiving, submitting, answering;
     # measured on the embedded server, where it shares the GIL; SGLang does it in other processes).
     request_s: float = 0.0
+    # Seconds per KV entry already resident (running rows x padded width) when a request joins
+    # the running batch: the embedded server re-pads and copies its whole cache on every join,
+    # cheap in a synchronous step's small early batches, costly when a weight update sends a
+    # full batch back through admission. 0 for SGLang (paged KV cache) and the roofline.
+    join_per_kv_token: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def train_step_s(self, tokens: float, sum_sq: float) -> float:
@@ -139,10 +145,10 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
     if colocated:
         # Same GPUs: the new weights are resharded over NVLink, not shipped between pools.
         publish = load = w / (gpu.nvlink_bw * e.network)
-    elif weight_sync == "broadcast":
+    elif transfer_path(weight_sync) == "network":
         per_gpu_net = gpu.node_network_bw / gpu.gpus_per_node * e.network
         publish = load = w / per_gpu_net
-    else:
+    else:   # "filesystem"
         # Trainer writes one copy; every server reads one copy through the shared filesystem.
         publish = w / (disk_gbps * 1e9)
         load = w * layout.num_servers / (disk_gbps * 1e9)

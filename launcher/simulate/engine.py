@@ -207,6 +207,9 @@ class Simulation:
         n, base, clock, run, heap = srv.n, srv.base, srv.clock, srv.run, srv.heap
         cap, K, reserve = c.max_running, self.K, self.reserve
         pr, pt, psq, req = c.prefill_per_request, c.prefill_per_token, c.prefill_per_sq, c.request_s
+        join = c.join_per_kv_token
+        # Padded width of the running batch (its longest row), when joins cost per KV entry.
+        width = max((r[BASE] + clock for r in run.values()), default=0.0) if join else 0.0
         prefill = 0.0
         shared = set()  # groups whose prompt this batch of admissions already prefilled
         while queue and n < cap:
@@ -215,6 +218,9 @@ class Simulation:
             if n and base + n * clock + ctx + (n + 1) * reserve > K:
                 break
             queue.popleft()
+            if join:
+                prefill += join * n * width  # every resident row is copied, padded to the width
+                width = max(width, ctx)
             # A fresh id per admission, so heap entries of a retracted or interrupted run never
             # match its next one.
             self.sid += 1
@@ -294,11 +300,17 @@ class Simulation:
         srv.draining = False
         srv.version = srv.loading_version
         srv.t_last = t
-        if srv.n:
+        if srv.n and self.s.reprefill_interrupted:
             c, clock = self.c, srv.clock
             prefill = 0.0
-            for rec in srv.run.values():  # each one comes back as a new request
-                prefill += c.request_s + c.prefill_s(rec[BASE] + clock)
+            # Each one is re-prefilled; resubmitted by its worker, it is also a new request.
+            again = c.request_s if self.s.resubmit_interrupted else 0.0
+            for rec in srv.run.values():
+                prefill += again + c.prefill_s(rec[BASE] + clock)
+            if c.join_per_kv_token:
+                # ... and joins the rebuilt batch, all rows in one copy at the longest width.
+                width = max(rec[BASE] + clock for rec in srv.run.values())
+                prefill += c.join_per_kv_token * width * srv.n
             srv.t_last += prefill
             srv.busy += prefill
         if srv.version < self.version:

@@ -21,6 +21,13 @@ class SimSetup:
     prompt_tokens: int
     max_new_tokens: int
     interruptible: bool = True
+    # An interrupted request goes back to its rollout worker, which sends it again (the server
+    # pays Costs.request_s once more: controller.interrupt_mode abort); false = the server keeps
+    # it across the update and only re-prefills it (retract).
+    resubmit_interrupted: bool = True
+    # An interrupted request loses its KV cache and is re-prefilled (abort, retract); false = it
+    # keeps the cache of the old weights and goes straight on (in_place).
+    reprefill_interrupted: bool = True
     reward_s: float = 0.0
     # trainer.wait_for_ack: the trainer waits until every server holds the new version; else it
     # goes on and only its next publish waits for the previous version's loads.

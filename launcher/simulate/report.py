@@ -21,7 +21,10 @@ def result_rows(sc: Scenario, r: SimResult, total_steps: int) -> list[tuple[str,
     if sc.cfg.simulate.colocated:
         mode += ", colocated"
     return [
-        ("mode", f"{mode}, {'interruptible' if su.interruptible else 'non-interruptible'} generation"),
+        ("mode", f"{mode}, " + (("interruptible generation (interrupted requests "
+                                  + ("resubmitted by the workers)" if su.resubmit_interrupted
+                                     else "kept on the server)"))
+                                 if su.interruptible else "non-interruptible generation")),
         ("generation servers", f"{sc.layout.num_servers} x TP {sc.layout.gen_tp}"),
         ("trainer GPUs", f"{sc.layout.train_gpus} (TP {sc.layout.train_tp} x PP {sc.layout.train_pp})"),
         ("batch", f"{sc.cfg.trainer.groups_per_step} groups x {su.n_samples} samples, up to "
@@ -52,6 +55,17 @@ def print_result(sc: Scenario, r: SimResult, console: Console | None = None) -> 
         t.add_row(k, v)
     console.print(t)
     for n in sc.notes:
+        console.print(f"note: {n}")
+
+
+def print_calibration(cal, console: Console | None = None) -> None:
+    """Which run (and which of its metrics) every cost came from, and what the run shared."""
+    console = console or Console()
+    # Plain lines, not a table: paths are long, and scripts grep this.
+    console.print(f"costs calibrated from {cal.source} ({cal.samples}):", soft_wrap=True)
+    for cost, source in cal.provenance.items():
+        console.print(f"  {cost}: {source}", soft_wrap=True, highlight=False)
+    for n in cal.notes:
         console.print(f"note: {n}")
 
 

@@ -89,7 +89,7 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
             raise PlanError(f"colocated: {total} GPUs not divisible by trainer TP x PP = {tp} x {pp}")
         servers, train_gpus = total // cfg.gen.tp_size, total
     else:
-        plan = plan_for(cfg)
+        plan = plan_for(cfg, place_cpus=False)
         servers, train_gpus = plan.num_servers, plan.train_gpus
     layout = Layout(gen_tp=cfg.gen.tp_size, num_servers=servers, train_gpus=train_gpus, train_tp=tp,
                     train_pp=pp, gpus_per_node=la.gpus_per_node,
@@ -125,10 +125,21 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
     setup = SimSetup(num_servers=max(1, round(servers / k)), groups_per_step=B // k, n_samples=n, eta=eta,
                      max_concurrent_groups=max(1, in_flight // k), steps=total, warmup_steps=warmup,
                      prompt_tokens=sim.prompt_tokens, max_new_tokens=max_new,
-                     interruptible=cfg.controller.interruptible, reward_s=sim.reward_s,
+                     interruptible=cfg.controller.interruptible,
+                     resubmit_interrupted=resubmits_interrupted(cfg),
+                     reprefill_interrupted=getattr(cfg.controller, "interrupt_mode", "abort") != "in_place",
+                     reward_s=sim.reward_s,
                      wait_for_ack=cfg.trainer.wait_for_ack, checkpoint_every=cfg.trainer.checkpoint_every,
                      admit_delay_s=cfg.controller.retry_after_s / 2)
     return Scenario(cfg=cfg, plan=plan, layout=layout, setup=setup, costs=costs, notes=notes, shrink=k)
+
+
+def resubmits_interrupted(cfg: ExperimentConfig) -> bool:
+    """Whether an interrupted request returns to its rollout worker to be sent again.
+
+    `controller.interrupt_mode` (SGLang's pause modes): abort returns it; retract keeps it on
+    the server, which re-prefills it under the new weights. Configs without the key abort."""
+    return getattr(cfg.controller, "interrupt_mode", "abort") not in ("retract", "in_place")
 
 
 def step_counts(cfg: ExperimentConfig, eta: int | None = None) -> tuple[int, int]:

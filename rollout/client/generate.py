@@ -4,11 +4,29 @@ Rollout workers call `GenerationClient.generate(prompt_ids, sampling_params, sti
 the whole completion back, with the behaviour log-prob and the policy version of every token,
 against SGLang or the embedded server alike (only SGLang's documented `/generate` shape is used).
 
-Interruptions: a weight update pauses the server in `abort` mode, so an in-flight request comes
-back early with `finish_reason.type == "abort"` and the tokens it had, stamped with the version
-that produced them. The client then resubmits prompt + tokens so far, with the remaining token
-budget, to the same server; that request waits at the server until generation continues, and
-its tokens carry the new version. So one sample may read `[v0 ... v0, v1 ... v1]`.
+Versions: every token is stamped with the weight version that produced it, read from the
+reply's `meta_info.weight_versions` spans (`[{version, start, end}]`, SGLang 0.5.23) when the
+server sends them — checked to cover exactly the reply's output tokens — else from the reply's
+`weight_version` (older servers).
+
+Interruptions, three ways, all exact:
+- `abort` pause (the controller's `abort` mode): an in-flight request comes back early with
+  `finish_reason.type == "abort"` and the tokens it had. The client resubmits prompt + tokens so
+  far, with the remaining budget, to the same server; that request waits there until generation
+  continues. One sample then reads `[v0 ... v0, v1 ... v1]` over several requests.
+- `retract` pause: the server keeps the request across the update (its KV cache dropped and
+  recomputed under the new weights) and answers once, with spans over two or more versions.
+  Nothing is resubmitted.
+- `in_place` pause (the controller's default): as `retract`, but the request keeps its KV cache
+  of the old weights; the client sees the same single reply with spans.
+
+Seeds: `sampling_seed` only does something where the server honours it. On SGLang 0.5.23 that
+is only with `--enable-deterministic-inference` (the sampler reads per-request seeds only then,
+`sampling/sampling_batch_info.py`; the draw is keyed by seed and position, so a resumed segment
+keeps the same seed); the embedded server always honours it with one random stream per request
+(so a resumed segment must use a fresh seed: `seed + tokens so far`). `seed_mode="auto"` asks
+each server's `/server_info` once, the first time a seeded request goes there, and sends no seed
+where it would do nothing (`GenerationResult.seeded` says whether the seed took effect).
 
 Failures: a connection error, a timeout or a 5xx moves the request to another server (the
 tokens already received are kept); a 4xx is the caller's mistake and raises at once. Every
@@ -28,6 +46,10 @@ import aiohttp
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_NEW_TOKENS = 128    # SGLang's default when sampling_params has none
+# How a server treats sampling_seed: "stream" (one random stream per request: the embedded
+# server), "position" (draws keyed by seed and position: SGLang with deterministic inference),
+# "ignored" (SGLang without it), or "auto" (ask the server's /server_info).
+SEED_MODES = ("auto", "stream", "position", "ignored")
 
 
 class GenerationError(RuntimeError):
@@ -36,8 +58,12 @@ class GenerationError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerRef:
+    """A server's address and keys. The admin key (SGLang's `--admin-api-key`) is only used for a
+    best-effort `/abort_request` after a timeout; without it the API key is tried (enough on a
+    server without an admin key; on one with it, the abort is refused and the request runs on)."""
     url: str
     api_key: str | None = None
+    admin_api_key: str | None = None
 
 
 @dataclass
@@ -55,6 +81,8 @@ class GenerationResult:
     interruptions: int = 0
     failovers: int = 0
     server: str = ""
+    # whether a requested sampling_seed took effect on every server that generated this sample
+    seeded: bool = False
 
 
 Picker = Callable[[str, frozenset], "ServerRef | str | Awaitable[ServerRef | str]"]
@@ -75,11 +103,16 @@ def parse_version(value) -> int:
 
 class GenerationClient:
     """`servers`: a list of URLs / `ServerRef`s (chosen by a hash of the sticky key, failing over
-    in order), or a picker `(sticky_key, excluded_urls) -> ServerRef | url` (sync or async)."""
+    in order), or a picker `(sticky_key, excluded_urls) -> ServerRef | url` (sync or async).
+    `seed_mode`: how servers treat `sampling_seed` (`SEED_MODES`; "auto" asks each server once)."""
 
     def __init__(self, servers: Sequence[ServerRef | str] | Picker, *, api_key: str | None = None,
                  timeout_s: float = 600.0, connect_timeout_s: float = 10.0, max_failovers: int = 3,
-                 max_interruptions: int = 64, retry_delay_s: float = 0.5):
+                 max_interruptions: int = 64, retry_delay_s: float = 0.5, seed_mode: str = "auto"):
+        if seed_mode not in SEED_MODES:
+            raise ValueError(f"GenerationClient: seed_mode must be one of {SEED_MODES}, got {seed_mode!r}")
+        self.seed_mode = seed_mode
+        self._seed_modes: dict[str, str] = {}
         self._picker = servers if callable(servers) else None
         self._servers = [] if callable(servers) else [_ref(s, api_key) for s in servers]
         if self._picker is None and not self._servers:
@@ -119,15 +152,22 @@ class GenerationClient:
                        sticky_key: str = "") -> GenerationResult:
         params = dict(sampling_params or {})
         budget = int(params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
-        seed = params.get("sampling_seed")
-        res = GenerationResult(prompt_ids=list(prompt_ids))
+        seed = params.pop("sampling_seed", None)
+        res = GenerationResult(prompt_ids=list(prompt_ids), seeded=seed is not None)
         failed: set[str] = set()
         server = await self.pick(sticky_key, frozenset())
         while True:
             remaining = budget - len(res.output_ids)
             params["max_new_tokens"] = remaining
-            if seed is not None:      # a resumed segment must not replay the first segment's draws
-                params["sampling_seed"] = int(seed) + len(res.output_ids)
+            params.pop("sampling_seed", None)
+            if seed is not None:
+                mode = await self._seed_mode_of(server)
+                if mode == "stream":      # a resumed segment must not replay the first one's draws
+                    params["sampling_seed"] = int(seed) + len(res.output_ids)
+                elif mode == "position":  # draws are keyed by position already
+                    params["sampling_seed"] = int(seed)
+                else:
+                    res.seeded = False
             rid = uuid.uuid4().hex
             payload = {"input_ids": res.prompt_ids + res.output_ids, "sampling_params": params,
                        "return_logprob": True, "rid": rid}
@@ -164,21 +204,46 @@ class GenerationClient:
             ids = list(reply["output_ids"])
             pairs = meta["output_token_logprobs"] or []
             reason = meta["finish_reason"]["type"]
-            version = parse_version(meta.get("weight_version"))
+            versions = token_versions(meta, len(ids))
         except (KeyError, TypeError) as e:
             raise GenerationError(f"{server.url}: malformed /generate reply (missing {e})") from None
+        except ValueError as e:
+            raise GenerationError(f"{server.url}: {e}") from None
         if [int(p[1]) for p in pairs] != ids:
             raise GenerationError(f"{server.url}: output_token_logprobs do not match output_ids")
         if reason not in ("stop", "length", "abort"):
             raise GenerationError(f"{server.url}: unknown finish_reason {meta['finish_reason']!r}")
         res.output_ids += ids
         res.output_logprobs += [float(p[0]) for p in pairs]
-        res.output_versions += [version] * len(ids)
+        res.output_versions += versions
         return reason
+
+    async def _seed_mode_of(self, server: ServerRef) -> str:
+        """How `server` treats sampling_seed (asked once per server in "auto" mode)."""
+        if self.seed_mode != "auto":
+            return self.seed_mode
+        if server.url not in self._seed_modes:
+            headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+            try:
+                async with self._http().get(server.url.rstrip("/") + "/server_info", headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    info = await resp.json(content_type=None) if resp.status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                info = None
+            if not isinstance(info, dict):
+                log.warning("%s: /server_info unavailable; not relying on sampling_seed there", server.url)
+                return "ignored"
+            mode = seed_mode_from_server_info(info)
+            if mode == "ignored":
+                log.warning("%s: sampling_seed does nothing on this server (SGLang without "
+                            "--enable-deterministic-inference); sampling there is not reproducible", server.url)
+            self._seed_modes[server.url] = mode
+        return self._seed_modes[server.url]
 
     async def _abort_quietly(self, server: ServerRef, rid: str) -> None:
         """A timed-out request may still be running there: stop it (best effort, short timeout)."""
-        headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+        key = server.admin_api_key or server.api_key     # /abort_request is an admin route
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         timeout = aiohttp.ClientTimeout(total=min(2.0, self.timeout.total or 2.0))
         try:
             async with self._http().post(server.url.rstrip("/") + "/abort_request", json={"rid": rid},
@@ -203,6 +268,40 @@ class GenerationClient:
 
 class _ServerDown(Exception):
     """The server could not answer (connection, timeout, 5xx): try another one."""
+
+
+def token_versions(meta: dict, num_tokens: int) -> list[int]:
+    """The policy version of each output token of one reply. From `weight_versions` spans when
+    present (they must cover exactly the output tokens, in order, and end with `weight_version`);
+    else every token gets the reply's `weight_version`. ValueError names what is wrong."""
+    spans = meta.get("weight_versions")
+    if spans is None:
+        return [parse_version(meta.get("weight_version"))] * num_tokens
+    if not isinstance(spans, list) or not spans:
+        raise ValueError(f"weight_versions must be a non-empty list of spans, got {spans!r:.200}")
+    out: list[int] = []
+    for i, span in enumerate(spans):
+        if not isinstance(span, dict) or not {"version", "start", "end"} <= set(span):
+            raise ValueError(f"weight_versions[{i}] is not a {{version, start, end}} span: {span!r:.200}")
+        start, end = span["start"], span["end"]
+        if not (isinstance(start, int) and isinstance(end, int)) or start != len(out) or end < start:
+            raise ValueError(f"weight_versions[{i}] = {span} does not continue the spans before it "
+                             f"(expected start {len(out)}, end >= start)")
+        out += [parse_version(span["version"])] * (end - start)
+    if len(out) != num_tokens:
+        raise ValueError(f"weight_versions cover {len(out)} tokens but the reply has {num_tokens} output tokens")
+    last = spans[-1]["version"]
+    if "weight_version" in meta and meta["weight_version"] != last:
+        raise ValueError(f"weight_version {meta['weight_version']!r} differs from the last span's {last!r}")
+    return out
+
+
+def seed_mode_from_server_info(info: dict) -> str:
+    """"stream" for the embedded server, "position" for SGLang with deterministic inference,
+    "ignored" for SGLang without it (sampling_batch_info.py builds no seeds then)."""
+    if str(info.get("version", "")).startswith("tandem-embedded"):
+        return "stream"
+    return "position" if info.get("enable_deterministic_inference") else "ignored"
 
 
 def _ref(s: ServerRef | str, api_key: str | None) -> ServerRef:

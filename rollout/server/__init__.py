@@ -4,6 +4,9 @@ SGLang needs CUDA, so a laptop or CI machine cannot run it; this package serves 
 with transformers + torch so every other role (rollout workers, controller weight sync) runs the
 identical client code here and on a GPU cluster. Modules: `sampling` (request parameters and the
 sampling/log-prob convention), `kv_batch` (the running batch's KV cache), `engine` (the continuous
-batching loop), `weights` (disk and torch.distributed updates), `http_api` (routes), `main`
-(the `tandem gen serve` process).
+batching loop), `versions` (per-request `weight_versions` spans), `weights` (disk and
+torch.distributed updates), `auth` (API and admin keys, SGLang's auth levels), `http_api` (the
+application and `/generate`), `control_routes` (pause, abort, flush, weight updates and
+sessions), `info_routes` (health, readiness, loads, model and server information), `main` (the
+`tandem gen serve` process). The contract is SGLang 0.5.23's; docs/generation.md tables it.
 """

@@ -7,8 +7,11 @@ longest request. All state changes (submit, abort, pause, weight update) are com
 this thread between steps, so the model and the KV cache are only ever touched by one thread.
 
 A weight update runs only when nothing is generating under the old weights: the HTTP layer stops
-new submissions, the engine finishes (or, when paused, holds) what it has, then swaps the weights
-and drops every KV cache; held requests are re-prefilled under the new weights when they resume.
+new submissions, the engine finishes (or, when paused, holds) what it has, then swaps the weights,
+records the version change on every held request (its `weight_versions` spans) and drops the KV
+cache built with the old weights; held requests are re-prefilled under the new weights when they
+resume. The one exception is SGLang's: an `in_place` pause keeps its running batch and that
+batch's KV cache through an update (see `apply_update`).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 
 from .kv_batch import KVBatch
 from .sampling import SamplingParams, logprob_temperature, sample_rows
+from .versions import VersionChange, add_to_meta, spans
 from .window import GenWindow
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,8 @@ class Request:
     t_submit: float = field(default_factory=time.time)
     generator: torch.Generator | None = None
     pending: int | None = None           # last sampled token, not yet in the KV cache
+    # weight version changes while this request was held (-> meta_info.weight_versions)
+    version_changes: list[VersionChange] = field(default_factory=list)
 
 
 class Engine:
@@ -63,7 +69,10 @@ class Engine:
         self.running: list[Request] = []       # in KV-row order
         self.waiting: deque[Request] = deque()
         self.paused: str | None = None         # None, "abort", "retract" or "in_place"
-        self._pending_update: tuple[Callable[[], str], Future] | None = None
+        self._pending_idle: tuple[Callable[[], object], Future] | None = None
+        self._throughput = (time.perf_counter(), 0, 0.0)   # (mark time, tokens at mark, tokens/s)
+        # When the engine last produced anything (a token or a reply): a health probe's evidence.
+        self.last_progress = time.monotonic()
         self._commands: deque[tuple[Callable, Future]] = deque()
         self._wake = threading.Condition()
         self._stop = False
@@ -132,25 +141,56 @@ class Engine:
             self._paused_at = None
         return self.call(run)
 
-    def update_weights(self, apply: Callable[[], str]) -> Future:
-        """Run `apply` (copies new weights into the model, returns the new version) once no request
-        is generating under the old weights; then drop all KV caches."""
+    def when_idle(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the engine thread once no request is generating: at once when paused, else
+        after the running and waiting requests finish (the HTTP layer holds new ones back)."""
         fut: Future = Future()
 
         def register():
-            if self._pending_update is not None:
+            if self._pending_idle is not None:
                 fut.set_exception(RuntimeError("another weight update is in progress"))
             else:
-                self._pending_update = (apply, fut)
+                self._pending_idle = (fn, fut)
         self.call(register)
         return fut
 
+    def apply_update(self, copy: Callable[[], None], version: str | None, flush_cache: bool) -> bool:
+        """On the engine thread (from `when_idle`): copy new weights in, record the version change,
+        drop the KV cache of the old weights. False when the cache could not be flushed: as in
+        SGLang, an `in_place` pause keeps its running batch with its (now stale) KV cache, and a
+        flush with requests running is refused (the weights are updated all the same)."""
+        t0 = time.perf_counter()
+        copy()
+        if self.metrics is not None:
+            self.metrics.log(event="weight_load", weight_load_s=time.perf_counter() - t0,
+                             weight_version=version or self.weight_version)
+        self.record_version_change(version)
+        if self.paused == "in_place" and self.running:
+            return not flush_cache
+        self._retract_all()        # KV built with the old weights is invalid
+        return True
+
+    def record_version_change(self, new_version: str | None) -> None:
+        """On the engine thread: every held request with output so far remembers where the old
+        version's tokens end (SGLang's `record_weight_version_change`)."""
+        if new_version is None or new_version == self.weight_version:
+            return
+        for r in list(self.running) + list(self.waiting):
+            if r.output_ids:
+                r.version_changes.append(VersionChange(self.weight_version, len(r.output_ids)))
+        self.weight_version = new_version
+
     def flush_cache(self) -> Future:
-        return self.call(lambda: not self.running and not self.waiting)
+        """True when nothing holds a KV cache (waiting requests count only when not paused, as in
+        SGLang's `is_fully_idle(ignore_waiting=paused)`)."""
+        return self.call(lambda: not self.running and (bool(self.paused) or not self.waiting))
 
     def load(self) -> dict:
         return {"num_running_reqs": len(self.running), "num_waiting_reqs": len(self.waiting),
-                "num_tokens": sum(self.kv.lengths), "paused": self.paused}
+                "num_tokens": sum(self.kv.lengths), "paused": self.paused,
+                "num_waiting_tokens": sum(len(r.prompt_ids) + len(r.output_ids) for r in list(self.waiting)),
+                "num_retracted_reqs": sum(1 for r in list(self.waiting) if r.output_ids),
+                "gen_throughput": self._throughput[2] if time.perf_counter() - self._throughput[0] < 2.0 else 0.0}
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -166,7 +206,7 @@ class Engine:
         with torch.inference_mode():
             while not self._stop:
                 self._take_commands()
-                self._maybe_update()
+                self._maybe_run_idle()
                 if self.window.due(time.perf_counter()):
                     self._log_window()
                 if self.paused or not (self.running or self.waiting):
@@ -202,23 +242,15 @@ class Engine:
             except Exception as e:
                 fut.set_exception(e)
 
-    def _maybe_update(self) -> None:
-        if self._pending_update is None or not (self.paused or not (self.running or self.waiting)):
+    def _maybe_run_idle(self) -> None:
+        if self._pending_idle is None or not (self.paused or not (self.running or self.waiting)):
             return
-        apply, fut = self._pending_update
-        self._pending_update = None
-        t0 = time.perf_counter()
+        fn, fut = self._pending_idle
+        self._pending_idle = None
         try:
-            version = apply()
+            fut.set_result(fn())
         except Exception as e:
             fut.set_exception(e)
-            return
-        if self.metrics is not None:
-            self.metrics.log(event="weight_load", weight_load_s=time.perf_counter() - t0, weight_version=version)
-        self._retract_all()        # KV built with the old weights is invalid
-        if version is not None:
-            self.weight_version = str(version)
-        fut.set_result(self.weight_version)
 
     def _retract_all(self) -> None:
         for r in reversed(self.running):
@@ -228,14 +260,17 @@ class Engine:
         self.kv.clear()
 
     def _admit(self) -> None:
+        """Prefill waiting requests (one pass per distinct sequence) and join them to the running
+        batch together: after a weight update the whole held batch comes back through here."""
         from transformers import DynamicCache
         budget = self.prefill_budget
-        while self.waiting and len(self.running) < self.max_running and budget > 0:
+        joining: list[tuple[Request, DynamicCache, int]] = []
+        while self.waiting and len(self.running) + len(joining) < self.max_running and budget > 0:
             r = self.waiting.popleft()
             if r.params.max_new_tokens == 0:
                 self._finish(r, {"type": "length", "length": 0})
                 continue
-            group = [r] + self._same_prompt(r)
+            group = [r] + self._same_prompt(r, self.max_running - len(self.running) - len(joining) - 1)
             seq = r.prompt_ids + r.output_ids
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
@@ -249,16 +284,21 @@ class Engine:
                 if g.logprob_start_len >= 0 and g.input_logprobs is None:
                     g.input_logprobs = self._input_logprobs(g, logits)
                 if not self._append(g, token, lp):
-                    self.kv.add(cache, len(seq))
                     g.pending = token
-                    self.running.append(g)
+                    joining.append((g, cache, len(seq)))
+        if joining:
+            # One re-pad and copy of the batch's KV cache for all joining rows: the simulator
+            # prices it per resident KV entry (padded rows x width).
+            resident, t_join = self.kv.size * self.kv.width, time.perf_counter()
+            self.kv.add_many([(cache, length) for _, cache, length in joining])
+            self.window.join(time.perf_counter() - t_join, resident)
+            self.running += [g for g, _, _ in joining]
 
-    def _same_prompt(self, r: Request) -> list[Request]:
-        """Fresh waiting requests with r's exact prompt (a GRPO group's n samples): they share
-        one prefill, each sampling its own first token from the same logits."""
+    def _same_prompt(self, r: Request, room: int) -> list[Request]:
+        """Up to `room` fresh waiting requests with r's exact prompt (a GRPO group's n samples):
+        they share one prefill, each sampling its own first token from the same logits."""
         if r.output_ids:
             return []
-        room = self.max_running - len(self.running) - 1
         same = [w for w in self.waiting if not w.output_ids and w.params.max_new_tokens > 0
                 and w.prompt_ids == r.prompt_ids][:max(room, 0)]
         for w in same:
@@ -284,6 +324,12 @@ class Engine:
         self.window.decode_step(time.perf_counter() - t0, len(ids), context)
         self.stats["steps"] += 1
         self.stats["last_step_time"] = time.time()
+        self.last_progress = time.monotonic()
+        mark_t, mark_tokens, rate = self._throughput
+        now = time.perf_counter()
+        if now - mark_t >= 1.0:
+            tokens = self.stats["generated_tokens"]
+            self._throughput = (now, tokens, (tokens - mark_tokens) / (now - mark_t))
 
     def _drop_rows(self, rows: list[int]) -> None:
         if rows:
@@ -324,6 +370,7 @@ class Engine:
                 self._drop_rows([self.running.index(r)])
         r.finish = reason
         self.stats["aborted" if reason["type"] == "abort" else "finished"] += 1
+        self.last_progress = time.monotonic()
         try:
             r.on_done(self._response(r))
         except Exception:
@@ -340,6 +387,7 @@ class Engine:
         meta = {"id": r.rid, "finish_reason": r.finish, "prompt_tokens": len(r.prompt_ids),
                 "completion_tokens": len(r.output_ids), "cached_tokens": 0,
                 "weight_version": self.weight_version, "e2e_latency": time.time() - r.t_submit}
+        add_to_meta(meta, spans(r.version_changes, self.weight_version, len(r.output_ids)))
         if r.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, self._token_text(r, t)]
                                              for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)]

@@ -33,16 +33,27 @@ class KVBatch:
 
     def add(self, cache: DynamicCache, length: int) -> int:
         """Append a single-sequence cache (batch 1, no padding) as a new row; return its index."""
-        new_k = [layer.keys for layer in cache.layers]
-        new_v = [layer.values for layer in cache.layers]
-        if not self.lengths:
-            self.keys, self.values, self.lengths = new_k, new_v, [length]
-            return 0
-        width = max(self.width, length)
-        self.keys = [torch.cat([_left_pad(a, width), _left_pad(b, width)], 0) for a, b in zip(self.keys, new_k, strict=True)]
-        self.values = [torch.cat([_left_pad(a, width), _left_pad(b, width)], 0) for a, b in zip(self.values, new_v, strict=True)]
-        self.lengths.append(length)
+        self.add_many([(cache, length)])
         return self.size - 1
+
+    def add_many(self, joining: list[tuple[DynamicCache, int]]) -> None:
+        """Append several single-sequence caches as rows in one copy of the batch.
+
+        Joining one row at a time re-pads and copies the whole batch per row, which is quadratic
+        when a weight update re-admits every held request; one copy per admission round is not.
+        """
+        if not joining:
+            return
+        width = max([self.width] + [length for _, length in joining])
+        n_layers = len(joining[0][0].layers)
+        for attr in ("keys", "values"):
+            merged = []
+            for layer in range(n_layers):
+                parts = [_left_pad(getattr(self, attr)[layer], width)] if self.lengths else []
+                parts += [_left_pad(getattr(c.layers[layer], attr), width) for c, _ in joining]
+                merged.append(torch.cat(parts, 0) if len(parts) > 1 else parts[0])
+            setattr(self, attr, merged)
+        self.lengths += [length for _, length in joining]
 
     def remove(self, rows: list[int]) -> None:
         """Drop rows (indices into the current batch); later rows shift down."""

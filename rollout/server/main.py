@@ -2,7 +2,8 @@
 
 With `--exp DIR` the server logs to `<exp>/logs/gen-<rank>.log`, takes its defaults from the
 experiment's `gen` section and writes `<exp>/services/gen-<rank>.json` (`url`, `host`, `port`,
-`pid`, `model`) once it accepts requests — the launcher waits for that file.
+`pid`, `model`) once it accepts requests — the launcher waits for that file. Keys come from
+files (`--api-key-file`, `--admin-api-key-file`), never from argv, where any user could read them.
 """
 from __future__ import annotations
 
@@ -16,11 +17,28 @@ log = logging.getLogger(__name__)
 
 
 def resolve_threads(cli_value: int | None, cfg_value: int | None) -> int:
-    """--threads, else gen.threads, else $TANDEM_THREADS, else 1 (roles share few cores)."""
-    for v in (cli_value, cfg_value, os.environ.get("TANDEM_THREADS")):
+    """--threads, else $TANDEM_THREADS (the local launcher sizes it to the server's CPU pool),
+    else gen.threads, else 1 (roles share few cores)."""
+    for v in (cli_value, os.environ.get("TANDEM_THREADS"), cfg_value):
         if v not in (None, "", 0):
             return max(1, int(v))
     return 1
+
+
+def read_key_file(flag: str, path) -> tuple[str | None, str | None]:
+    """(key, error): a key comes from a file, never from argv (where `ps` shows it to everyone)."""
+    if not path:
+        return None, None
+    try:
+        key = Path(path).read_text().strip()
+        mode = Path(path).stat().st_mode
+    except OSError as e:
+        return None, f"{flag}: {e}"
+    if not key:
+        return None, f"{flag} {path} is empty"
+    if mode & 0o077:
+        log.warning("%s %s is readable by other users (mode %o); keep keys in 0600 files", flag, path, mode & 0o777)
+    return key, None
 
 
 def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: int, dtype: str,
@@ -38,11 +56,11 @@ def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: i
 
 
 async def serve(engine, *, host: str, port: int, api_key: str | None, server_args: dict,
-                on_ready=None, stop_event: asyncio.Event | None = None) -> None:
+                on_ready=None, stop_event: asyncio.Event | None = None, admin_api_key: str | None = None) -> None:
     from aiohttp import web
 
     from .http_api import GenServer
-    server = GenServer(engine, api_key=api_key, server_args=server_args)
+    server = GenServer(engine, api_key=api_key, admin_api_key=admin_api_key, server_args=server_args)
     runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -79,23 +97,21 @@ def serve_from_args(args) -> int:
         return 2
     threads = resolve_threads(args.threads, cfg.threads)
     torch.set_num_threads(threads)
-    api_key = None
-    if args.api_key_file:
-        try:
-            api_key = Path(args.api_key_file).read_text().strip() or None
-        except OSError as e:
-            log.error("--api-key-file: %s", e)
+    keys = {}
+    for flag, attr in (("--api-key-file", "api_key_file"), ("--admin-api-key-file", "admin_api_key_file")):
+        keys[attr], error = read_key_file(flag, getattr(args, attr, None))
+        if error:
+            log.error("%s", error)
             return 2
-        if api_key is None:
-            log.error("--api-key-file %s is empty", args.api_key_file)
-            return 2
+    api_key, admin_api_key = keys["api_key_file"], keys["admin_api_key_file"]
     max_running = args.max_running or cfg.max_running_requests
     engine = load_engine(args.model, max_running=max_running, prefill_tokens_per_step=cfg.prefill_tokens_per_step,
                          dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank,
                          metrics=metrics, metrics_interval_s=cfg.metrics_interval_s)
     server_args = {"model_path": str(args.model), "tokenizer_path": str(args.model), "dtype": cfg.dtype,
                    "device": "cpu", "threads": threads, "random_seed": cfg.seed + args.rank,
-                   "prefill_tokens_per_step": cfg.prefill_tokens_per_step}
+                   "prefill_tokens_per_step": cfg.prefill_tokens_per_step, "weight_version": args.weight_version,
+                   "enable_deterministic_inference": False}
 
     def on_ready(host: str, port: int) -> None:
         if exp is not None:
@@ -111,8 +127,8 @@ def serve_from_args(args) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(engine, host=args.host, port=args.port, api_key=api_key, server_args=server_args,
-                    on_ready=on_ready, stop_event=stop)
+        await serve(engine, host=args.host, port=args.port, api_key=api_key, admin_api_key=admin_api_key,
+                    server_args=server_args, on_ready=on_ready, stop_event=stop)
 
     try:
         asyncio.run(main())

@@ -7,7 +7,10 @@ separately, and each window reports step-weighted means, for which the affine co
 exactly (the mean of affine step times is the affine function of the means). The rest of the
 engine thread's time, neither idle nor computing, is request handling (submitting, aborting,
 answering; on CPU it competes with the HTTP thread for the GIL): `gen_overhead_s` over
-`gen_requests` prices it per request.
+`gen_requests` prices it per request. Joining a running batch copies its whole (padded) KV
+cache, so joins are timed apart (`gen_join_s`, with the KV entries resident at each join
+summed in `gen_join_kv_tokens`): cheap into the small batches of a synchronous step, costly
+when a weight update sends a full batch back through admission.
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ class GenWindow:
         self.prefill_tokens = 0
         self.idle_s = 0.0         # the engine thread waiting for work (or paused)
         self.requests = 0         # requests submitted (fresh and resubmitted after an interrupt)
+        self.join_s = 0.0         # adding a prefilled row to the running batch's KV cache
+        self.joins = 0
+        self.join_kv_tokens = 0   # sum over joins of the KV entries (rows x width) already resident
 
     def decode_step(self, seconds: float, running: int, context_tokens: int) -> None:
         self.decode_s += seconds
@@ -43,6 +49,11 @@ class GenWindow:
         self.prefill_s += seconds
         self.prefills += 1
         self.prefill_tokens += tokens
+
+    def join(self, seconds: float, resident_kv_tokens: int) -> None:
+        self.join_s += seconds
+        self.joins += 1
+        self.join_kv_tokens += resident_kv_tokens
 
     def idle(self, seconds: float) -> None:
         self.idle_s += seconds
@@ -62,8 +73,10 @@ class GenWindow:
                    "gen_decode_s": self.decode_s, "gen_steps": self.steps,
                    "gen_prefill_s": self.prefill_s, "gen_prefills": self.prefills,
                    "gen_prefill_tokens": self.prefill_tokens, "gen_requests": self.requests,
-                   "gen_idle_s": self.idle_s,
-                   "gen_overhead_s": max(0.0, window - self.idle_s - self.decode_s - self.prefill_s),
+                   "gen_idle_s": self.idle_s, "gen_join_s": self.join_s, "gen_joins": self.joins,
+                   "gen_join_kv_tokens": self.join_kv_tokens,
+                   "gen_overhead_s": max(0.0, window - self.idle_s - self.decode_s - self.prefill_s
+                                         - self.join_s),
                    "gen_busy": (self.decode_s + self.prefill_s) / max(window, 1e-9)}
             if self.steps:
                 rec.update(gen_tokens_per_s=self.running_sum / max(self.decode_s, 1e-9),

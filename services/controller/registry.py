@@ -7,16 +7,24 @@ at the last health poll (running + waiting requests) plus the requests sent ther
 A request with a sticky key (one sample resubmitted after an interruption, a group's
 samples) goes back to the server that served the key before, so its prefix cache helps.
 
-A server is *servable* only when it is healthy and in rotation. It leaves the rotation when it
+A server is *servable* only when it is healthy and in rotation. Healthy means it answers
+`/model_info` (SGLang answers it from the HTTP process's own state: no generation, no scheduler
+round trip, so it answers during a pause or a long weight update); its `weight_version` there is
+the version the server holds. It leaves the rotation when it
 fails a weight update or is found holding other weights than the current version (it is then
 kept paused, so it never serves old weights unnoticed) and comes back only after it has been
 brought to the current version.
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
+
+from rollout.client import AdminClient, AdminError
+
+log = logging.getLogger(__name__)
 
 KEY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -26,6 +34,10 @@ class GenServer:
     address: str
     api_key_ref: str = ""
     capacity: int = 64
+    # Key file of the server's admin key ("" = none: the API key is used on admin routes too).
+    admin_key_ref: str = ""
+    # GPUs (TP ranks) per server: each joins a weight broadcast; 0 = not known yet.
+    tp_size: int = 0
     healthy: bool = True
     in_rotation: bool = True
     # Why the server is unhealthy or out of rotation ("" when servable).
@@ -63,22 +75,30 @@ class ServerRegistry:
         self.sticky: OrderedDict[str, str] = OrderedDict()
         self.sticky_entries = sticky_entries
 
-    def register(self, address: str, api_key_ref: str = "", capacity: int = 64) -> tuple[GenServer, bool]:
-        """Add (or update) a server; returns it and whether it is new."""
+    def register(self, address: str, api_key_ref: str = "", capacity: int = 64, admin_key_ref: str = "",
+                 tp_size: int = 0) -> tuple[GenServer, bool]:
+        """Add (or update) a server; returns it and whether it is new. `tp_size` 0 = unknown
+        (the health check asks the server)."""
         if not isinstance(address, str) or not re.match(r"^https?://[^/\s]+", address):
             raise ValueError(f"register_server: address must be an http(s):// URL, got {address!r}")
-        if api_key_ref and not KEY_REF.match(api_key_ref):
-            raise ValueError(f"register_server: api_key_ref must be a file name under <exp>/keys/, "
-                             f"got {api_key_ref!r}")
+        for name, ref in (("api_key_ref", api_key_ref), ("admin_key_ref", admin_key_ref)):
+            if ref and not KEY_REF.match(ref):
+                raise ValueError(f"register_server: {name} must be a file name under <exp>/keys/, got {ref!r}")
         if capacity < 1:
             raise ValueError(f"register_server: capacity must be >= 1, got {capacity}")
+        if tp_size < 0:
+            raise ValueError(f"register_server: tp_size must be >= 1 (or 0 = ask the server), got {tp_size}")
         address = address.rstrip("/")
         server = self.servers.get(address)
-        if server is not None:
-            server.api_key_ref, server.capacity = api_key_ref, capacity
-            return server, False
-        server = self.servers[address] = GenServer(address, api_key_ref, capacity)
-        return server, True
+        if server is None:
+            server = self.servers[address] = GenServer(address)
+            new = True
+        else:
+            new = False
+        server.api_key_ref, server.admin_key_ref, server.capacity = api_key_ref, admin_key_ref, capacity
+        if tp_size or new:
+            server.tp_size = tp_size
+        return server, new
 
     def pick(self, sticky_key: str = "", exclude: list[str] | None = None) -> GenServer:
         """The server for one request; raises LookupError when none is servable."""
@@ -119,7 +139,7 @@ class ServerRegistry:
     def summary(self) -> list[dict]:
         return [{"address": s.address, "healthy": s.healthy, "in_rotation": s.in_rotation, "reason": s.reason,
                  "outstanding": s.outstanding, "capacity": s.capacity, "routed": s.routed_total,
-                 "weight_version": s.weight_version} for s in self.servers.values()]
+                 "weight_version": s.weight_version, "tp_size": s.tp_size} for s in self.servers.values()]
 
     # ---- persistence --------------------------------------------------------------------
     def state_dict(self) -> list[dict]:
@@ -127,7 +147,39 @@ class ServerRegistry:
                 for s in self.servers.values()]
 
     def load_state_dict(self, state: list[dict]) -> None:
+        """Entries written before a field existed (e.g. `admin_key_ref`, `tp_size`) get its default."""
         self.servers = {}
         for entry in state:
             server = GenServer(**entry)
             self.servers[server.address] = server
+
+
+def broadcast_ranks(servers: list[GenServer]) -> tuple[dict[str, int], int]:
+    """Rank offsets of a weight-broadcast group and its world size.
+
+    The trainer is rank 0. SGLang gives each TP rank of a server the group rank
+    `rank_offset + tp_rank` (model_runner_components/weight_updater.py, init_weights_update_group),
+    so a server's offset is 1 + the TP sizes of the servers before it, and the world is
+    1 + the sum of all TP sizes.
+    """
+    offsets, rank = {}, 1
+    for s in servers:
+        if s.tp_size < 1:
+            raise ValueError(f"{s.address}: tp_size unknown, so it has no rank in a broadcast group")
+        offsets[s.address] = rank
+        rank += s.tp_size
+    return offsets, rank
+
+
+async def learn_tp_size(server: GenServer, admin: AdminClient, timeout_s: float) -> None:
+    """A server registered without its TP size: `/server_info` reports its start-up `tp_size`
+    (1 when it does not say; left unknown when it does not answer)."""
+    try:
+        info = await admin.server_info(timeout_s)
+    except AdminError as e:
+        log.warning("%s: /server_info failed, tp_size still unknown: %s", server.address, e.detail)
+        return
+    tp = info.get("tp_size")
+    server.tp_size = tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+    if tp != server.tp_size:
+        log.warning("%s: /server_info has no valid tp_size (%r); taking 1", server.address, tp)

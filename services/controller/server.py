@@ -3,24 +3,30 @@
 It answers the control messages of `services.protocol.control` on one CURVE-secured ROUTER
 socket (address in `<exp>/services/controller.json`):
   admit / group_done / heartbeat   rollout workers (admission.py: the staleness rule, leases)
-  weights_ready / trainer_resumed  the trainer (weight_sync.py; a resumed trainer's version wins)
+  weights_on_disk / weights_broadcast / trainer_resumed
+                                   the trainer (weight_sync.py and weights/: one message and one
+                                   applier per weight-sync method; a resumed trainer's version wins)
   register_server / pick_server    generation servers and routing (registry.py)
   status                           anyone with the experiment's key
 Background: lease expiry, health checks (which also catch lagging servers up), snapshots and
-metrics. State lives in `<exp>/checkpoints/controller/` (state.py); a restarted controller
-continues from it and, when it can, on the same port, so clients reconnect by themselves.
+metrics. A health check never runs a generation: it reads `/model_info` (liveness and the
+version the server holds) and `/v1/loads` (requests running + waiting); SGLang answers both
+without the scheduler, so a server paused for a long update is not mistaken for a dead one.
+State lives in `<exp>/checkpoints/controller/` (state.py); a restarted controller continues
+from it and, when it can, on the same port, so clients reconnect by themselves.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
 import zmq
 
-from rollout.client import AdminClient, parse_version, server_load
+from rollout.client import AdminClient, AdminError, parse_version, server_load
 from services.config import ControllerConfig
 from services.protocol import (
     AdmitReply,
@@ -42,7 +48,6 @@ from services.protocol import (
     Ticket,
     TrainerResumed,
     WeightsAck,
-    WeightsReady,
     load_keys,
     publish_service,
     read_service,
@@ -50,9 +55,10 @@ from services.protocol import (
 )
 
 from .admission import AdmissionLedger
-from .registry import GenServer, ServerRegistry
+from .registry import GenServer, ServerRegistry, learn_tp_size
 from .state import StateStore
-from .weight_sync import SyncResult, WeightSync, check_ready
+from .weight_sync import WeightSync
+from .weights import SyncResult
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +70,10 @@ class Controller:
         self.registry = ServerRegistry(cfg.sticky_entries)
         self.store = StateStore(exp.checkpoints / "controller")
         self.sync_lock = asyncio.Lock()
-        self.syncer = WeightSync(self.registry, self._admin, cfg.update_timeout_s, cfg.broadcast_backend,
-                                 cfg.interruptible)
-        # The last weights every server should hold: {"version", "how", "path"}.
-        self.last_weights: dict = {"version": 0, "how": "initial", "path": ""}
+        self.syncer = WeightSync(self.registry, self._admin, cfg)
+        # The last weights every server should hold: {"version", "method" (the message's op),
+        # "message" (its fields when the method can replay it for a lagging server, else None)}.
+        self.last_weights: dict = {"version": 0, "method": "initial", "message": None}
         self.last_sync: dict = {}
         self.requests = 0
         self.server: RequestServer | None = None
@@ -84,7 +90,7 @@ class Controller:
         if snapshot is not None:
             self.ledger.load_state_dict(snapshot["ledger"], now)
             self.registry.load_state_dict(snapshot.get("registry", []))
-            self.last_weights = snapshot.get("last_weights", self.last_weights)
+            self.last_weights = _upgrade_last_weights(snapshot.get("last_weights", self.last_weights))
         for event in events:
             self.ledger.apply(event)
         self.ledger.restart_leases(now)
@@ -138,23 +144,27 @@ class Controller:
         return HeartbeatReply(version=self.ledger.version, revoked=revoked)
 
     # ---- handlers: trainer --------------------------------------------------------------
-    async def weights_ready(self, req: WeightsReady) -> WeightsAck:
+    async def weights_published(self, req) -> WeightsAck:
+        """A published version, in any weight-sync method's message (weights_on_disk, ...)."""
         self.requests += 1
-        check_ready(req)
+        applier = self.syncer.applier(req)
+        applier.check(req)
+        op = req.OP
         if req.version < self.ledger.version:
-            raise ValueError(f"weights_ready: version {req.version} is behind the controller's version "
+            raise ValueError(f"{op}: version {req.version} is behind the controller's version "
                              f"{self.ledger.version}; versions never go backwards (a trainer resumed from a "
                              f"checkpoint must send trainer_resumed first)")
         async with self.sync_lock:
             if req.version < self.ledger.version:   # another update won the race for the lock
-                raise ValueError(f"weights_ready: version {req.version} is behind {self.ledger.version}")
+                raise ValueError(f"{op}: version {req.version} is behind {self.ledger.version}")
             if req.version > self.ledger.version + 1:
-                log.warning("weights_ready jumps from version %d to %d", self.ledger.version, req.version)
+                log.warning("%s jumps from version %d to %d", op, self.ledger.version, req.version)
             result = await self.syncer.apply(req)
             self._journal(self.ledger.set_version(req.version))
-            self.last_weights = {"version": req.version, "how": req.how, "path": req.path}
+            self.last_weights = {"version": req.version, "method": op,
+                                 "message": asdict(req) if applier.replayable else None}
             self.snapshot()
-            self._record_sync(result, req.how)
+            self._record_sync(result, op)
         return WeightsAck(version=req.version, ok=result.ok, failed_servers=sorted(result.failed),
                           timings={**{f"{k}_s": v for k, v in result.phases.items()}, "total_s": result.seconds})
 
@@ -180,10 +190,10 @@ class Controller:
                              previous_version=before["version"], previous_accepted=before["accepted"])
         return Ok(detail=f"version {req.version}, accepted {req.groups_held}")
 
-    def _record_sync(self, result: SyncResult, how: str) -> None:
-        self.last_sync = {"version": result.version, "how": how, "seconds": result.seconds,
+    def _record_sync(self, result: SyncResult, method: str) -> None:
+        self.last_sync = {"version": result.version, "method": method, "seconds": result.seconds,
                           "phases": result.phases, "failed": result.failed, "updated": result.updated}
-        log.info("weights v%d (%s) on %d servers in %.2fs %s%s", result.version, how, len(result.updated),
+        log.info("weights v%d (%s) on %d servers in %.2fs %s%s", result.version, method, len(result.updated),
                  result.seconds, {k: round(v, 3) for k, v in result.phases.items()},
                  f"; FAILED {result.failed}" if result.failed else "")
         if self.metrics:
@@ -192,13 +202,15 @@ class Controller:
     # ---- handlers: generation servers ---------------------------------------------------
     def register_server(self, req: RegisterServer) -> Ok:
         self.requests += 1
-        server, new = self.registry.register(req.address, req.api_key_ref, req.capacity)
+        server, new = self.registry.register(req.address, req.api_key_ref, req.capacity, req.admin_key_ref,
+                                             req.tp_size)
         self._keys_cache.pop(server.api_key_ref, None)
+        self._keys_cache.pop(server.admin_key_ref, None)
         if new and self.ledger.version > 0:
             server.take_out(f"registered at version {self.ledger.version}; checking its weights")
         self.snapshot()
-        log.info("%s generation server %s (capacity %d)", "registered" if new else "re-registered",
-                 server.address, server.capacity)
+        log.info("%s generation server %s (capacity %d, tp_size %s)", "registered" if new else "re-registered",
+                 server.address, server.capacity, server.tp_size or "to be asked")
         self._spawn(self._check(server))
         return Ok(detail="registered" if new else "updated")
 
@@ -219,7 +231,7 @@ class Controller:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return AdminClient(server.address, self._api_key(server.api_key_ref), self.cfg.http_timeout_s,
-                           session=self._http)
+                           session=self._http, admin_key=self._api_key(server.admin_key_ref))
 
     def _api_key(self, ref: str) -> str | None:
         if not ref:
@@ -229,30 +241,33 @@ class Controller:
             try:
                 self._keys_cache[ref] = path.read_text().strip() or None
             except OSError as e:
-                log.error("API key file %s unreadable (%s); calling without a key", path, e)
+                log.error("key file %s unreadable (%s); calling without that key", path, e)
                 return None
         return self._keys_cache[ref]
 
     async def _check(self, server: GenServer, after_restart: bool = False) -> None:
         """One health check; a server holding other weights than the current ones is caught up.
 
+        Liveness is an answer from `/model_info` within `http_timeout_s` (no generation probe:
+        SGLang's `/health` runs one unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false, and it
+        stalls while generation is paused). A failed check during a weight sync is not counted:
+        the sync's own calls judge the servers it updates.
+
         `after_restart`: the previous controller may have died between pause and continue; a
         server found at the current version is told to continue (harmless if it was not paused).
         """
         admin = self._admin(server)
-        ok = await admin.health(self.cfg.http_timeout_s)
-        info = None
-        if ok:
-            try:
-                info = await admin.get_server_info(self.cfg.http_timeout_s)
-            except Exception as e:  # any failure here is a failed health check
-                log.warning("%s: /get_server_info failed: %s", server.address, e)
-                ok = False
-        if not ok:
+        try:
+            info = await admin.model_info(self.cfg.http_timeout_s)
+        except AdminError as e:
+            if self.sync_lock.locked():
+                log.info("%s: /model_info failed during a weight sync (not counted): %s", server.address, e.detail)
+                return
             server.failures += 1
+            log.warning("%s: health check %d failed: %s", server.address, server.failures, e.detail)
             if server.failures >= self.cfg.health_failures and server.healthy:
                 server.healthy = False
-                server.reason = server.reason or f"failed {server.failures} health checks"
+                server.reason = server.reason or f"failed {server.failures} health checks ({e.detail})"
                 log.error("generation server %s is unhealthy (%d failed checks)", server.address, server.failures)
             return
         if not server.healthy:
@@ -260,8 +275,10 @@ class Controller:
             if server.in_rotation:
                 server.reason = ""
         server.failures, server.healthy = 0, True
-        server.load, server.routed_since_poll = server_load(info), 0
-        held = await self._held_version(admin, info)
+        await self._poll_load(server, admin)
+        if server.tp_size < 1:
+            await learn_tp_size(server, admin, self.cfg.http_timeout_s)
+        held = _version_of(info)
         if held is None or self.sync_lock.locked():
             return  # a server that does not say, or versions in flux mid-update: nothing to judge
         server.weight_version = held
@@ -271,25 +288,28 @@ class Controller:
                 await self._continue(server)
             return
         server.take_out(f"holds weights v{held}, the current version is v{want}")
-        path = self.last_weights.get("path") if self.last_weights.get("version") == want else ""
-        if path and server.address not in self._catching_up:
-            self._spawn(self._catch_up(server, want, path))
-        elif not path and want > 0:
-            log.warning("%s holds v%s but v%d was broadcast: it rejoins at the next update", server.address,
-                        held, want)
+        msg = self._replayable_weights(want)
+        if msg is not None and server.address not in self._catching_up:
+            self._spawn(self._catch_up(server, msg))
+        elif msg is None and want > 0:
+            log.warning("%s holds v%s but v%d was %s: it rejoins at the next update", server.address, held, want,
+                        self.last_weights.get("method"))
 
-    async def _held_version(self, admin: AdminClient, info: dict) -> int | None:
-        """The policy version a server holds (`weight_version` of server or model info), if it says."""
-        raw = info.get("weight_version")
-        if raw is None:
-            try:
-                raw = (await admin.get_model_info(self.cfg.http_timeout_s)).get("weight_version")
-            except Exception:
-                return None
+    async def _poll_load(self, server: GenServer, admin: AdminClient) -> None:
+        """Requests running + waiting from `/v1/loads` (kept from the last poll if it fails)."""
         try:
-            return None if raw is None else parse_version(raw)
-        except Exception:
+            server.load = server_load(await admin.loads(self.cfg.http_timeout_s))
+            server.routed_since_poll = 0
+        except AdminError as e:
+            log.warning("%s: /v1/loads failed (load unknown until the next poll): %s", server.address, e.detail)
+
+    def _replayable_weights(self, version: int):
+        """The message that can bring a lagging server to `version`, or None (e.g. broadcast)."""
+        last = self.last_weights
+        if last.get("version") != version or not last.get("message"):
             return None
+        cls = self.syncer.appliers.get(last.get("method", ""))
+        return cls.message(**last["message"]) if cls is not None and cls.replayable else None
 
     async def _continue(self, server: GenServer) -> None:
         """A server found at the right version but out of rotation: resume it and bring it back."""
@@ -301,13 +321,14 @@ class Controller:
         server.bring_back(self.ledger.version)
         log.info("generation server %s back in rotation at v%d", server.address, self.ledger.version)
 
-    async def _catch_up(self, server: GenServer, version: int, path: str) -> None:
+    async def _catch_up(self, server: GenServer, msg) -> None:
+        version = msg.version
         self._catching_up.add(server.address)
         try:
             async with self.sync_lock:
                 if self.ledger.version != version:
                     return   # a newer update ran meanwhile; the next check decides again
-                result = await self.syncer.catch_up(server, version, path)
+                result = await self.syncer.catch_up(server, msg)
             log.info("catch-up of %s to v%d: %s", server.address, version,
                      "ok" if result.ok else result.failed.get(server.address))
             if self.metrics:
@@ -354,7 +375,8 @@ class Controller:
 
     def _bind(self) -> RequestServer:
         handlers = {"admit": self.admit, "group_done": self.group_done, "heartbeat": self.heartbeat,
-                    "weights_ready": self.weights_ready, "trainer_resumed": self.trainer_resumed,
+                    **dict.fromkeys(self.syncer.appliers, self.weights_published),
+                    "trainer_resumed": self.trainer_resumed,
                     "groups_dropped": self.groups_dropped,
                     "register_server": self.register_server, "pick_server": self.pick_server,
                     "status": self.status}
@@ -401,6 +423,24 @@ class Controller:
             log.error("server loop failed: %s", serving.exception())
             return 1
         return 0
+
+
+def _version_of(model_info: dict) -> int | None:
+    """The policy version in a `/model_info` reply (its live `weight_version`), if it says one."""
+    raw = model_info.get("weight_version")
+    try:
+        return None if raw is None else parse_version(raw)
+    except Exception:   # not an integer policy version ("default", SGLang's start-up value, is 0)
+        return None
+
+
+def _upgrade_last_weights(last: dict) -> dict:
+    """A snapshot written before weight messages were per method held {"version", "how", "path"}."""
+    if "how" not in last:
+        return last
+    disk = last.get("how") == "disk" and last.get("path")
+    return {"version": last.get("version", 0), "method": "weights_on_disk" if disk else last.get("how", "initial"),
+            "message": {"version": last.get("version", 0), "path": last["path"]} if disk else None}
 
 
 def _require_id(value: str, where: str) -> None:

@@ -21,7 +21,8 @@ from .control import (
     Ticket,
     TrainerResumed,
     WeightsAck,
-    WeightsReady,
+    WeightsBroadcast,
+    WeightsOnDisk,
 )
 from .expdir import ExpDir, publish_service, read_service, write_json_atomic
 from .grading import GradeItem, GradeReply, GradeRequest, Verdict
@@ -42,7 +43,7 @@ __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
     "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "Ok", "PickServer",
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
-    "WeightsReady", "ExpDir", "publish_service", "read_service", "write_json_atomic", "GradeItem",
+    "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "CurveKeys", "generate_keys", "load_keys",
     "MetricsWriter", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",

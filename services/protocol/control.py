@@ -56,20 +56,35 @@ class HeartbeatReply:
     revoked: list[str]
 
 
-@message("weights_ready")
-class WeightsReady:
-    """The trainer published `version`: a HF directory (`path`) or a broadcast group."""
+# ---- weight sync: one message per method ---------------------------------------------------
+# The trainer sends one of these after publishing a version; the controller's applier for that
+# message (services/controller/weights/) brings the servers to it. A new method (CUDA IPC,
+# bucketed NCCL) is one more message here, one publisher file in trainer/weights/ and one
+# applier file in services/controller/weights/.
+
+
+@message("weights_on_disk")
+class WeightsOnDisk:
+    """Version `version` is a Hugging Face directory at `path` (on a filesystem the servers see)."""
     version: int
-    how: Literal["disk", "broadcast"]
-    path: str = ""
-    # For broadcast: where to rendezvous and what will be sent.
-    group_name: str = ""
-    master_address: str = ""
-    master_port: int = 0
-    world_size: int = 0
-    names: list[str] | None = None
-    dtypes: list[str] | None = None
-    shapes: list[list[int]] | None = None
+    path: str
+
+
+@message("weights_broadcast")
+class WeightsBroadcast:
+    """Version `version` will be broadcast tensor by tensor from the trainer (rank 0).
+
+    `world_size` = 1 + the sum of the receiving servers' TP sizes: in SGLang every TP rank of a
+    server joins the group, at rank `rank_offset + tp_rank` (the controller assigns the offsets).
+    """
+    version: int
+    group_name: str
+    master_address: str
+    master_port: int
+    world_size: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
 
 
 @message("weights_ack")
@@ -85,9 +100,15 @@ class WeightsAck:
 class RegisterServer:
     """A generation server joins the rotation."""
     address: str
-    # Name of the key file under <exp>/keys/ holding its bearer API key ("" = no key).
+    # Name of the key file under <exp>/keys/ holding its bearer API key ("" = no key): used for
+    # the routes SGLang guards at its NORMAL level (/generate, /model_info, /v1/loads).
     api_key_ref: str = ""
     capacity: int = 64
+    # Key file of its admin key (SGLang's --admin-api-key; "" = none): pause/continue, weight
+    # updates and sessions, abort, flush. With an admin key set, SGLang refuses the API key there.
+    admin_key_ref: str = ""
+    # Tensor-parallel size (GPUs per server); 0 = ask the server (/server_info's `tp_size`).
+    tp_size: int = 0
 
 
 @message("pick_server")

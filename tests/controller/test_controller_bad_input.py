@@ -18,7 +18,8 @@ from services.protocol import (
     SyncRequestClient,
     Ticket,
     TrainerResumed,
-    WeightsReady,
+    WeightsBroadcast,
+    WeightsOnDisk,
     decode,
     encode,
     generate_keys,
@@ -85,11 +86,13 @@ IMPOSSIBLE = [
     (AdmitRequest("", 1), "worker_id must be a non-empty"),
     (AdmitRequest("w", 0), "max_groups must be >= 1"),
     (GroupDone("w", "0-999", "accepted"), "unknown group"),
-    (WeightsReady(version=1, how="disk"), "needs `path`"),
-    (WeightsReady(version=1, how="broadcast", group_name="g", master_address="h", master_port=1,
-                  world_size=2, names=["a"], dtypes=[], shapes=[[1]]), "equal length"),
+    (WeightsOnDisk(version=1, path=""), "`path`"),
+    (WeightsBroadcast(version=1, group_name="g", master_address="h", master_port=1,
+                      world_size=2, names=["a"], dtypes=[], shapes=[[1]]), "equal length"),
     (RegisterServer(address="ftp://x"), "http"),
     (RegisterServer(address="http://x:1", api_key_ref="../../etc/passwd"), "file name"),
+    (RegisterServer(address="http://x:1", admin_key_ref="../gen-admin-api-key"), "admin_key_ref must be a file"),
+    (RegisterServer(address="http://x:1", tp_size=-2), "tp_size"),
     (PickServer("w"), "no generation server"),
     (TrainerResumed(version=-1, groups_held=0), ">= 0"),
 ]
@@ -114,15 +117,15 @@ def test_versions_never_go_backwards_over_the_wire(exp, controller_proc):
     proc = controller_proc()
     client = SyncRequestClient(load_keys(exp.keys), proc.start(), timeout_s=5)
     try:
-        assert client.request(WeightsReady(version=2, how="disk", path="/w/v2")).ok
+        assert client.request(WeightsOnDisk(version=2, path="/w/v2")).ok
         with pytest.raises(RemoteError, match="never go backwards"):
-            client.request(WeightsReady(version=1, how="disk", path="/w/v1"))
+            client.request(WeightsOnDisk(version=1, path="/w/v1"))
         assert client.request(StatusRequest()).state["version"] == 2
         # A trainer resumed from the checkpoint of version 1 is the authority: it rebases.
         client.request(TrainerResumed(version=1, groups_held=2))
         state = client.request(StatusRequest()).state
         assert (state["version"], state["accepted"], state["capacity"]) == (1, 2, 2)
-        assert client.request(WeightsReady(version=2, how="disk", path="/w/v2")).ok
+        assert client.request(WeightsOnDisk(version=2, path="/w/v2")).ok
     finally:
         client.close()
 

@@ -16,7 +16,7 @@ from services.protocol import (
     RemoteError,
     RequestClient,
     StatusRequest,
-    WeightsReady,
+    WeightsOnDisk,
     load_keys,
     read_metrics,
     read_service,
@@ -82,7 +82,7 @@ class Fleet:
         """Publishes version v+1 once B groups per version have been accepted."""
         while self.version < until_version:
             if self.reported["accepted"] >= self.B * (self.version + 1):
-                ack = await self.call(0, WeightsReady(version=self.version + 1, how="disk", path="/weights"))
+                ack = await self.call(0, WeightsOnDisk(version=self.version + 1, path="/weights"))
                 assert ack.ok and ack.version == self.version + 1
                 self.version += 1
             await asyncio.sleep(0.01)

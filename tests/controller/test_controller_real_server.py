@@ -1,5 +1,8 @@
-"""The controller process drives a real embedded generation server (`tandem gen serve`): after a
-weight update the server generates with the new weights and stamps the new version."""
+"""The controller process drives a real embedded generation server (`tandem gen serve`, started
+with an API key and an admin key, as the launcher starts SGLang): after a weight update the
+server generates with the new weights and stamps the new version; the controller reads that
+version from /model_info, its load from /v1/loads, and runs broadcasts inside a weight-update
+session (the embedded server, like SGLang 0.5.23, refuses a distributed update outside one)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -19,19 +23,22 @@ from services.protocol import (
     RegisterServer,
     StatusRequest,
     SyncRequestClient,
-    WeightsReady,
+    WeightsBroadcast,
+    WeightsOnDisk,
     free_port,
     load_keys,
 )
+from services.protocol.weight_group import join_weight_group
 
 pytestmark = pytest.mark.timeout(180)
 KEY = "real-server-key"
+ADMIN_KEY = "real-server-admin-key"
 
 
-def http(url: str, path: str, body: dict | None = None):
+def http(url: str, path: str, body: dict | None = None, key: str = KEY):
     req = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
                                  method="GET" if body is None else "POST",
-                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read() or b"null")
 
@@ -48,10 +55,13 @@ def real_gen(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("real-gen")
     key_file = root / "gen-api-key"
     key_file.write_text(KEY + "\n")
+    admin_file = root / "gen-admin-api-key"
+    admin_file.write_text(ADMIN_KEY + "\n")
     port = free_port()
     log = open(root / "gen.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(tiny_model_dir),
-                             "--port", str(port), "--api-key-file", str(key_file)], stdout=log, stderr=subprocess.STDOUT)
+                             "--port", str(port), "--api-key-file", str(key_file), "--admin-api-key-file",
+                             str(admin_file)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 150
     while True:
@@ -76,7 +86,12 @@ def real_gen(tmp_path_factory, tiny_model_dir):
 @pytest.fixture
 def gen_server(exp, real_gen):
     (exp.keys / "gen-api-key").write_text(KEY + "\n")
+    (exp.keys / "gen-admin-api-key").write_text(ADMIN_KEY + "\n")
     return real_gen
+
+
+def register(client, url: str) -> None:
+    client.request(RegisterServer(address=url, api_key_ref="gen-api-key", admin_key_ref="gen-admin-api-key"))
 
 
 def flipped_weights(tiny_model_dir, out_dir):
@@ -89,41 +104,49 @@ def flipped_weights(tiny_model_dir, out_dir):
 
 
 def test_disk_update_of_a_real_server(exp, controller_proc, gen_server, tiny_model_dir):
-    write_config(exp, groups_per_step=2, max_staleness=0, broadcast_backend="gloo", update_timeout_s=120)
+    write_config(exp, groups_per_step=2, max_staleness=0, broadcast_backend="gloo", update_timeout_s=120,
+                 health_interval_s=0.2)
     address = controller_proc().start()
     client = SyncRequestClient(load_keys(exp.keys), address, timeout_s=120)
     try:
-        client.request(RegisterServer(address=gen_server, api_key_ref="gen-api-key"))
+        register(client, gen_server)
         before, version = greedy(gen_server)
         assert version == "0"
 
         flipped_weights(tiny_model_dir, exp.weights / "v1")
-        ack = client.request(WeightsReady(version=1, how="disk", path=str(exp.weights / "v1")))
+        ack = client.request(WeightsOnDisk(version=1, path=str(exp.weights / "v1")))
         assert ack.ok and ack.failed_servers == [], ack
         after, version = greedy(gen_server)
         assert version == "1" and after != before
-        assert http(gen_server, "/get_model_info")["weight_version"] == "1"
+        assert http(gen_server, "/model_info")["weight_version"] == "1"
         state = client.request(StatusRequest()).state
         assert state["version"] == 1 and state["servers"][0]["in_rotation"]
+        # Health checks after the update keep it in rotation (the version is read live) and
+        # learn its TP size; the admin routes refused the API key all along.
+        time.sleep(0.5)
+        server = client.request(StatusRequest()).state["servers"][0]
+        assert server["in_rotation"] and server["weight_version"] == 1 and server["tp_size"] == 1
+        with pytest.raises(urllib.error.HTTPError) as info:
+            http(gen_server, "/continue_generation", {})
+        assert info.value.code == 401
     finally:
         client.close()
 
 
 def test_broadcast_update_of_a_real_server(exp, controller_proc, gen_server, tiny_model_dir):
-    """The test plays the trainer's rank 0 with the project's own `trainer.publish.join_weight_group`."""
+    """The test plays the trainer's rank 0 with the project's own rendezvous (`join_weight_group`)."""
     write_config(exp, groups_per_step=2, max_staleness=0, broadcast_backend="gloo", update_timeout_s=10)
     address = controller_proc().start()
     client = SyncRequestClient(load_keys(exp.keys), address, timeout_s=60)
     try:
-        client.request(RegisterServer(address=gen_server, api_key_ref="gen-api-key"))
-        from trainer.publish import join_weight_group
+        register(client, gen_server)
         original = load_file(str(tiny_model_dir / "model.safetensors"))
         names = sorted(original)
         port = free_port()
-        ready = WeightsReady(version=2, how="broadcast", group_name="tandem-weights-v2", master_address="127.0.0.1",
-                             master_port=port, world_size=2, names=names,
-                             dtypes=[str(original[n].dtype).removeprefix("torch.") for n in names],
-                             shapes=[list(original[n].shape) for n in names])
+        ready = WeightsBroadcast(version=2, group_name="tandem-weights-v2", master_address="127.0.0.1",
+                                 master_port=port, world_size=2, names=names,
+                                 dtypes=[str(original[n].dtype).removeprefix("torch.") for n in names],
+                                 shapes=[list(original[n].shape) for n in names])
         sent = {}
 
         def trainer_side():
@@ -144,7 +167,7 @@ def test_broadcast_update_of_a_real_server(exp, controller_proc, gen_server, tin
         assert version == "2"
         state = client.request(StatusRequest()).state
         assert state["version"] == 2 and state["servers"][0]["in_rotation"]
-        assert {"pause_s", "init_group_s", "update_s", "continue_s"} <= set(ack.timings)
+        assert {"pause_s", "begin_s", "init_group_s", "update_s", "end_s", "continue_s"} <= set(ack.timings)
     finally:
         client.close()
 
@@ -154,3 +177,45 @@ def _record_errors(fn, box: dict) -> None:
         fn()
     except Exception as e:  # reported by the assertion in the test thread
         box["error"] = repr(e)
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_a_pause_keeps_the_request_on_the_server_across_the_update(exp, controller_proc, gen_server,
+                                                                   tiny_model_dir, mode):
+    """`controller.interrupt_mode: retract` (re-prefilled) and `in_place` (KV cache kept; the
+    update is sent with `flush_cache: false`, without which the embedded server, like SGLang,
+    refuses it): a sample in flight during a disk update is not returned partial (nothing to
+    resubmit); it finishes on the server, its tokens split between the two versions in
+    `meta_info.weight_versions`."""
+    write_config(exp, groups_per_step=2, max_staleness=0, update_timeout_s=120, interrupt_mode=mode)
+    address = controller_proc().start()
+    client = SyncRequestClient(load_keys(exp.keys), address, timeout_s=120)
+    try:
+        register(client, gen_server)
+        flipped_weights(tiny_model_dir, exp.weights / "v1")
+        reply: dict = {}
+
+        def long_sample():
+            reply.update(http(gen_server, "/generate", {
+                "input_ids": [5, 6, 7, 8], "sampling_params": {"temperature": 0.0, "max_new_tokens": 480,
+                                                              "ignore_eos": True}}))
+
+        sampler = threading.Thread(target=lambda: _record_errors(long_sample, reply), daemon=True)
+        sampler.start()
+        deadline = time.monotonic() + 30
+        while not any(r["num_running_reqs"] for r in http(gen_server, "/v1/loads")["loads"]):
+            assert time.monotonic() < deadline and sampler.is_alive(), "the sample never started"
+            time.sleep(0.01)
+        # The server is shared by this module's tests: move it one version past what it holds.
+        new = int(http(gen_server, "/model_info")["weight_version"]) + 1
+        ack = client.request(WeightsOnDisk(version=new, path=str(exp.weights / "v1")))
+        sampler.join(120)
+        assert ack.ok, ack
+        assert "error" not in reply, reply
+        meta = reply["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and len(reply["output_ids"]) == 480
+        spans = meta["weight_versions"]
+        assert [s["version"] for s in spans] == [str(new - 1), str(new)], spans
+        assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 480
+    finally:
+        client.close()

@@ -58,13 +58,18 @@ class Api:
 
 
 class ServerProcess:
-    def __init__(self, model: Path, tmp: Path, api_key: str | None = API_KEY, extra: tuple = ()):
+    def __init__(self, model: Path, tmp: Path, api_key: str | None = API_KEY, extra: tuple = (),
+                 admin_key: str | None = None, env: dict | None = None):
         argv = [sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0"]
-        if api_key:
-            key_file = tmp / "gen-api-key"
-            key_file.write_text(api_key + "\n")
-            argv += ["--api-key-file", str(key_file)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TANDEM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        for flag, name, key in (("--api-key-file", "gen-api-key", api_key),
+                                ("--admin-api-key-file", "gen-admin-key", admin_key)):
+            if key:
+                key_file = tmp / name
+                key_file.write_text(key + "\n")
+                key_file.chmod(0o600)
+                argv += [flag, str(key_file)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TANDEM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               **(env or {})}
         self.log = open(tmp / "server.log", "w+")
         self.proc = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         deadline = time.monotonic() + 120
@@ -80,6 +85,8 @@ class ServerProcess:
             raise RuntimeError(f"server did not start:\n{(tmp / 'server.log').read_text()[-3000:]}")
         self.url = line.split()[-1]
         self.api = Api(self.url, api_key)
+        # the key for admin routes: the admin key when the server has one (the API key is refused)
+        self.admin = Api(self.url, admin_key or api_key)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -122,9 +122,13 @@ def test_update_weights_from_disk_same_model_sets_version(shared_server, tiny_mo
                                        {"model_path": str(tiny_model_dir), "weight_version": "42"})
     assert status == 200 and reply["success"] is True and "num_paused_requests" in reply
     assert shared_server.get("/get_model_info")[1]["weight_version"] == "42"
-    assert shared_server.get("/get_weight_version")[1]["weight_version"] == "42"
+    assert shared_server.get("/model_info")[1]["weight_version"] == "42"
+    # /server_info reports the start-up arguments: its weight_version does not follow updates.
+    assert shared_server.get("/server_info")[1]["weight_version"] != "42"
+    assert shared_server.get("/get_weight_version")[0] == 404        # not a route in SGLang 0.5.23
     out = shared_server.generate(PROMPT, max_new_tokens=2)
     assert out["meta_info"]["weight_version"] == "42"
+    assert out["meta_info"]["weight_versions"] == [{"version": "42", "start": 0, "end": 2}]
     status, reply = shared_server.post("/update_weights_from_disk", {"model_path": "/nonexistent/model"})
     assert status == 400 and reply["success"] is False
     assert shared_server.get("/get_model_info")[1]["weight_version"] == "42"
@@ -133,6 +137,12 @@ def test_update_weights_from_disk_same_model_sets_version(shared_server, tiny_mo
 def test_info_health_and_cache_endpoints(shared_server):
     assert shared_server.get("/health")[0] == 200
     assert shared_server.get("/health_generate")[0] == 200
+    assert shared_server.get("/ready")[0] == 200
+    for path in ("/model_info", "/server_info"):
+        assert shared_server.get(path)[0] == 200, path
+    status, loads = shared_server.get("/v1/loads")
+    assert status == 200 and {"timestamp", "version", "accelerator", "num_accelerators", "loads"} <= set(loads)
+    assert loads["loads"][0]["dp_rank"] == 0 and "num_running_reqs" in loads["loads"][0]
     status, info = shared_server.get("/get_model_info")
     assert status == 200 and info["is_generation"] is True and "model_path" in info and "weight_version" in info
     status, info = shared_server.get("/get_server_info")
@@ -153,7 +163,7 @@ def test_api_key_required(shared_server):
 
 def test_update_without_pause_waits_for_in_flight_requests(shared_server, tiny_model_dir, embedded_only):
     """As in SGLang, an update that does not abort lets running requests finish under the old weights."""
-    old = shared_server.get("/get_weight_version")[1]["weight_version"]
+    old = shared_server.get("/model_info")[1]["weight_version"]
     running = _in_background(lambda: shared_server.generate(PROMPT, max_new_tokens=200, ignore_eos=True))
     wait_running(shared_server, 1)
     status, reply = shared_server.post("/update_weights_from_disk",
@@ -166,21 +176,51 @@ def test_update_without_pause_waits_for_in_flight_requests(shared_server, tiny_m
     assert shared_server.generate(PROMPT, max_new_tokens=1)["meta_info"]["weight_version"] == str(int(old) + 1)
 
 
-def test_pause_retract_and_in_place_hold_requests(shared_server, tiny_model_dir, embedded_only):
-    """retract / in_place: running requests are held, not returned; after an update (KV dropped,
-    re-prefilled) and continue they finish whole, stamped with the version at their end."""
-    for mode in ("retract", "in_place"):
-        old = int(shared_server.get("/get_weight_version")[1]["weight_version"])
-        call = _in_background(lambda: shared_server.generate(PROMPT, max_new_tokens=300, ignore_eos=True))
-        wait_running(shared_server, 1)
-        assert shared_server.post("/pause_generation", {"mode": mode})[0] == 200
-        call[0].join(0.5)
-        assert "out" not in call[1], f"{mode}: a held request must not return"
-        status, reply = shared_server.post("/update_weights_from_disk",
-                                           {"model_path": str(tiny_model_dir), "weight_version": str(old + 1)})
-        assert status == 200 and reply["num_paused_requests"] == 1, reply
-        assert shared_server.post("/continue_generation")[0] == 200
-        call[0].join(30)
-        out = call[1]["out"]
-        assert len(out["output_ids"]) == 300 and out["meta_info"]["finish_reason"]["type"] == "length"
-        assert out["meta_info"]["weight_version"] == str(old + 1)
+def test_pause_retract_holds_requests_across_an_update(shared_server, tiny_model_dir, embedded_only):
+    """retract: running requests are held, not returned; after an update (KV dropped, re-prefilled)
+    and continue they finish whole, with spans over both versions."""
+    old = int(shared_server.get("/model_info")[1]["weight_version"])
+    call = _in_background(lambda: shared_server.generate(PROMPT, max_new_tokens=300, ignore_eos=True))
+    wait_running(shared_server, 1)
+    assert shared_server.post("/pause_generation", {"mode": "retract"})[0] == 200
+    call[0].join(0.5)
+    assert "out" not in call[1], "a held request must not return"
+    status, reply = shared_server.post("/update_weights_from_disk",
+                                       {"model_path": str(tiny_model_dir), "weight_version": str(old + 1)})
+    assert status == 200 and reply["success"] and reply["num_paused_requests"] == 0, reply
+    assert shared_server.post("/continue_generation")[0] == 200
+    call[0].join(30)
+    meta = call[1]["out"]["meta_info"]
+    assert len(call[1]["out"]["output_ids"]) == 300 and meta["finish_reason"]["type"] == "length"
+    spans = meta["weight_versions"]
+    assert [s["version"] for s in spans] == [str(old), str(old + 1)], spans
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] > 0 and spans[1]["end"] == 300
+    assert meta["weight_version"] == str(old + 1)
+
+
+def test_pause_in_place_update_keeps_the_batch_and_refuses_the_flush(shared_server, tiny_model_dir, embedded_only):
+    """in_place (as SGLang 0.5.23): the running batch keeps its KV cache through an update, so the
+    update's cache flush is refused: 400, the weights and spans switch version, /model_info's
+    version stays. With flush_cache false the same update succeeds."""
+    old = int(shared_server.get("/model_info")[1]["weight_version"])
+    call = _in_background(lambda: shared_server.generate(PROMPT, max_new_tokens=300, ignore_eos=True))
+    wait_running(shared_server, 1)
+    assert shared_server.post("/pause_generation", {"mode": "in_place"})[0] == 200
+    status, reply = shared_server.post("/update_weights_from_disk",
+                                       {"model_path": str(tiny_model_dir), "weight_version": str(old + 1)})
+    assert status == 400 and reply["success"] is False and "cache was not flushed" in reply["message"], reply
+    assert shared_server.get("/model_info")[1]["weight_version"] == str(old)
+    status, reply = shared_server.post("/update_weights_from_disk",
+                                       {"model_path": str(tiny_model_dir), "weight_version": str(old + 2),
+                                        "flush_cache": False})
+    assert status == 200 and reply["success"], reply
+    assert shared_server.get("/model_info")[1]["weight_version"] == str(old + 2)
+    assert shared_server.post("/continue_generation")[0] == 200
+    call[0].join(30)
+    meta = call[1]["out"]["meta_info"]
+    # Both updates came while the request was held with the same tokens: the middle version
+    # produced none of them, so its span is empty and dropped (SGLang's merging rule).
+    spans = meta["weight_versions"]
+    assert [s["version"] for s in spans] == [str(old), str(old + 2)], spans
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] > 0 and spans[1]["end"] == 300
+    assert meta["weight_version"] == str(old + 2)

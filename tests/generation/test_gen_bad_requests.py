@@ -41,9 +41,14 @@ def test_malformed_bodies_on_every_post_endpoint(shared_server, embedded_only):
     assert status == 400 and "master_port" in reply["message"]
     status, reply = shared_server.post("/pause_generation", {"mode": "sideways"})
     assert status == 400 and "mode" in reply["message"]
-    status, reply = shared_server.post("/update_weights_from_distributed",
-                                       {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]],
-                                        "group_name": "never-created"})
+    body = {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "never-created"}
+    status, reply = shared_server.post("/update_weights_from_distributed", body)
+    assert status == 400 and reply["success"] is False and "begin_weight_update()" in reply["message"]
+    assert shared_server.post("/begin_weight_update")[0] == 200
+    try:
+        status, reply = shared_server.post("/update_weights_from_distributed", body)
+    finally:
+        assert shared_server.post("/end_weight_update")[0] == 200
     assert status == 400 and reply["success"] is False and "never-created" in reply["message"]
     # Still serving normally.
     out = shared_server.generate(PROMPT, max_new_tokens=3, ignore_eos=True)

@@ -65,7 +65,7 @@ def check_segments(res, old_dir, new_dir, old: int, new: int) -> None:
 
 def served(server) -> tuple[str, int]:
     """The model directory and version the server holds now (the tests below run in one server)."""
-    info = server.api.get("/get_model_info")[1]
+    info = server.api.get("/model_info")[1]
     return info["model_path"], int(info["weight_version"])
 
 
@@ -106,6 +106,9 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
         assert box["init"][0] == 200 and box["init"][1]["success"], box["init"]
 
         def update():
+            # SGLang 0.5.23 receives distributed weights only inside a weight-update session.
+            status, reply = own_server.api.post("/begin_weight_update")
+            assert status == 200 and reply["success"], reply
             call = threading.Thread(target=lambda: box.setdefault("update", own_server.api.post(
                 "/update_weights_from_distributed",
                 {"names": names, "dtypes": [str(new[n].dtype).removeprefix("torch.") for n in names],
@@ -116,6 +119,8 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
                 dist.broadcast(new[n].contiguous(), src=0, group=pg)
             call.join(60)
             assert box["update"][0] == 200 and box["update"][1]["success"], box["update"]
+            status, reply = own_server.api.post("/end_weight_update")
+            assert status == 200 and reply["success"], reply
 
         res = generate_through_update(own_server, update)
         check_segments(res, old_dir, new_dir, old, old + 1)
@@ -123,4 +128,4 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
         assert status == 200 and reply["success"]
     finally:
         leave_weight_group(pg)
-    assert own_server.api.get("/get_weight_version")[1]["weight_version"] == str(old + 1)
+    assert own_server.api.get("/model_info")[1]["weight_version"] == str(old + 1)

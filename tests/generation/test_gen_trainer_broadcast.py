@@ -18,8 +18,9 @@ from gen_support import reference_logprobs
 
 from rollout.client import AdminClient
 from trainer.config import TrainerConfig
-from trainer.publish import BackgroundCall, BroadcastPublisher
 from trainer.torch_backend import TorchBackend
+from trainer.weights import BackgroundCall
+from trainer.weights.broadcast import BroadcastPublisher
 
 PROMPT = [1, 6, 57, 50, 58]
 NEW_TOKENS = 24
@@ -37,13 +38,18 @@ def changed_backend(model_dir) -> TorchBackend:
 
 
 async def drive_server(server, ready) -> None:
-    """What the controller does on a broadcast WeightsReady, through the published admin client."""
+    """What the controller does on a WeightsBroadcast (services/controller/weights/broadcast.py),
+    through the published admin client: the update inside a weight-update session."""
     async with AdminClient(server.url, server.api.api_key, timeout_s=90) as admin:
-        await admin.init_weights_update_group(ready.master_address, ready.master_port, 1, ready.world_size,
-                                              ready.group_name, backend="gloo")
-        await admin.update_weights_from_distributed(ready.names, ready.dtypes, ready.shapes, ready.group_name,
-                                                    weight_version=ready.version)
-        await admin.destroy_weights_update_group(ready.group_name)
+        await admin.begin_weight_update()
+        try:
+            await admin.init_weights_update_group(ready.master_address, ready.master_port, 1, ready.world_size,
+                                                  ready.group_name, backend="gloo")
+            await admin.update_weights_from_distributed(ready.names, ready.dtypes, ready.shapes,
+                                                        ready.group_name, weight_version=ready.version)
+            await admin.destroy_weights_update_group(ready.group_name)
+        finally:
+            await admin.end_weight_update()
 
 
 def greedy(server) -> tuple[list[int], list[float], str]:
@@ -56,7 +62,8 @@ def test_trainer_broadcast_updates_a_real_server(own_server, tiny_model_dir, tmp
     be = changed_backend(tiny_model_dir)
     sent_dir = tmp_path / "sent"
     be.export_hf(sent_dir)          # the reference: exactly the tensors the trainer broadcasts
-    ready, send = BroadcastPublisher("127.0.0.1", 0, n_receivers=1, timeout_s=60).prepare(be, version=VERSION)
+    pub = BroadcastPublisher("127.0.0.1", 0, receiver_ranks=1, timeout_s=60).publish(be, VERSION)
+    ready, send = pub.message, pub.transfer
 
     sender = BackgroundCall(send, name="trainer broadcast")
     asyncio.run(drive_server(own_server, ready))

@@ -27,3 +27,16 @@ def test_a_window_reports_step_weighted_means_and_the_unexplained_time():
 
 def test_a_disabled_window_is_never_due():
     assert not GenWindow(interval_s=0).due(1e12)
+
+
+def test_joins_are_timed_apart_from_request_handling():
+    # Joining a batch copies its resident KV cache: timed and sized separately, and not
+    # counted as request handling.
+    w = GenWindow(interval_s=5.0)
+    start = w.start
+    w.prefill(0.004, tokens=40)
+    w.join(0.001, resident_kv_tokens=0)
+    w.join(0.003, resident_kv_tokens=1200)
+    rec = w.flush(start + 1.0)
+    assert (rec["gen_join_s"], rec["gen_joins"], rec["gen_join_kv_tokens"]) == (pytest.approx(0.004), 2, 1200)
+    assert rec["gen_overhead_s"] == pytest.approx(1.0 - 0.004 - 0.004)

@@ -1,11 +1,11 @@
 """A controller stand-in for the trainer tests, run as its own process (one ZAP handler per
-process admits one experiment's key): answers weights_ready with weights_ack.
+process admits one experiment's key): answers weights_on_disk / weights_broadcast with weights_ack.
 
     python fake_controller.py EXP_DIR HOLD_VERSIONS   (e.g. "1,2" or "")
 
 Appends every received version to <exp>/fake-controller/received (trainer_resumed messages to
 .../resumed as "version groups_held"); the ack of a held version
-waits until the file <exp>/fake-controller/release-<version> exists. For `how="broadcast"` it
+waits until the file <exp>/fake-controller/release-<version> exists. For weights_broadcast it
 joins the weight group as rank 1 with the shared rendezvous (`services.protocol.weight_group`,
 SGLang's /init_weights_update_group contract) the generation servers use, receives
 every tensor, and saves them to <exp>/fake-controller/broadcast-v<N>.pt before acking.
@@ -16,7 +16,15 @@ import asyncio
 import sys
 from pathlib import Path
 
-from services.protocol import ExpDir, Ok, RequestServer, WeightsAck, load_keys, publish_service
+from services.protocol import (
+    ExpDir,
+    Ok,
+    RequestServer,
+    WeightsAck,
+    WeightsBroadcast,
+    load_keys,
+    publish_service,
+)
 
 
 async def main(exp: ExpDir, hold: set[int]) -> None:
@@ -26,7 +34,7 @@ async def main(exp: ExpDir, hold: set[int]) -> None:
     async def on_ready(body):
         with open(state / "received", "a") as f:
             f.write(f"{body.version}\n")
-        if body.how == "broadcast":
+        if isinstance(body, WeightsBroadcast):
             await asyncio.to_thread(receive, body, state / f"broadcast-v{body.version}.pt")
         while body.version in hold and not (state / f"release-{body.version}").exists():
             await asyncio.sleep(0.02)
@@ -37,7 +45,8 @@ async def main(exp: ExpDir, hold: set[int]) -> None:
             f.write(f"{body.version} {body.groups_held}\n")
         return Ok(detail="rebased")
 
-    server = RequestServer(load_keys(exp.keys), {"weights_ready": on_ready, "trainer_resumed": on_resumed})
+    server = RequestServer(load_keys(exp.keys), {"weights_on_disk": on_ready, "weights_broadcast": on_ready,
+                                                 "trainer_resumed": on_resumed})
     publish_service(exp, "controller", {"address": server.address})
     await server.serve_forever()
 

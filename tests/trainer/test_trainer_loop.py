@@ -1,7 +1,7 @@
 """The trainer as a real process: `tandem trainer --exp DIR`, fed over ZeroMQ, killed, resumed.
 
 The controller is a stand-in (fake_controller.py, its own process): a real `RequestServer`
-(CURVE, ZeroMQ) that answers `weights_ready` with `weights_ack` and can hold an ack back, which
+(CURVE, ZeroMQ) that answers the weight messages with `weights_ack` and can hold an ack back, which
 pins down where the trainer is when the test kills it. It announces itself in `<exp>/services/controller.json` as
 the controller does. Trajectories come from a real `TrajectorySource`.
 """
@@ -24,7 +24,7 @@ from services.protocol import ExpDir, TrajectorySource, generate_keys, load_keys
 
 
 class FakeController:
-    """Runs fake_controller.py in its own process; `received` lists the weights_ready versions."""
+    """Runs fake_controller.py in its own process; `received` lists the announced versions."""
 
     def __init__(self, exp: ExpDir, python_bin: str, hold: set[int] = frozenset()):
         self.exp = exp
@@ -50,7 +50,7 @@ class FakeController:
     def wait_received(self, version: int, timeout_s: float = 60):
         deadline = time.monotonic() + timeout_s
         while version not in self.received:
-            assert time.monotonic() < deadline, f"no weights_ready v{version} (got {self.received})"
+            assert time.monotonic() < deadline, f"no weight message for v{version} (got {self.received})"
             assert self.proc.poll() is None, "the fake controller died"
             time.sleep(0.05)
 
@@ -242,7 +242,7 @@ def test_two_data_parallel_ranks_match_one_rank(tmp_path, small_model_dir, traj,
 
 def test_broadcast_weight_sync_delivers_the_trained_tensors(tmp_path, small_model_dir, traj, python_bin):
     """weight_sync: broadcast end to end: the stand-in controller joins the gloo group on
-    weights_ready, receives every tensor, then acks."""
+    weights_broadcast, receives every tensor, then acks."""
     exp = make_exp(tmp_path, "bcast", small_model_dir, **{"trainer.total_steps": 1,
                                                            "trainer.weight_sync": "broadcast"})
     ctl = FakeController(exp, python_bin)
@@ -253,7 +253,7 @@ def test_broadcast_weight_sync_delivers_the_trained_tensors(tmp_path, small_mode
     finally:
         ctl.close()
     (rec,) = read_metrics(exp, "trainer")
-    assert rec["broadcast_ok"] is True and rec["ack_ok"] is True and rec["bytes"] > 0
+    assert rec["transfer_ok"] is True and rec["ack_ok"] is True and rec["bytes"] > 0
     assert not exp.weights.exists()
     got = torch.load(exp.root / "fake-controller" / "broadcast-v1.pt")
     model = torch.load(exp.checkpoints / "step-1" / "rank-0.pt", weights_only=False)["backend"]["model"]

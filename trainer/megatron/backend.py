@@ -43,7 +43,7 @@ from trainer.megatron.model import (
     qwen2_shape,
     transformer_config,
 )
-from trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
+from trainer.megatron.packing import block_diagonal_causal_mask
 from trainer.megatron.pipeline import run_micro_batches
 from trainer.torch_backend import WEIGHT_FILES, token_logprobs
 
@@ -67,6 +67,10 @@ def read_hf_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 class MegatronBackend(TrainBackend):
+    # The loop checkpoints this backend with Megatron's dist checkpointing (save_checkpoint):
+    # reshardable on load, and the only way to save the distributed optimizer's state.
+    sharded_checkpoint = True
+
     def __init__(self, cfg, model_dir: Path, seed: int, mcfg: MegatronConfig | None = None):
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
@@ -147,7 +151,7 @@ class MegatronBackend(TrainBackend):
         ids = mb.input_ids.to(self.device)[None]
         pos = mb.position_ids.to(self.device)[None]
         if self.use_thd:
-            return self.model(ids, pos, None, packed_seq_params=thd_packed_seq_params(mb.cu_seqlens, self.device))
+            return gpu.forward_thd(self.model, ids, pos, mb.cu_seqlens, self.device)
         # Rotary phases follow the packed row's index, not position_ids (Megatron's GPTModel uses
         # position_ids for learned embeddings only); with the mask confining attention to one
         # sequence, RoPE's dependence on relative positions alone makes that the same.
@@ -202,8 +206,9 @@ class MegatronBackend(TrainBackend):
     def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:
         lr = self._lr()
         if self.on_gpu:
-            self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
+            gpu.zero_grad(self.model, self.optimizer)
+        else:
+            self.optimizer.zero_grad()
         stats: dict[str, float] = {}
 
         def on_last(mb: PackedBatch, logits: torch.Tensor):
@@ -295,7 +300,8 @@ class MegatronBackend(TrainBackend):
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This rank's shards (same-layout resume); see `save_checkpoint` for reshardable ones."""
+        """This rank's shards (same-layout reload, used by tests and tools); the loop's
+        checkpoints use `save_checkpoint` (reshardable)."""
         if self.on_gpu and self.mcfg.use_distributed_optimizer:
             raise RuntimeError("the distributed optimizer's state is sharded over data-parallel "
                                "ranks: checkpoint with save_checkpoint()/load_checkpoint()")

@@ -1,9 +1,15 @@
-"""The GPU-only half of the optimizer path: Megatron's DDP and (distributed) optimizer.
+"""The GPU-only calls into megatron-core: DDP, the (distributed) optimizer, THD forward, checkpoints.
 
-Written against megatron-core 0.16.1's API and NOT run on this CPU-only machine: both
-`DistributedDataParallel` (contiguous CUDA gradient buffers) and `get_megatron_optimizer`
-(fp32 main params, CUDA multi-tensor kernels) require CUDA. The CPU path in backend.py uses
-torch AdamW with the same learning-rate schedule and clipping semantics instead.
+Written against megatron-core 0.16.1's API and NOT run end to end on this CPU-only machine:
+`get_megatron_optimizer` allocates CUDA tensors, and the THD forward needs TransformerEngine's
+fused attention. The CPU path in backend.py uses torch AdamW with the same learning-rate
+schedule and clipping semantics instead.
+
+Every megatron-core call of this path lives here, with its receivers annotated with megatron
+classes, so that tests/megatron/test_megatron_api_contract.py can bind each call's arguments
+against the installed release's real signatures (a renamed argument fails there, not on the
+cluster). The config builders are separate functions so that the test also constructs the real
+config dataclasses (their `__post_init__` validation runs on CPU).
 
 Gradient scaling: the model's `TransformerConfig` has `calculate_per_token_loss=True`, so DDP
 SUMS gradients over data-parallel ranks (no 1/dp factor) — the contract of trainer/backend.py,
@@ -11,31 +17,75 @@ where the loss is already divided by the global number of valid tokens.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from trainer.megatron.packing import thd_packed_seq_params
 
-def wrap_model_and_optimizer(model, config, mcfg, optim, dtype: torch.dtype):
-    """(DDP-wrapped model, MegatronOptimizer) with AdamW settings from `trainer.optim`."""
+if TYPE_CHECKING:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig
+
+# The distributed optimizer's dist-checkpoint format. 'fully_reshardable' stores each
+# parameter's optimizer state in its canonical (model-space) shape, so a checkpoint loads into
+# another tensor/pipeline/data-parallel layout; megatron-core 0.16.1's default,
+# 'fully_sharded_model_space', is marked deprecated there, and 'dp_reshardable' reshards over
+# DP only. Non-distributed optimizers ignore the key.
+SHARDED_STATE_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def ddp_config(mcfg) -> DistributedDataParallelConfig:
+    """DDP settings: fp32 gradient buffers, one reduction after the last micro-batch."""
+    from megatron.core.distributed import DistributedDataParallelConfig
 
     # No overlap_grad_reduce: the micro-batch loop does not run Megatron's `no_sync` context,
     # so gradients must be reduced once, after the last micro-batch (finalize_model_grads).
-    ddp_cfg = DistributedDataParallelConfig(
+    return DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False,
         use_distributed_optimizer=mcfg.use_distributed_optimizer)
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=model)
-    opt_cfg = OptimizerConfig(
+
+
+def optimizer_config(optim, mcfg, dtype: torch.dtype) -> OptimizerConfig:
+    """Adam(W) settings from `trainer.optim` (the torch backend's optimizer, in Megatron terms)."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(
         optimizer="adam", lr=optim.lr, weight_decay=optim.weight_decay, adam_beta1=optim.beta1,
         adam_beta2=optim.beta2, adam_eps=optim.eps,
         # Megatron clips when clip_grad > 0, like trainer.optim.grad_clip (0 = off).
         clip_grad=optim.grad_clip,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
         use_distributed_optimizer=mcfg.use_distributed_optimizer)
-    return ddp, get_megatron_optimizer(opt_cfg, [ddp])
 
 
-def step(model, optimizer, lr: float) -> tuple[bool, float]:
+def wrap_model_and_optimizer(model: GPTModel, config, mcfg, optim, dtype: torch.dtype
+                             ) -> tuple[DistributedDataParallel, MegatronOptimizer]:
+    """(DDP-wrapped model, MegatronOptimizer) with AdamW settings from `trainer.optim`."""
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config(mcfg), module=model)
+    return ddp, get_megatron_optimizer(optimizer_config(optim, mcfg, dtype), [ddp])
+
+
+def forward_thd(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                cu_seqlens: torch.Tensor, device) -> torch.Tensor:
+    """Packed forward in TransformerEngine's THD format (no mask). `model` is the DDP wrapper at
+    run time, which hands its arguments to the wrapped GPTModel unchanged: GPTModel.forward's
+    signature is the contract."""
+    return model(input_ids, position_ids, None,
+                 packed_seq_params=thd_packed_seq_params(cu_seqlens, device))
+
+
+def zero_grad(model: DistributedDataParallel, optimizer: MegatronOptimizer) -> None:
+    """Start a step: clear DDP's contiguous gradient buffers and the optimizer's gradients."""
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+
+
+def step(model: DistributedDataParallel, optimizer: MegatronOptimizer, lr: float) -> tuple[bool, float]:
     """Finish gradient sync and apply one update at `lr`: (applied, global grad norm)."""
     from megatron.core.distributed import finalize_model_grads
 
@@ -44,5 +94,18 @@ def step(model, optimizer, lr: float) -> tuple[bool, float]:
     finalize_model_grads([model])
     for group in optimizer.param_groups:
         group["lr"] = lr
+    # megatron-core 0.16.1: (update_successful, grad_norm, num_zeros_in_grad); grad_norm is
+    # computed only when clip_grad > 0, and is None when the update was skipped.
     applied, grad_norm, _ = optimizer.step()
     return bool(applied), float(grad_norm) if grad_norm is not None else float("nan")
+
+
+def optimizer_sharded_state(optimizer: MegatronOptimizer, model_sharded: dict, is_loading: bool) -> dict:
+    """The optimizer's sharded state dict, laid out on the model's sharding (reshardable)."""
+    return optimizer.sharded_state_dict(model_sharded, is_loading=is_loading,
+                                        metadata=SHARDED_STATE_METADATA)
+
+
+def load_optimizer_state(optimizer: MegatronOptimizer, state: dict) -> None:
+    """Install the optimizer state returned by `dist_checkpointing.load`."""
+    optimizer.load_state_dict(state)

@@ -1,0 +1,27 @@
+"""Weights on disk: every server loads the trainer's Hugging Face directory itself.
+
+`/update_weights_from_disk` needs no weight-update session in SGLang 0.5.23 (the session
+check guards only distributed and tensor updates), and the directory stays on disk for the
+trainer's `keep_weights` versions, so the same message also catches up a lagging server.
+"""
+from __future__ import annotations
+
+from services.protocol import WeightsOnDisk
+
+from ..registry import GenServer
+from .base import SyncRun, WeightApplier
+
+
+class DiskApplier(WeightApplier):
+    message = WeightsOnDisk
+    replayable = True
+
+    def check(self, msg: WeightsOnDisk) -> None:
+        if msg.version < 0:
+            raise ValueError(f"weights_on_disk: version must be >= 0, got {msg.version}")
+        if not msg.path:
+            raise ValueError("weights_on_disk: `path` (a Hugging Face directory) must not be empty")
+
+    async def update(self, run: SyncRun, servers: list[GenServer], msg: WeightsOnDisk) -> list[GenServer]:
+        return await run.phase("update", servers, lambda a: a.update_weights_from_disk(
+            msg.path, msg.version, flush_cache=run.flush_cache, timeout_s=run.timeout_s))

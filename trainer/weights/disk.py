@@ -1,0 +1,87 @@
+"""Weights on disk: `<exp>/weights/v<N>/`, a Hugging Face directory each server loads itself.
+
+It is written in a temp directory beside it and renamed into place, so a server told to load
+v<N> never sees half a checkpoint; the last `keep` versions stay (a server still loading
+v<N-1>, or one being caught up, must not find it deleted).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from services.protocol import WeightsOnDisk
+from trainer.backend import TrainBackend
+
+from .base import Publication, WeightPublisher
+
+VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def weights_dir(root: Path, version: int) -> Path:
+    return Path(root) / f"v{version}"
+
+
+def published_versions(root: Path) -> list[int]:
+    root = Path(root)
+    if not root.exists():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := VERSION_DIR.match(p.name)) and p.is_dir())
+
+
+class DiskPublisher(WeightPublisher):
+    transfer_path = "filesystem"
+
+    def __init__(self, root: Path, keep: int):
+        self.root, self.keep = Path(root), keep
+
+    @classmethod
+    def from_config(cls, tcfg, weights_root: Path, receiver_ranks: int) -> DiskPublisher:
+        return cls(weights_root, tcfg.keep_weights)
+
+    def publish(self, backend: TrainBackend, version: int) -> Publication:
+        """Export the model as `<root>/v<version>/` atomically; prune to the newest `keep` versions.
+
+        Collective (every rank calls it; only rank 0 writes)."""
+        root = self.root
+        final = weights_dir(root, version)
+        tmp = root / f".v{version}.tmp-{os.getpid()}"
+        t0 = time.perf_counter()
+        if backend.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        backend.export_hf(tmp)
+        t1 = time.perf_counter()
+        if backend.rank == 0:
+            _fsync_tree(tmp)
+            if final.exists():  # left by a run that crashed after publishing; this one replaces it
+                stale = root / f".v{version}.old-{os.getpid()}"
+                os.replace(final, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(root)
+        t2 = time.perf_counter()
+        if backend.rank == 0:
+            for old in published_versions(root)[:-self.keep]:
+                shutil.rmtree(weights_dir(root, old), ignore_errors=True)
+        t3 = time.perf_counter()
+        return Publication(WeightsOnDisk(version=version, path=str(final)),
+                           {"export_s": t1 - t0, "rename_s": t2 - t1, "prune_s": t3 - t2})
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.iterdir():
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
