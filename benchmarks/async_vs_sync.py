@@ -23,8 +23,10 @@ metrics every cost came from.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,13 +153,26 @@ def _error(key: str, predicted: float, measured: float) -> float:
     return (1 + predicted) / (1 + measured) - 1
 
 
+@contextlib.contextmanager
+def kept_on_failure(prefix: str):
+    """A scratch directory removed after a complete benchmark and kept when anything fails: ten
+    runs are half an hour, never to be lost to a late error."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    print(f"runs in {path} (kept if the benchmark fails)", flush=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def main(quick: bool = False) -> dict:
     require_interrupt_mode()
-    steps, eval_n = (3, 8) if quick else (60, 300)
+    # Loaded before the half-hour of runs, so the analysis uses the code the runs used.
+    from launcher.simulate.calibrate import calibrate
+    from launcher.simulate.scenario import simulate  # noqa: F401  (predict_s_per_step's import)
+    steps, eval_n = (3, 8) if quick else (40, 300)
     # Held-out accuracy where it means something: the default workload's eta 0 and eta 4 (in
     # --quick, eta 0 only: each evaluation starts two more processes).
     evaluated = ("eta0",) if quick else ("eta0", "eta4")
-    with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
+    with kept_on_failure("tandem-bench-") as tmp:
         work = Path(tmp)
         if quick:  # the mechanics only: an untrained model, a few steps
             model = work / "tiny"
@@ -167,7 +182,6 @@ def main(quick: bool = False) -> dict:
             tandem("sft", "--task", "math", "--out", str(model), timeout=3600)
         results = {name: run_variant(name, model, work, steps, eval_n if name in evaluated else 0, quick)
                    for name in VARIANTS}
-        from launcher.simulate.calibrate import calibrate
         fitted = {name: calibrate(work / name) for name in results}
         sources = {}
         for workload, (prefix, _) in WORKLOADS.items():

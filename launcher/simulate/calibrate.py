@@ -92,6 +92,8 @@ def _prefill_costs(recs: list[dict], marginal_decode: float, notes: list[str]) -
         call, tok = _fit(np.array([[c, t] for _, c, t in rows]), secs)
         if tok > 0 or call > 0:
             return float(call), float(tok)
+    if rows:  # too few windows (or too alike) for two terms: the mean cost per prefilled token
+        return 0.0, sum(s for s, _, _ in rows) / sum(t for _, _, t in rows)
     rates = _values(recs, "gen_prefill_tokens_per_s")
     if rates:
         return 0.0, 1.0 / float(np.median(rates))
