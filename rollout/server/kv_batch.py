@@ -31,11 +31,6 @@ class KVBatch:
     def clear(self) -> None:
         self.keys, self.values, self.lengths = [], [], []
 
-    def add(self, cache: DynamicCache, length: int) -> int:
-        """Append a single-sequence cache (batch 1, no padding) as a new row; return its index."""
-        self.add_many([(cache, length)])
-        return self.size - 1
-
     def add_many(self, joining: list[tuple[DynamicCache, int]]) -> None:
         """Append several single-sequence caches as rows in one copy of the batch.
 
