@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox-deps test bench lint docs clean train-math train-code
+.PHONY: install sandbox-deps test test-fast bench lint docs clean train-math train-code
 
 install: $(STAMP)
 
@@ -28,8 +28,15 @@ sandbox-deps:
 	    || echo "warning: could not install bubblewrap; the code sandbox will use rlimits only"; \
 	else echo "note: no bubblewrap and no root+apt; the code sandbox will use rlimits only"; fi
 
+# Everything: tests/unit and tests/integration (real processes, HTTP, the local SLURM cluster
+# when root can start it). The CI command.
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The unit tier only: no processes, no sockets (tests/unit/conftest.py refuses them); under a
+# minute on 2 cores.
+test-fast: install
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m benchmarks

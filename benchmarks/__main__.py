@@ -1,5 +1,10 @@
 """`python -m benchmarks [--quick] [names...]`: run every benchmark one after another (never in
-parallel: they share the machine's two cores and compare ratios within one run)."""
+parallel: they share the machine's two cores and compare ratios within one run).
+
+A benchmark is a module of this folder with a `main(quick)` function; the others (`common`,
+`script_path`, the `long_tail` workload) are helpers and are skipped. Each benchmark also runs
+alone as `python -m benchmarks NAME`, `python -m benchmarks.NAME` or `python benchmarks/NAME.py`.
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,19 +14,37 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import discard_tables
+
+
+def benchmark_names() -> list[str]:
+    """Modules of this folder that are benchmarks (define `main`), in name order."""
+    here = Path(__file__).parent
+    names = []
+    for m in sorted(pkgutil.iter_modules([str(here)]), key=lambda m: m.name):
+        if m.name.startswith("_") or m.name in ("common", "script_path"):
+            continue
+        source = (here / f"{m.name}.py").read_text()
+        if "\ndef main(" in source:
+            names.append(m.name)
+    return names
+
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    known = benchmark_names()
+    p = argparse.ArgumentParser(prog="python -m benchmarks",
+                                description="Run benchmarks; each writes benchmarks/results/<name>.json.")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check they run (writes no results)")
+    p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(known)})")
     args = p.parse_args()
-    here = Path(__file__).parent
-    names = args.names or sorted(m.name for m in pkgutil.iter_modules([str(here)])
-                                 if m.name not in ("common", "__main__"))
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(known)}")
     failed = []
-    for name in names:
+    for name in args.names or known:
         print(f"\n=== benchmarks/{name}.py ===", flush=True)
         t0 = time.time()
+        discard_tables()
         try:
             importlib.import_module(f"benchmarks.{name}").main(quick=args.quick)
         except Exception as e:  # one broken benchmark must not hide the others' results

@@ -23,6 +23,9 @@ metrics every cost came from.
 """
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import contextlib
 import json
 import math
@@ -101,6 +104,11 @@ def run_variant(name: str, model: Path, workdir: Path, steps: int, eval_n: int, 
     cpu = role_cpu.get("cpu_seconds", {})
     generated = sum(len(r.get("output_tokens", [])) for r in read_metrics(ExpDir(exp), "rollout")
                     if r.get("event") == "group")
+    # Each pool's own speed, apart from waiting: when both pools run at once (eta > 0) they share
+    # the machine's memory bandwidth and caches, which no calibration at eta 0 can see.
+    trained = [r for r in measured if r.get("train_tokens") and r.get("train_step_s")]
+    windows = [r for r in read_metrics(ExpDir(exp), "gen") if r.get("event") == "gen_window" and r.get("gen_steps")]
+    decode_steps = sum(r["gen_steps"] for r in windows)
     # The light services share the generation CPU: their cost per trajectory should not depend
     # on eta, or a synchronous calibration would not carry over (docs/plan.md).
     services = sum(v for k, v in cpu.items() if k.split("-")[0] in ("controller", "reward", "rollout"))
@@ -110,7 +118,11 @@ def run_variant(name: str, model: Path, workdir: Path, steps: int, eval_n: int, 
             "trajectories_per_s_whole_run": summary["throughput"]["trajectories_per_s"],
             "accuracy_before": summary["eval"]["before"], "accuracy_after": summary["eval"]["after"],
             "eval_n": summary["eval"]["n"], "staleness_max": summary["staleness"]["max"],
-            "wall_s": summary["wall_s"], "role_cpu_s": cpu}
+            "wall_s": summary["wall_s"], "role_cpu_s": cpu,
+            "train_us_per_token": 1e6 * sum(r["train_step_s"] for r in trained) / sum(r["train_tokens"] for r in trained)
+            if trained else None,
+            "decode_us_per_token": 1e6 * sum(r["gen_decode_s"] for r in windows)
+            / sum(r["gen_running"] * r["gen_steps"] for r in windows) if decode_steps else None}
 
 
 def predict_s_per_step(variant: str, run: Path, calibration, steps: int, quick: bool) -> float:
@@ -200,6 +212,9 @@ def main(quick: bool = False) -> dict:
                 f"{min(WARMUP, steps - 2)} steps)",
                 ["variant", "s/step", "simulated (own run)", "simulated (eta0 run)", "trajectories/s",
                  "max staleness", "acc before", "acc after", "wall s"], rows)
+    print_table("each pool's own speed (busy time only; > eta 0 means the pools slow each other)",
+                ["variant", "train us/token", "decode us/token"],
+                [[name, r["train_us_per_token"], r["decode_us_per_token"]] for name, r in results.items()])
     headline: dict = {"steps": steps, "eval_n": eval_n, "warmup_steps": WARMUP}
     for workload, (prefix, _) in WORKLOADS.items():
         tag = "" if workload == "default" else f"{workload}_"

@@ -11,6 +11,9 @@ same moment on the same machine: the controller's own cost is the difference.
 """
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import asyncio
 import itertools
 import multiprocessing as mp
@@ -195,8 +198,8 @@ def main(quick: bool = False) -> dict:
         headline[f"p50_ms@{n}"] = round(r["p50_ms"], 3)
         headline[f"p99_ms@{n}"] = round(r["p99_ms"], 3)
     headline["echo_admissions_per_s@64"] = round(echo["admissions_per_s"], 1)
-    headline["quick"] = quick
-    write_results("controller", headline)
+    if not quick:
+        write_results("controller", headline)
     return headline
 
 

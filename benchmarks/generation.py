@@ -6,6 +6,9 @@ the rollout client (`rollout.client.GenerationClient`), as in a run.
 """
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import asyncio
 import os
 import statistics

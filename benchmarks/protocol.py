@@ -2,6 +2,9 @@
 request over ZeroMQ with and without CURVE (server in its own process, as in production)."""
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import multiprocessing as mp
 import tempfile
 import time

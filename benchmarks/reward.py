@@ -2,6 +2,9 @@
 one process, and the code sandbox's cost per test and tasks/s through the pool."""
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import asyncio
 import os
 import signal

@@ -7,6 +7,9 @@ config.json shapes, the batch shape the paper states, and the simulator's defaul
 """
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import json
 import time
 
@@ -126,6 +129,10 @@ def main(quick: bool = False) -> dict:
                  [f"{len(ratios)}x{len(etas)} sweep of the whole cluster, 1 process (s)", sweep_whole_s],
                  ["largest steps/h difference, shrunk vs whole", f"{100 * shrink_err:.1f}%"],
                  ["sweep's best", f"{best.ratio}, eta={best.eta}" if best else "-"]])
+    print_table("Sweep: training steps/h by generation:training split and eta (1.5B, 16 nodes)",
+                ["ratio", *[f"eta={e}" for e in etas]],
+                [[r, *[sw.cells[(r, e)].result.steps_per_hour if sw.cells[(r, e)].result else None for e in etas]]
+                 for r in ratios])
     paper = paper_comparison(quick)
     print_table("Predictions beside the AReaL paper (async eta=4 vs synchronous)",
                 ["shape", "paper async/sync", "sim async/sync (separate)", "sim async/sync (colocated)",
@@ -147,7 +154,8 @@ def main(quick: bool = False) -> dict:
         "interruptible_gain_7b_pred": round(paper[1][4], 3),
         "strong_scaling_efficiency_largest": round(scaling[-1][2], 2),
     }
-    write_results("simulator", headline)
+    if not quick:
+        write_results("simulator", headline)
     return headline
 
 

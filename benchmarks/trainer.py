@@ -11,6 +11,9 @@
 """
 from __future__ import annotations
 
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
 import math
 import statistics
 import tempfile

@@ -7,7 +7,9 @@ traceback.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,8 +187,25 @@ def parse_cpus(text: str, key: str = "launcher.cpus") -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _non_finite(obj, prefix: str = "") -> list[tuple[str, str]]:
+    """Every float setting that is NaN or infinite, by dotted key. No setting means either (a
+    NaN temperature or learning rate passes every range check, since comparisons with NaN are
+    false, and then fails in a role long after the run started)."""
     out = []
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out += _non_finite(value, key + ".")
+        elif isinstance(value, float) and not math.isfinite(value):
+            out.append((key, f"must be a finite number, got {value}"))
+        elif isinstance(value, list | tuple):
+            out += [(f"{key}[{i}]", f"must be a finite number, got {v}")
+                    for i, v in enumerate(value) if isinstance(v, float) and not math.isfinite(v)]
+    return out
+
+
+def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    out = _non_finite(cfg)
     if cfg.controller.groups_per_step != cfg.trainer.groups_per_step:
         out.append(("controller.groups_per_step",
                     f"{cfg.controller.groups_per_step} differs from trainer.groups_per_step="

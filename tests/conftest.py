@@ -1,15 +1,35 @@
-"""Shared fixtures: a fresh experiment directory with its keys, and the tiny model."""
+"""Fixtures shared by both tiers: a fresh experiment directory with its keys, the tiny model, a
+smaller model and a trajectory factory for the trainer tests.
+
+The suite has two tiers: tests/unit (no processes, no sockets beyond zmq inproc: enforced by
+tests/unit/conftest.py) and tests/integration (real processes, sockets, HTTP, SLURM: marked
+`integration` by tests/integration/conftest.py). Helper modules both tiers import live in
+tests/support (on sys.path through setup.cfg's `pythonpath`).
+"""
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from services.protocol import ExpDir, generate_keys
+from services.protocol import ExpDir, Trajectory, generate_keys
 
 # Roles and tests share two cores: keep each torch process to one thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+UNIT_DIR = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Unit tests run first (fast feedback), and before any integration fixture exists: a
+    session-scoped server or cluster of the integration tier would otherwise still be running
+    (its threads, its teardown at the session's end) while the unit tier's guard refuses
+    processes and sockets."""
+    items.sort(key=lambda item: not Path(str(item.path)).resolve().is_relative_to(UNIT_DIR))
 
 
 @pytest.fixture
@@ -38,3 +58,35 @@ def tiny_model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny-model")
     tiny.init_tiny(out, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory):
+    """A real HF directory (the tiny model's code path) shrunk further: 2 layers, hidden 32."""
+    from rollout.tiny_model import init_tiny
+    out = tmp_path_factory.mktemp("small-model")
+    init_tiny(out, layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, max_position=256, seed=0)
+    return out
+
+
+def make_trajectory(group_id: str, sample_idx: int, group_size: int = 2, admit_version: int = 0,
+                    prompt_len: int = 5, out_len: int = 4, reward: float = 1.0, seed: int = 0,
+                    vocab: int = 200, versions: list[int] | None = None,
+                    logprobs: np.ndarray | None = None, prompt=None, output=None) -> Trajectory:
+    rng = np.random.default_rng(seed)
+    prompt = np.asarray(prompt if prompt is not None else rng.integers(7, vocab, prompt_len), np.int32)
+    output = np.asarray(output if output is not None else rng.integers(7, vocab, out_len), np.int32)
+    n = len(output)
+    return Trajectory(
+        group_id=group_id, sample_idx=sample_idx, group_size=group_size, prompt_ids=prompt,
+        output_ids=output,
+        output_logprobs=np.asarray(logprobs if logprobs is not None else -rng.random(n) * 3, np.float32),
+        output_versions=np.asarray(versions if versions is not None else [admit_version] * n, np.int32),
+        admit_version=admit_version, reward=reward, finish_reason="stop", task="math",
+        timings={"gen_s": 0.1})
+
+
+@pytest.fixture(scope="session")
+def traj():
+    """make_trajectory(group_id, sample_idx, ...) -> Trajectory."""
+    return make_trajectory

@@ -42,8 +42,8 @@ from services.protocol import (
     load_keys,
     publish_service,
 )
-from trainer import checkpoint
-from trainer.backend import PackedBatch, TokenOutputs, TrainBackend, build_backend
+from trainer import build_backend, checkpoint
+from trainer.backend import PackedBatch, TokenOutputs, TrainBackend
 from trainer.batch import StepBatch, plan_step
 from trainer.buffer import ReplayBuffer
 from trainer.controller_link import ControllerLink

@@ -8,6 +8,7 @@ them by metric name, whatever role logged them (docs/simulator.md lists who logs
 |---|---|---|
 | `gen_decode_s` + `gen_steps` + `gen_running` | ONE server's seconds in decode steps over a window, the steps, and their mean batch | decode step time vs batch size |
 | `gen_context_tokens` | mean tokens held in that server's KV cache per decode step | decode cost per context token |
+| `gen_decode_moments` | sums over that window's decode steps of products of forward passes, rows, padded KV entries and seconds (embedded server) | the decode fit over every step: per pass, per row, per padded entry (preferred when present) |
 | `gen_prefill_s` + `gen_prefills` + `gen_prefill_tokens` | that server's seconds in prefill calls, the calls, their tokens | prefill / re-prefill cost |
 | `train_tokens` + `train_step_s` | tokens trained in one global step, and its seconds without waiting for data or weights | trainer step time vs tokens |
 | `train_world_size` | trainer ranks of that run | scaling the fit to another layout |
@@ -65,6 +66,33 @@ def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         cols.pop(int(np.argmin(coef)))
 
 
+def _fit_moments(recs: list[dict]) -> tuple[float, float, float, int] | None:
+    """(d0 per forward pass, d1 per row, d2 per padded KV entry, steps) fitted over every decode
+    step, from the windows' pooled `gen_decode_moments` (the normal equations), coefficients
+    kept >= 0."""
+    pooled: dict[str, float] = {}
+    for r in recs:
+        m = r.get("gen_decode_moments")
+        if isinstance(m, dict):
+            for k, v in m.items():
+                if isinstance(v, int | float) and math.isfinite(v):
+                    pooled[k] = pooled.get(k, 0.0) + v
+    names = ("f", "n", "p")
+    products = [a + b for a in names for b in names if a <= b]
+    if pooled.get("1", 0) < 10 or not all(k in pooled for k in (*names, *products, "tf", "tn", "tp")):
+        return None
+    gram = np.array([[pooled[min(a, b) + max(a, b)] for b in names] for a in names])
+    rhs = np.array([pooled["tf"], pooled["tn"], pooled["tp"]])
+    cols = [0, 1, 2]
+    while True:
+        coef = np.linalg.lstsq(gram[np.ix_(cols, cols)], rhs[cols], rcond=None)[0]
+        if (coef >= 0).all() or len(cols) == 1:
+            full = np.zeros(3)
+            full[cols] = np.maximum(coef, 0)
+            return float(full[0]), float(full[1]), float(full[2]), int(pooled["1"])
+        cols.pop(int(np.argmin(coef)))
+
+
 def _num(rec: dict, key: str) -> float | None:
     v = rec.get(key)
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
@@ -102,19 +130,6 @@ def _prefill_costs(recs: list[dict], marginal_decode: float, notes: list[str]) -
     return 0.0, marginal_decode
 
 
-def _join_costs(recs: list[dict]) -> tuple[float, float]:
-    """(seconds per join, seconds per resident KV entry) from the servers' join timings."""
-    rows = [(_num(r, "gen_join_s"), _num(r, "gen_joins"), _num(r, "gen_join_kv_tokens")) for r in recs]
-    rows = [(s, n, t) for s, n, t in rows if s and n and t is not None]
-    if not rows:
-        return 0.0, 0.0
-    if len(rows) >= 3 and len({t / n for _, n, t in rows}) > 1:
-        fixed, per_kv = _fit(np.array([[n, t] for _, n, t in rows]), np.array([s for s, _, _ in rows]))
-        return float(fixed), float(per_kv)
-    secs, kv = sum(s for s, _, _ in rows), sum(t for _, _, t in rows)
-    return (0.0, secs / kv) if kv else (secs / sum(n for _, n, _ in rows), 0.0)
-
-
 @dataclass
 class Calibration:
     source: str
@@ -132,7 +147,9 @@ class Calibration:
     prefill_per_request: float = 0.0
     checkpoint_s: float = 0.0
     request_s: float = 0.0
-    join_per_kv_token: float = 0.0
+    # d2 is per padded KV entry (rows x the longest row; an embedded server's windows carry
+    # gen_decode_moments) rather than per token held (SGLang's paged cache, window means).
+    decode_padded: bool = False
     samples: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # cost -> where it came from: "<run>: <metrics> (<records>)" or "default: <why>".
@@ -149,7 +166,8 @@ class Calibration:
                      prefill_per_token=self.prefill_per_token, prefill_per_sq=0.0,
                      prefill_per_request=self.prefill_per_request, publish_s=self.publish_s,
                      load_s=self.load_s, checkpoint_s=self.checkpoint_s, request_s=self.request_s,
-                     join_per_kv_token=self.join_per_kv_token, notes=list(self.notes))
+                     decode_padded=self.decode_padded, decode_pass_s=self.d0 if self.decode_padded else 0.0,
+                     notes=list(self.notes))
 
 
 def placement_note(placement: dict | None) -> str:
@@ -167,18 +185,15 @@ def placement_note(placement: dict | None) -> str:
     return f"measured on disjoint pools ({where}); " + ("; ".join(shared) if shared else "no pool shared")
 
 
-def _provenance(source: str, **counts: int) -> dict[str, str]:
+def _provenance(source: str, decode_metrics: str, **counts: int) -> dict[str, str]:
     """Which metrics (and how many records) each fitted cost came from."""
     def src(cost: str, metrics: str, n: int, default: str) -> tuple[str, str]:
         return cost, (f"{source}: {metrics} ({n} records)" if n else f"default: {default}")
     return dict([
-        src("decode step (d0, d1, d2)", "gen_decode_s/gen_steps/gen_running/gen_context_tokens",
-            counts["gen"], "none"),
+        src("decode step (d0, d1, d2)", decode_metrics, counts["gen"], "none"),
         src("prefill (per call, per token)", "gen_prefill_s/gen_prefills/gen_prefill_tokens",
             counts["prefill"], "the marginal decode cost per request"),
         src("request handling", "gen_overhead_s/gen_requests", counts["requests"], "free"),
-        src("joining the running batch (per resident KV entry)", "gen_join_s/gen_joins/gen_join_kv_tokens",
-            counts["joins"], "free (no join timings: SGLang, or an older embedded server)"),
         src("trainer step (t0, t1)", "train_tokens/train_step_s", counts["train"], "none"),
         src("weight publish", "weight_publish_s", counts["publish"], "free"),
         src("server pause per update", "gen_paused_s or weight_load_s", counts["load"], "free"),
@@ -197,7 +212,11 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     step = np.array([dt for _, dt, _ in gen])
     running = np.array([n for _, _, n in gen])
     ctx = [_num(r, "gen_context_tokens") for r, _, _ in gen]
-    if all(c is not None for c in ctx) and len(set(ctx)) > 2:
+    per_step = _fit_moments(recs)
+    if per_step:
+        d0, d1, d2, steps = per_step
+        notes.append(f"decode fitted over {steps} single steps (gen_decode_moments): cost per padded KV entry")
+    elif all(c is not None for c in ctx) and len(set(ctx)) > 2:
         d0, d1, d2 = _fit(np.column_stack([np.ones_like(step), running, np.array(ctx)]), step)
     elif len(set(running.tolist())) > 1:
         (d0, d1), d2 = _fit(np.column_stack([np.ones_like(step), running]), step), 0.0
@@ -236,14 +255,13 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     handled = [(_num(r, "gen_overhead_s"), _num(r, "gen_requests")) for r in recs]
     handled = [(s, n) for s, n in handled if s is not None and n]
     request_s = sum(s for s, _ in handled) / sum(n for _, n in handled) if handled else 0.0
-    join_fixed, join_per_kv = _join_costs(recs)
-    request_s += join_fixed
     placements = [r for r in recs if r.get("event") == "cpu_placement"]
     placement = placements[-1] if placements else None
     notes.append(placement_note(placement))
     prefill_rows = sum(1 for r in recs if _num(r, "gen_prefill_s") and _num(r, "gen_prefills"))
-    joins = sum(1 for r in recs if _num(r, "gen_join_s") and _num(r, "gen_joins"))
-    provenance = _provenance(str(exp_dir), gen=len(gen), prefill=prefill_rows, joins=joins,
+    decode_metrics = ("gen_decode_moments" if per_step else
+                      "gen_decode_s/gen_steps/gen_running/gen_context_tokens")
+    provenance = _provenance(str(exp_dir), decode_metrics, gen=len(gen), prefill=prefill_rows,
                              requests=len(handled), train=len(train), publish=len(pub), load=len(load),
                              checkpoint=len(ckpt))
     return Calibration(source=str(exp_dir), d0=float(d0), d1=float(d1), d2=float(d2), t0=float(t0),
@@ -252,7 +270,7 @@ def calibrate(exp_dir: str | Path) -> Calibration:
                        publish_s=float(np.median(pub)) if pub else 0.0,
                        load_s=float(np.median(load)) if load else 0.0,
                        checkpoint_s=float(np.median(ckpt)) if ckpt else 0.0, request_s=float(request_s),
-                       join_per_kv_token=join_per_kv,
+                       decode_padded=per_step is not None,
                        samples={"gen windows": len(gen), "trainer steps": len(train),
                                 "weight syncs": max(len(pub), len(load))},
                        notes=notes, provenance=provenance, placement=placement)

@@ -45,11 +45,11 @@ class Costs:
     # Server seconds per request outside the forward passes (receiving, submitting, answering;
     # measured on the embedded server, where it shares the GIL; SGLang does it in other processes).
     request_s: float = 0.0
-    # Seconds per KV entry already resident (running rows x padded width) when a request joins
-    # the running batch: the embedded server re-pads and copies its whole cache on every join,
-    # cheap in a synchronous step's small early batches, costly when a weight update sends a
-    # full batch back through admission. 0 for SGLang (paged KV cache) and the roofline.
-    join_per_kv_token: float = 0.0
+    # The decode cost's context is the padded KV entries (rows x the longest row) of a left-padded
+    # batch (the embedded server), not the tokens held (a paged server: SGLang, the roofline).
+    decode_padded: bool = False
+    # Seconds of one more forward pass in a decode step (the embedded server's long rows apart).
+    decode_pass_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def train_step_s(self, tokens: float, sum_sq: float) -> float:

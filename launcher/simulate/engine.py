@@ -20,44 +20,28 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter, deque
+from collections import Counter
 
 import numpy as np
 
 from launcher.simulate.costs import Costs
-from launcher.simulate.records import SimResult, SimSetup, SimulationError
+from launcher.simulate.records import (
+    GroupRecord,
+    SampleRecord,
+    ServerState,
+    SimResult,
+    SimSetup,
+    SimulationError,
+)
+from rollout.server.cohorts import rows_to_set_apart
+from services.controller.admission import staleness_capacity
 
 # Each running request keeps this fraction of max_new_tokens in reserve when new requests are
 # admitted, so the KV cache rarely overflows (SGLang's new-token-ratio idea; its floor is 0.1).
 KV_RESERVE_FRACTION = 0.1
 
-# Sequence record fields (a list per sample, for speed).
-GID, PROMPT, TARGET, GEN, FIRST_V, START, BASE, SID = range(8)
 # Event kinds.
 SERVER, LOAD_DONE, GRADED, TRAIN_DONE, PUBLISH_DONE, TRAINER_FREE, ADMIT = range(7)
-
-
-class _Server:
-    __slots__ = ("idx", "clock", "n", "base", "t_last", "heap", "run", "queue", "paused",
-                 "draining", "version", "loading_version", "token", "next_clock", "busy", "area")
-
-    def __init__(self, idx: int):
-        self.idx = idx
-        self.clock = 0.0      # decode steps done (continuous)
-        self.n = 0            # running sequences
-        self.base = 0.0       # context of running sequences = base + n * clock
-        self.t_last = 0.0     # time up to which clock is accounted (or prefill/load end)
-        self.heap: list = []  # (finish clock, sequence id)
-        self.run: dict = {}   # sequence id -> record, in admission order
-        self.queue: deque = deque()
-        self.paused = False
-        self.draining = False
-        self.version = 0
-        self.loading_version = 0
-        self.token = 0
-        self.next_clock = 0.0
-        self.busy = 0.0       # seconds decoding or prefilling
-        self.area = 0.0       # integral of n over decoding time
 
 
 class Simulation:
@@ -69,9 +53,11 @@ class Simulation:
             raise ValueError(f"need {max_groups * setup.n_samples} output lengths, got {len(lengths)}")
         self.lengths = [int(x) for x in lengths[: max_groups * setup.n_samples]]
         self.max_groups = max_groups
-        self.servers = [_Server(i) for i in range(setup.num_servers)]
+        self.servers = [ServerState(i) for i in range(setup.num_servers)]
         self.fixed = costs.decode_fixed
         self.beta = costs.decode_per_ctx
+        self.padded = costs.decode_padded
+        self.pass_s = costs.decode_pass_s
         self.K = costs.kv_capacity
         self.reserve = KV_RESERVE_FRACTION * setup.max_new_tokens
         if setup.prompt_tokens + setup.max_new_tokens > self.K:
@@ -147,18 +133,31 @@ class Simulation:
         return self._result()
 
     # ---- decode arithmetic ---------------------------------------------------------------
-    def _decode_time(self, n: int, ctx: float, k: float) -> float:
-        """Seconds for k decode steps at batch n starting from total context ctx."""
-        return k * (self.fixed[n] + self.beta * ctx) + self.beta * n * k * (k - 1) / 2
+    def _cost_context(self, srv: ServerState) -> tuple[float, float]:
+        """What a decode step pays for now: (context, fixed seconds beyond one forward pass).
+        The tokens held (a paged server), or for the embedded server's left-padded rectangles
+        every row padded to the longest of its rectangle, plus a pass for the long rows set
+        apart (rollout/server/cohorts.py). Either context grows by n per step, so the sums of
+        _decode_time hold."""
+        if not (self.padded and srv.n):
+            return srv.base + srv.n * srv.clock, 0.0
+        together = [rec.base for rec in srv.run.values() if not rec.apart]
+        apart = [rec.base for rec in srv.run.values() if rec.apart]
+        ctx = sum(len(rows) * (max(rows) + srv.clock) for rows in (together, apart) if rows)
+        return ctx, (self.pass_s if together and apart else 0.0)
 
-    def _steps_in(self, n: int, ctx: float, dt: float) -> float:
+    def _decode_time(self, n: int, ctx: float, k: float, extra: float = 0.0) -> float:
+        """Seconds for k decode steps at batch n starting from total context ctx."""
+        return k * (self.fixed[n] + extra + self.beta * ctx) + self.beta * n * k * (k - 1) / 2
+
+    def _steps_in(self, n: int, ctx: float, dt: float, extra: float = 0.0) -> float:
         a = self.beta * n / 2
-        b = self.fixed[n] + self.beta * ctx - a
+        b = self.fixed[n] + extra + self.beta * ctx - a
         if a <= 0:
             return dt / b
         return (-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a)
 
-    def _run_to(self, srv: _Server, clock: float, t: float) -> None:
+    def _run_to(self, srv: ServerState, clock: float, t: float) -> None:
         if srv.n:
             self.decoded += srv.n * (clock - srv.clock)
             if t > srv.t_last:
@@ -167,17 +166,18 @@ class Simulation:
         srv.clock = clock
         srv.t_last = max(srv.t_last, t)
 
-    def _advance(self, srv: _Server, now: float) -> None:
+    def _advance(self, srv: ServerState, now: float) -> None:
         if srv.paused or now <= srv.t_last:
             return
         if srv.n == 0:
             srv.t_last = now
             return
-        k = self._steps_in(srv.n, srv.base + srv.n * srv.clock, now - srv.t_last)
+        ctx, extra = self._cost_context(srv)
+        k = self._steps_in(srv.n, ctx, now - srv.t_last, extra)
         self._run_to(srv, min(srv.clock + k, srv.next_clock), now)
 
     # ---- servers -----------------------------------------------------------------------------
-    def _schedule(self, srv: _Server) -> None:
+    def _schedule(self, srv: ServerState) -> None:
         srv.token += 1
         n = srv.n
         if srv.paused or n == 0:
@@ -193,12 +193,12 @@ class Simulation:
         if k < 0:
             k = 0.0
         srv.next_clock = clock + k
-        beta = self.beta
-        dt = k * (self.fixed[n] + beta * ctx) + beta * n * k * (k - 1) / 2
+        ctx, extra = self._cost_context(srv)
+        dt = self._decode_time(n, ctx, k, extra)
         self.seq += 1
         heapq.heappush(self.events, (srv.t_last + dt, self.seq, SERVER, srv.idx, srv.token))
 
-    def _admit(self, srv: _Server, now: float) -> None:
+    def _admit(self, srv: ServerState, now: float) -> None:
         """Start queued requests while the concurrency cap and the KV budget allow."""
         queue = srv.queue
         if srv.paused or srv.draining or not queue:
@@ -207,51 +207,55 @@ class Simulation:
         n, base, clock, run, heap = srv.n, srv.base, srv.clock, srv.run, srv.heap
         cap, K, reserve = c.max_running, self.K, self.reserve
         pr, pt, psq, req = c.prefill_per_request, c.prefill_per_token, c.prefill_per_sq, c.request_s
-        join = c.join_per_kv_token
-        # Padded width of the running batch (its longest row), when joins cost per KV entry.
-        width = max((r[BASE] + clock for r in run.values()), default=0.0) if join else 0.0
         prefill = 0.0
         shared = set()  # groups whose prompt this batch of admissions already prefilled
+        joined = []     # this round's requests
         while queue and n < cap:
             rec = queue[0]
-            ctx = rec[PROMPT] + rec[GEN]
+            ctx = rec.prompt + rec.generated
             if n and base + n * clock + ctx + (n + 1) * reserve > K:
                 break
             queue.popleft()
-            if join:
-                prefill += join * n * width  # every resident row is copied, padded to the width
-                width = max(width, ctx)
             # A fresh id per admission, so heap entries of a retracted or interrupted run never
             # match its next one.
             self.sid += 1
-            sid = rec[SID] = self.sid
-            rec[START] = clock
-            rec[BASE] = ctx - clock
-            if rec[FIRST_V] < 0:
-                rec[FIRST_V] = srv.version
+            sid = rec.sid = self.sid
+            rec.start = clock
+            rec.base = ctx - clock
+            rec.apart = False
+            joined.append(rec)
+            if rec.first_version < 0:
+                rec.first_version = srv.version
             base += ctx - clock
             n += 1
             run[sid] = rec
-            heapq.heappush(heap, (clock + rec[TARGET] - rec[GEN], sid))
+            heapq.heappush(heap, (clock + rec.target - rec.generated, sid))
             prefill += req
-            if rec[GEN] == 0 and rec[GID] in shared:
+            if rec.generated == 0 and rec.gid in shared:
                 continue  # a group's fresh samples share one prefill of their prompt
-            shared.add(rec[GID])
+            shared.add(rec.gid)
             prefill += pr + pt * ctx + psq * ctx * ctx
         srv.n, srv.base = n, base
+        if self.padded and joined:
+            # As the embedded server does when a round joins: rows grown long decode apart.
+            fresh = {rec.sid for rec in joined}
+            together = [rec for rec in run.values() if not rec.apart and rec.sid not in fresh]
+            for i in rows_to_set_apart([rec.base + clock for rec in together],
+                                       [rec.base + clock for rec in joined]):
+                together[i].apart = True
         if prefill:
             srv.t_last = max(srv.t_last, now) + prefill
             srv.busy += prefill
 
-    def _remove(self, srv: _Server, sid: int) -> list:
+    def _remove(self, srv: ServerState, sid: int) -> list:
         rec = srv.run.pop(sid)
         srv.n -= 1
-        srv.base -= rec[BASE]
+        srv.base -= rec.base
         if srv.n == 0:
             srv.base = 0.0
         return rec
 
-    def _server_event(self, srv: _Server, t: float) -> None:
+    def _server_event(self, srv: ServerState, t: float) -> None:
         n = srv.n
         clock = srv.next_clock
         self.decoded += n * (clock - srv.clock)
@@ -269,13 +273,13 @@ class Simulation:
             rec = run.pop(sid, None)
             if rec is not None:
                 n -= 1
-                base -= rec[BASE]
+                base -= rec.base
                 done.append(rec)
         srv.n, srv.base = n, (base if n else 0.0)
         if not done and n and srv.base + n * clock >= self.K - 1e-6:
             # KV cache full: retract the newest request; it keeps its tokens and re-prefills.
             rec = self._remove(srv, next(reversed(run)))
-            rec[GEN] += clock - rec[START]
+            rec.generated += clock - rec.start
             srv.queue.appendleft(rec)
             self.retractions += 1
         if srv.draining and srv.n == 0:
@@ -287,7 +291,7 @@ class Simulation:
         for rec in done:
             self._sample_done(rec, srv, t)
 
-    def _start_load(self, srv: _Server, now: float) -> None:
+    def _start_load(self, srv: ServerState, now: float) -> None:
         srv.paused = True
         srv.token += 1
         srv.loading_version = self.version
@@ -295,7 +299,7 @@ class Simulation:
         srv.t_last = start
         self._push(start + self.c.load_s, LOAD_DONE, srv.idx)
 
-    def _load_done(self, srv: _Server, t: float) -> None:
+    def _load_done(self, srv: ServerState, t: float) -> None:
         srv.paused = False
         srv.draining = False
         srv.version = srv.loading_version
@@ -306,11 +310,7 @@ class Simulation:
             # Each one is re-prefilled; resubmitted by its worker, it is also a new request.
             again = c.request_s if self.s.resubmit_interrupted else 0.0
             for rec in srv.run.values():
-                prefill += again + c.prefill_s(rec[BASE] + clock)
-            if c.join_per_kv_token:
-                # ... and joins the rebuilt batch, all rows in one copy at the longest width.
-                width = max(rec[BASE] + clock for rec in srv.run.values())
-                prefill += c.join_per_kv_token * width * srv.n
+                prefill += again + c.prefill_s(rec.base + clock)
             srv.t_last += prefill
             srv.busy += prefill
         if srv.version < self.version:
@@ -322,7 +322,7 @@ class Simulation:
         if not self.unacked and self.ctl_version < self.version:
             self._version_synced(t)
 
-    def _update_server(self, srv: _Server, now: float) -> None:
+    def _update_server(self, srv: ServerState, now: float) -> None:
         """New weights are published: interrupt (or drain) and load them."""
         if srv.paused:
             return  # loading an older version; _load_done notices and loads again
@@ -349,23 +349,30 @@ class Simulation:
         heapq.heapreplace(lb, (ld + 1, i))
         return i
 
+    def _capacity(self) -> int:
+        """Groups the controller would admit now: its own rule, with every admitted group that
+        is no longer in flight counted as accepted (the simulation drops none)."""
+        s = self.s
+        return staleness_capacity(s.groups_per_step, s.eta, self.ctl_version, accepted=self.admitted - self.in_flight,
+                                  running=self.in_flight, max_concurrent=s.max_concurrent_groups)
+
     def _admit_groups(self, now: float) -> None:
         s = self.s
-        limit = min(s.groups_per_step * (self.ctl_version + s.eta + 1), self.max_groups)
         touched = set()
         n, prompt, lengths, servers = s.n_samples, s.prompt_tokens, self.lengths, self.servers
-        while self.admitted < limit and self.in_flight < s.max_concurrent_groups:
+        for _ in range(min(self._capacity(), self.max_groups - self.admitted)):
             gid = self.admitted
             self.admitted += 1
             self.in_flight += 1
-            # remaining samples, admit version, tokens, sum of squared lengths, min version
-            self.groups[gid] = [n, self.ctl_version, 0.0, 0.0, 1 << 60]
+            self.groups[gid] = GroupRecord(n, self.ctl_version)
             for j in range(n):
-                rec = [gid, prompt, lengths[gid * n + j], 0.0, -1, 0.0, 0.0, 0]
+                rec = SampleRecord(gid, prompt, lengths[gid * n + j])
                 i = self._pick_server()
                 servers[i].queue.append(rec)
                 touched.add(i)
-        self.eta_blocked = self.admitted >= limit and self.in_flight < s.max_concurrent_groups
+        # Stopped by the staleness bound (or the run's last group), not by the concurrency cap.
+        self.eta_blocked = self.in_flight < s.max_concurrent_groups and (
+            self._capacity() == 0 or self.admitted >= self.max_groups)
         for i in touched:
             srv = servers[i]
             if not srv.paused and not srv.draining:
@@ -373,31 +380,31 @@ class Simulation:
                 self._admit(srv, now)
                 self._schedule(srv)
 
-    def _sample_done(self, rec: list, srv: _Server, t: float) -> None:
+    def _sample_done(self, rec: SampleRecord, srv: ServerState, t: float) -> None:
         i, load, lb = srv.idx, self.load, self.lb
         load[i] -= 1
         heapq.heappush(lb, (load[i], i))
         if len(lb) > 8 * len(load):
             self.lb = [(ld, j) for j, ld in enumerate(load)]
             heapq.heapify(self.lb)
-        g = self.groups[rec[GID]]
-        total = rec[PROMPT] + rec[TARGET]
-        g[0] -= 1
-        g[2] += total
-        g[3] += total * total
-        if rec[FIRST_V] < g[4]:
-            g[4] = rec[FIRST_V]
-        if g[0] == 0:
+        g = self.groups[rec.gid]
+        total = rec.prompt + rec.target
+        g.remaining -= 1
+        g.tokens += total
+        g.sum_sq += total * total
+        if rec.first_version < g.min_version:
+            g.min_version = rec.first_version
+        if g.remaining == 0:
             self.in_flight -= 1
             if self.s.reward_s > 0:
-                self._push(t + self.s.reward_s, GRADED, rec[GID])
+                self._push(t + self.s.reward_s, GRADED, rec.gid)
             else:
-                self._graded(rec[GID], t)
+                self._graded(rec.gid, t)
             self._admit_groups(t)
 
     # ---- trainer -----------------------------------------------------------------------------
     def _graded(self, gid: int, t: float) -> None:
-        heapq.heappush(self.buffer, (self.groups[gid][1], gid))
+        heapq.heappush(self.buffer, (self.groups[gid].admit_version, gid))
         self._try_train(t)
 
     def _try_train(self, t: float) -> None:
@@ -408,10 +415,10 @@ class Simulation:
         for _ in range(B):
             _, gid = heapq.heappop(self.buffer)
             g = self.groups.pop(gid)
-            tokens += g[2]
-            sq += g[3]
-            self.staleness[self.version - g[1]] += 1
-            self.token_staleness[self.version - g[4]] += 1
+            tokens += g.tokens
+            sq += g.sum_sq
+            self.staleness[self.version - g.admit_version] += 1
+            self.token_staleness[self.version - g.min_version] += 1
         dur = self.c.train_step_s(tokens, sq)
         self.trainer_busy = True
         self.train_busy.append(dur)

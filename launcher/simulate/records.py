@@ -1,7 +1,8 @@
-"""What a simulation takes (SimSetup) and what it returns (SimResult)."""
+"""What a simulation takes (SimSetup), what it tracks per sample and group, and what it returns
+(SimResult)."""
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 
@@ -58,3 +59,52 @@ class SimResult:
     @property
     def step_s(self) -> float:
         return 3600.0 / self.steps_per_hour
+
+
+class SampleRecord:
+    """One sample's request as the simulated server sees it (slots: cheap as a list, but named)."""
+    __slots__ = ("gid", "prompt", "target", "generated", "first_version", "start", "base", "sid", "apart")
+
+    def __init__(self, gid: int, prompt: int, target: int):
+        self.gid, self.prompt, self.target = gid, prompt, target
+        self.generated = 0.0       # tokens already generated (kept across an interruption)
+        self.first_version = -1    # the version its first token was generated with
+        self.start = 0.0           # server clock when it (re)started running
+        self.base = 0.0            # its context = base + server clock, while running
+        self.sid = 0               # id of its current admission (stale heap entries never match)
+        self.apart = False         # decoded with the long rows (embedded server, cohorts.py)
+
+
+class GroupRecord:
+    """A group's accounting until it is trained."""
+    __slots__ = ("remaining", "admit_version", "tokens", "sum_sq", "min_version")
+
+    def __init__(self, samples: int, admit_version: int):
+        self.remaining, self.admit_version = samples, admit_version
+        self.tokens = self.sum_sq = 0.0
+        self.min_version = 1 << 60
+
+
+class ServerState:
+    """One simulated generation server: its decode clock, running and queued requests, and
+    whether it is loading weights or draining."""
+    __slots__ = ("idx", "clock", "n", "base", "t_last", "heap", "run", "queue", "paused",
+                 "draining", "version", "loading_version", "token", "next_clock", "busy", "area")
+
+    def __init__(self, idx: int):
+        self.idx = idx
+        self.clock = 0.0      # decode steps done (continuous)
+        self.n = 0            # running sequences
+        self.base = 0.0       # context of running sequences = base + n * clock
+        self.t_last = 0.0     # time up to which clock is accounted (or prefill/load end)
+        self.heap: list = []  # (finish clock, sequence id)
+        self.run: dict = {}   # sequence id -> record, in admission order
+        self.queue: deque = deque()
+        self.paused = False
+        self.draining = False
+        self.version = 0
+        self.loading_version = 0
+        self.token = 0
+        self.next_clock = 0.0
+        self.busy = 0.0       # seconds decoding or prefilling
+        self.area = 0.0       # integral of n over decoding time

@@ -155,6 +155,7 @@ class GenerationClient:
         seed = params.pop("sampling_seed", None)
         res = GenerationResult(prompt_ids=list(prompt_ids), seeded=seed is not None)
         failed: set[str] = set()
+        stalled = 0   # aborts in a row without a new token
         server = await self.pick(sticky_key, frozenset())
         while True:
             remaining = budget - len(res.output_ids)
@@ -184,6 +185,7 @@ class GenerationClient:
                 await asyncio.sleep(self.retry_delay_s)
                 server = await self.pick(sticky_key, frozenset(failed))
                 continue
+            before = len(res.output_ids)
             reason = self._absorb(res, reply, server)
             res.server = server.url
             if reason in ("stop", "length"):
@@ -193,8 +195,11 @@ class GenerationClient:
                 res.finish_reason = "length"
                 return res
             res.interruptions += 1
-            if res.interruptions > self.max_interruptions:
-                raise GenerationError(f"{server.url}: aborted {res.interruptions} times in a row "
+            # Only aborts that bring nothing count against the limit: one with new tokens is an
+            # update landing mid-answer, and the token budget bounds how often that can happen.
+            stalled = 0 if len(res.output_ids) > before else stalled + 1
+            if stalled > self.max_interruptions:
+                raise GenerationError(f"{server.url}: aborted {stalled} times in a row without a new token "
                                       f"({len(res.output_ids)}/{budget} tokens); giving up")
 
     def _absorb(self, res: GenerationResult, reply, server: ServerRef) -> str:

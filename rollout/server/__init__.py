@@ -3,7 +3,8 @@
 SGLang needs CUDA, so a laptop or CI machine cannot run it; this package serves the same API
 with transformers + torch so every other role (rollout workers, controller weight sync) runs the
 identical client code here and on a GPU cluster. Modules: `sampling` (request parameters and the
-sampling/log-prob convention), `kv_batch` (the running batch's KV cache), `engine` (the continuous
+sampling/log-prob convention), `kv_batch` (the running batch's KV cache: `kv_rows` rectangles of
+rows decoded in place, `cohorts` the rule that sets long rows apart), `engine` (the continuous
 batching loop), `versions` (per-request `weight_versions` spans), `weights` (disk and
 torch.distributed updates), `auth` (API and admin keys, SGLang's auth levels), `http_api` (the
 application and `/generate`), `control_routes` (pause, abort, flush, weight updates and

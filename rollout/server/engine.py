@@ -65,7 +65,7 @@ class Engine:
         self.context_len = int(getattr(model.config, "max_position_embeddings", 4096))
         self.vocab_size = int(model.config.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
-        self.kv = KVBatch(model.config)
+        self.kv = KVBatch()
         self.running: list[Request] = []       # in KV-row order
         self.waiting: deque[Request] = deque()
         self.paused: str | None = None         # None, "abort", "retract" or "in_place"
@@ -287,12 +287,10 @@ class Engine:
                     g.pending = token
                     joining.append((g, cache, len(seq)))
         if joining:
-            # One re-pad and copy of the batch's KV cache for all joining rows: the simulator
-            # prices it per resident KV entry (padded rows x width).
-            resident, t_join = self.kv.size * self.kv.width, time.perf_counter()
-            self.kv.add_many([(cache, length) for _, cache, length in joining])
-            self.window.join(time.perf_counter() - t_join, resident)
-            self.running += [g for g, _, _ in joining]
+            # Copies only the joining rows: its time is request handling (`gen_overhead_s`).
+            order = self.kv.add_many([(cache, length) for _, cache, length in joining])
+            rows = self.running + [g for g, _, _ in joining]
+            self.running = [rows[i] for i in order]
 
     def _same_prompt(self, r: Request, room: int) -> list[Request]:
         """Up to `room` fresh waiting requests with r's exact prompt (a GRPO group's n samples):
@@ -307,12 +305,9 @@ class Engine:
 
     def _decode_step(self) -> None:
         t0 = time.perf_counter()
-        context = sum(self.kv.lengths)
-        cache, mask, positions = self.kv.step_inputs()
+        context, padded, passes = sum(self.kv.lengths), self.kv.padded_entries, self.kv.passes
         ids = torch.tensor([[r.pending] for r in self.running])
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                            past_key_values=cache, use_cache=True).logits[:, -1]
-        self.kv.absorb(cache)
+        logits = self.kv.decode(self.model, ids)
         tokens, lps = sample_rows(logits, [r.params for r in self.running], [r.generator for r in self.running])
         done = []
         for i, r in enumerate(self.running):
@@ -321,7 +316,7 @@ class Engine:
             else:
                 r.pending = tokens[i]
         self._drop_rows(done)
-        self.window.decode_step(time.perf_counter() - t0, len(ids), context)
+        self.window.decode_step(time.perf_counter() - t0, len(ids), context, padded, passes)
         self.stats["steps"] += 1
         self.stats["last_step_time"] = time.time()
         self.last_progress = time.monotonic()
@@ -333,9 +328,7 @@ class Engine:
 
     def _drop_rows(self, rows: list[int]) -> None:
         if rows:
-            self.kv.remove(rows)
-            gone = set(rows)
-            self.running = [r for i, r in enumerate(self.running) if i not in gone]
+            self.running = [self.running[i] for i in self.kv.remove(rows)]
 
     def _append(self, r: Request, token: int, logprob: float, remove_row: bool = True) -> bool:
         """Record a sampled token; finish the request if it hit a stop condition."""

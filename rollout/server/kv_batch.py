@@ -1,90 +1,71 @@
-"""The running batch's KV cache: rows join and leave between decode steps.
+"""The running batch's KV cache: rows join and leave between decode steps; long rows decode apart.
 
-transformers' models take a `DynamicCache` for a rectangular batch. Continuous batching needs
-rows of different lengths that come and go, so this class keeps the per-layer key/value tensors
-itself, left-padded to a common length, and hands the model a fresh `DynamicCache` view of them
-for each step (a 2-D attention mask hides the padding; explicit position ids keep each row's
-positions its own). A joining row is padded (or the batch is) to the common length; leaving rows
-are dropped and the all-padding prefix trimmed, so memory follows the longest live row.
+Two left-padded rectangles (`kv_rows.RowBuffer`): the batch's rows, and the rows that grew
+long while others joined (`cohorts.py` says which and why). The engine sees one batch: rows in
+order (the first rectangle's, then the long ones'), one decode step for all, and the new row
+order whenever rows join or leave, so it keeps its per-row state in the same order.
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 
+from .cohorts import rows_to_set_apart
+from .kv_rows import RowBuffer, RowKV
+
 
 class KVBatch:
-    def __init__(self, config):
-        self.config = config
-        self.keys: list[torch.Tensor] = []     # per layer: [B, kv_heads, L, head_dim]
-        self.values: list[torch.Tensor] = []
-        self.lengths: list[int] = []           # valid (right-aligned) positions per row
+    def __init__(self):
+        self.batch, self.long = RowBuffer(), RowBuffer()
 
     @property
     def size(self) -> int:
-        return len(self.lengths)
+        return self.batch.size + self.long.size
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.batch.lengths + self.long.lengths
 
     @property
     def width(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
+        return max(self.batch.width, self.long.width)
+
+    @property
+    def passes(self) -> int:
+        """Forward passes a decode step takes (one per non-empty rectangle)."""
+        return (self.batch.size > 0) + (self.long.size > 0)
+
+    @property
+    def padded_entries(self) -> int:
+        """KV entries a decode step attends over: every row padded to its rectangle's longest."""
+        return self.batch.size * self.batch.width + self.long.size * self.long.width
 
     def clear(self) -> None:
-        self.keys, self.values, self.lengths = [], [], []
+        self.batch.clear()
+        self.long.clear()
 
-    def add_many(self, joining: list[tuple[DynamicCache, int]]) -> None:
-        """Append several single-sequence caches as rows in one copy of the batch.
+    def add_many(self, joining: list[tuple[DynamicCache, int]]) -> list[int]:
+        """Add prefilled single-sequence caches as rows (copying only them), first moving rows
+        that grew long apart. Returns the new row order as indices into (current rows + joining)."""
+        n_batch, n = self.batch.size, self.size
+        apart = rows_to_set_apart(self.batch.lengths, [length for _, length in joining])
+        moved = [self.batch.row(i) for i in apart]
+        batch_order = self.batch.remove(apart)
+        self.long.add_rows(moved)
+        self.batch.add_rows([RowKV.of_cache(cache, length) for cache, length in joining])
+        return [*batch_order, *range(n, n + len(joining)), *range(n_batch, n), *apart]
 
-        Joining one row at a time re-pads and copies the whole batch per row, which is quadratic
-        when a weight update re-admits every held request; one copy per admission round is not.
-        """
-        if not joining:
-            return
-        width = max([self.width] + [length for _, length in joining])
-        n_layers = len(joining[0][0].layers)
-        for attr in ("keys", "values"):
-            merged = []
-            for layer in range(n_layers):
-                parts = [_left_pad(getattr(self, attr)[layer], width)] if self.lengths else []
-                parts += [_left_pad(getattr(c.layers[layer], attr), width) for c, _ in joining]
-                merged.append(torch.cat(parts, 0) if len(parts) > 1 else parts[0])
-            setattr(self, attr, merged)
-        self.lengths += [length for _, length in joining]
+    def remove(self, rows: list[int]) -> list[int]:
+        """Drop rows; the last rows of each rectangle move into its holes. Returns the new row
+        order as old row indices."""
+        n_batch = self.batch.size
+        batch_order = self.batch.remove([i for i in rows if i < n_batch])
+        long_order = self.long.remove([i - n_batch for i in rows if i >= n_batch])
+        return [*batch_order, *(n_batch + i for i in long_order)]
 
-    def remove(self, rows: list[int]) -> None:
-        """Drop rows (indices into the current batch); later rows shift down."""
-        if not rows:
-            return
-        keep = [i for i in range(self.size) if i not in set(rows)]
-        if not keep:
-            self.clear()
-            return
-        index = torch.tensor(keep, dtype=torch.long)
-        self.lengths = [self.lengths[i] for i in keep]
-        trim = self.width - max(self.lengths)
-        self.keys = [k.index_select(0, index)[:, :, trim:] for k in self.keys]
-        self.values = [v.index_select(0, index)[:, :, trim:] for v in self.values]
-
-    def step_inputs(self) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """A cache view, the attention mask [B, L+1] and position ids [B, 1] for one decode step."""
-        cache = DynamicCache(config=self.config)
-        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            cache.update(k, v, layer)
-        width = self.width
-        lengths = torch.tensor(self.lengths, dtype=torch.long)
-        cols = torch.arange(width + 1).unsqueeze(0)
-        mask = (cols >= (width - lengths).unsqueeze(1)).long()
-        return cache, mask, lengths.unsqueeze(1)
-
-    def absorb(self, cache: DynamicCache) -> None:
-        """Take the step's grown tensors back (each row gained one position)."""
-        self.keys = [layer.keys for layer in cache.layers]
-        self.values = [layer.values for layer in cache.layers]
-        self.lengths = [n + 1 for n in self.lengths]
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - t.shape[2]
-    if missing <= 0:
-        return t
-    pad = t.new_zeros(t.shape[0], t.shape[1], missing, t.shape[3])
-    return torch.cat([pad, t], 2)
+    def decode(self, model, ids: torch.Tensor) -> torch.Tensor:
+        """One decode step of every row (ids [B, 1], in row order); logits [B, vocab]."""
+        n_batch = self.batch.size
+        parts = [buf.decode(model, rows) for buf, rows in ((self.batch, ids[:n_batch]), (self.long, ids[n_batch:]))
+                 if buf.size]
+        return torch.cat(parts, 0) if len(parts) > 1 else parts[0]

@@ -8,6 +8,7 @@ what the decoupled PPO importance weights need.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -47,8 +48,10 @@ class SamplingParams:
 
 def _number(d: dict, key: str, kind, where: str):
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-        raise BadRequest(f"{where}.{key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or (kind is int and not float(v).is_integer())):
+        # JSON parsers accept NaN and Infinity; a NaN temperature would pass every range check.
+        raise BadRequest(f"{where}.{key} must be {'an integer' if kind is int else 'a finite number'}, got {v!r}")
     return kind(v)
 
 

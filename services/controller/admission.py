@@ -9,9 +9,11 @@ so a group admitted at version V is consumed by step V + eta + 1 at the latest (
 takes the oldest first), and eta = 0 admits exactly B groups per version: synchronous RL.
 Rejected and failed groups give their slot back; accepted ones keep it for good.
 
-Every change of state is an *event* (a small dict) applied by `apply()`. The controller
-journals each event before it answers, and a restarted controller replays the journal on
-top of the last snapshot, so the ledger after a crash is the ledger before it, exactly.
+Every change of state is an *event* (a small dict with named fields, see `EVENT_FIELDS`)
+applied by `apply()`. The controller journals each event before it answers, and a restarted
+controller replays the journal on top of the last snapshot, so the ledger after a crash is the
+ledger before it, exactly. Journals written before the fields had names (`w, v, e, s, n, t, g,
+st, held`) are read through `named_fields()`, so an old run still resumes.
 Time is passed in by the caller (monotonic seconds), which keeps this module testable.
 """
 from __future__ import annotations
@@ -29,6 +31,43 @@ def staleness_capacity(groups_per_step: int, max_staleness: int, version: int, a
     """How many more groups may start now (never negative)."""
     by_staleness = groups_per_step * (max_staleness + version + 1) - (accepted + running)
     return max(0, min(max_concurrent - running, by_staleness))
+
+
+# Each event's fields ("op" aside). admit: tickets `epoch-first_seq` .. `epoch-(first_seq+count-1)`
+# to `worker` at `version`, at monotonic time `admitted_at`; claim: groups a heartbeat listed
+# that this ledger never saw; revoke: groups released by the controller (`why`); drop: accepted
+# groups the trainer discarded; rebase: the trainer resumed at `version` holding `groups_held`.
+EVENT_FIELDS = {
+    "admit": ("worker", "version", "epoch", "first_seq", "count", "admitted_at"),
+    "done": ("group", "status"),
+    "late": ("group",),
+    "claim": ("worker", "groups", "version", "admitted_at"),
+    "revoke": ("groups", "why"),
+    "version": ("version",),
+    "drop": ("groups",),
+    "rebase": ("version", "groups_held"),
+    "batch": ("events",),
+}
+# The one-letter keys journals used before the fields were named, per op.
+LEGACY_KEYS = {
+    "admit": {"w": "worker", "v": "version", "e": "epoch", "s": "first_seq", "n": "count", "t": "admitted_at"},
+    "done": {"g": "group", "st": "status"},
+    "late": {"g": "group"},
+    "claim": {"w": "worker", "g": "groups", "v": "version", "t": "admitted_at"},
+    "revoke": {"g": "groups"},
+    "version": {"v": "version"},
+    "drop": {"g": "groups"},
+    "rebase": {"v": "version", "held": "groups_held"},
+}
+
+
+def named_fields(event: dict) -> dict:
+    """`event` with its current field names (an event from an old journal is renamed). A batch's
+    inner events are renamed when `apply` recurses into them."""
+    renames = LEGACY_KEYS.get(event.get("op"), {})
+    if renames and not any(key in event for key in renames):
+        return event
+    return {renames.get(key, key): value for key, value in event.items()}
 
 
 @dataclass(slots=True)
@@ -81,10 +120,10 @@ class AdmissionLedger:
         n = min(max_groups, self.capacity())
         if n == 0:
             return [], None
-        event = {"op": "admit", "w": worker_id, "v": self.version, "e": self.epoch, "s": self.next_seq,
-                 "n": n, "t": now}
+        event = {"op": "admit", "worker": worker_id, "version": self.version, "epoch": self.epoch,
+                 "first_seq": self.next_seq, "count": n, "admitted_at": now}
         self.apply(event)
-        return [(self._gid(event["e"], event["s"] + i), event["v"]) for i in range(n)], event
+        return [(self._gid(event["epoch"], event["first_seq"] + i), event["version"]) for i in range(n)], event
 
     def finish(self, worker_id: str, group_id: str, status: str, now: float) -> tuple[str, dict | None]:
         """A worker's report. Returns "recorded", "duplicate" or "late_accept"."""
@@ -96,7 +135,7 @@ class AdmissionLedger:
             if group.worker_id != worker_id:
                 raise ValueError(f"group_done: group {group_id} belongs to worker {group.worker_id!r}, "
                                  f"not {worker_id!r}")
-            event = {"op": "done", "g": group_id, "st": status}
+            event = {"op": "done", "group": group_id, "status": status}
             self.apply(event)
             return "recorded", event
         previous = self.finished.get(group_id)
@@ -105,7 +144,7 @@ class AdmissionLedger:
         old_status, revoked = previous
         if revoked and status == "accepted" and old_status == "failed":
             # Its trajectories reached the trainer after all: count them, or the bound leaks.
-            event = {"op": "late", "g": group_id}
+            event = {"op": "late", "group": group_id}
             self.apply(event)
             return "late_accept", event
         return "duplicate", None
@@ -137,9 +176,10 @@ class AdmissionLedger:
         lease.last_heartbeat = now
         events = []
         if claims:
-            events.append({"op": "claim", "w": worker_id, "g": claims, "v": self.version, "t": now})
+            events.append({"op": "claim", "worker": worker_id, "groups": claims, "version": self.version,
+                           "admitted_at": now})
         if orphans:
-            events.append({"op": "revoke", "g": orphans, "why": "orphaned"})
+            events.append({"op": "revoke", "groups": orphans, "why": "orphaned"})
         for e in events:
             self.apply(e)
         if not events:
@@ -160,7 +200,7 @@ class AdmissionLedger:
         gids = [gid for gs in lost.values() for gid in gs]
         if not gids:
             return lost, None
-        event = {"op": "revoke", "g": gids, "why": "lease expired"}
+        event = {"op": "revoke", "groups": gids, "why": "lease expired"}
         self.apply(event)
         return lost, event
 
@@ -170,7 +210,7 @@ class AdmissionLedger:
                              f"versions never go backwards")
         if version == self.version:
             return None
-        event = {"op": "version", "v": version}
+        event = {"op": "version", "version": version}
         self.apply(event)
         return event
 
@@ -179,7 +219,7 @@ class AdmissionLedger:
         if version < 0 or groups_held < 0:
             raise ValueError(f"trainer_resumed: version and groups_held must be >= 0, "
                              f"got {version} and {groups_held}")
-        event = {"op": "rebase", "v": version, "held": groups_held}
+        event = {"op": "rebase", "version": version, "groups_held": groups_held}
         self.apply(event)
         return event
 
@@ -189,7 +229,7 @@ class AdmissionLedger:
                  if self.finished.get(g, ("", False))[0] == "accepted"]
         if not known:
             return None
-        event = {"op": "drop", "g": known}
+        event = {"op": "drop", "groups": known}
         self.apply(event)
         return event
 
@@ -203,41 +243,43 @@ class AdmissionLedger:
 
     # ---- the one mutation path ----------------------------------------------------------
     def apply(self, event: dict) -> None:
+        """Apply one event; events of old journals (one-letter keys) are renamed first."""
+        event = named_fields(event)
         op = event["op"]
         if op == "admit":
-            for i in range(event["n"]):
-                gid = self._gid(event["e"], event["s"] + i)
-                self.running[gid] = RunningGroup(event["w"], event["v"], event["t"])
-            self.next_seq = max(self.next_seq, event["s"] + event["n"])
-            self.epoch = max(self.epoch, event["e"])
-            self.admitted += event["n"]
+            for i in range(event["count"]):
+                gid = self._gid(event["epoch"], event["first_seq"] + i)
+                self.running[gid] = RunningGroup(event["worker"], event["version"], event["admitted_at"])
+            self.next_seq = max(self.next_seq, event["first_seq"] + event["count"])
+            self.epoch = max(self.epoch, event["epoch"])
+            self.admitted += event["count"]
         elif op == "done":
-            self.running.pop(event["g"])
-            self._count(event["st"], +1)
-            self._remember(event["g"], event["st"], False)
+            self.running.pop(event["group"])
+            self._count(event["status"], +1)
+            self._remember(event["group"], event["status"], False)
         elif op == "late":
             self.failed -= 1
             self.accepted += 1
             self.late_accepts += 1
-            self._remember(event["g"], "accepted", False)
+            self._remember(event["group"], "accepted", False)
         elif op == "revoke":
-            for gid in event["g"]:
+            for gid in event["groups"]:
                 if self.running.pop(gid, None) is not None:
                     self.failed += 1
                     self._remember(gid, "failed", True)
         elif op == "claim":
-            for gid in event["g"]:
-                self.running[gid] = RunningGroup(event["w"], event["v"], event["t"])
+            for gid in event["groups"]:
+                self.running[gid] = RunningGroup(event["worker"], event["version"], event["admitted_at"])
         elif op == "version":
-            self.version = event["v"]
+            self.version = event["version"]
         elif op == "drop":
-            for gid in event["g"]:
+            for gid in event["groups"]:
                 self.accepted -= 1
                 self.dropped += 1
                 self._remember(gid, "dropped", False)
         elif op == "rebase":
-            self.version = event["v"]
-            self.accepted = event["held"]
+            self.version = event["version"]
+            self.accepted = event["groups_held"]
         elif op == "batch":
             for e in event["events"]:
                 self.apply(e)

@@ -30,7 +30,10 @@ KEY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass
-class GenServer:
+class RegisteredServer:
+    """The controller's record of one generation server it routes to: address, keys, capacity,
+    health and rotation state, and the weight version it serves. (Not the server itself: that
+    is `rollout.server.http_api.GenServer`, the embedded server's HTTP app.)"""
     address: str
     api_key_ref: str = ""
     capacity: int = 64
@@ -71,12 +74,12 @@ class GenServer:
 
 class ServerRegistry:
     def __init__(self, sticky_entries: int = 65536):
-        self.servers: dict[str, GenServer] = {}
+        self.servers: dict[str, RegisteredServer] = {}
         self.sticky: OrderedDict[str, str] = OrderedDict()
         self.sticky_entries = sticky_entries
 
     def register(self, address: str, api_key_ref: str = "", capacity: int = 64, admin_key_ref: str = "",
-                 tp_size: int = 0) -> tuple[GenServer, bool]:
+                 tp_size: int = 0) -> tuple[RegisteredServer, bool]:
         """Add (or update) a server; returns it and whether it is new. `tp_size` 0 = unknown
         (the health check asks the server)."""
         if not isinstance(address, str) or not re.match(r"^https?://[^/\s]+", address):
@@ -91,7 +94,7 @@ class ServerRegistry:
         address = address.rstrip("/")
         server = self.servers.get(address)
         if server is None:
-            server = self.servers[address] = GenServer(address)
+            server = self.servers[address] = RegisteredServer(address)
             new = True
         else:
             new = False
@@ -100,7 +103,7 @@ class ServerRegistry:
             server.tp_size = tp_size
         return server, new
 
-    def pick(self, sticky_key: str = "", exclude: list[str] | None = None) -> GenServer:
+    def pick(self, sticky_key: str = "", exclude: list[str] | None = None) -> RegisteredServer:
         """The server for one request; raises LookupError when none is servable."""
         excluded = set(exclude or ())
         if sticky_key:
@@ -122,7 +125,7 @@ class ServerRegistry:
         return self._route(server)
 
     @staticmethod
-    def _route(server: GenServer) -> GenServer:
+    def _route(server: RegisteredServer) -> RegisteredServer:
         server.routed_since_poll += 1
         server.routed_total += 1
         return server
@@ -133,7 +136,7 @@ class ServerRegistry:
         why = "; ".join(f"{s.address}: {s.reason or 'unhealthy'}" for s in self.servers.values())
         return f"no generation server is in rotation ({why})"
 
-    def servable(self) -> list[GenServer]:
+    def servable(self) -> list[RegisteredServer]:
         return [s for s in self.servers.values() if s.servable]
 
     def summary(self) -> list[dict]:
@@ -150,11 +153,11 @@ class ServerRegistry:
         """Entries written before a field existed (e.g. `admin_key_ref`, `tp_size`) get its default."""
         self.servers = {}
         for entry in state:
-            server = GenServer(**entry)
+            server = RegisteredServer(**entry)
             self.servers[server.address] = server
 
 
-def broadcast_ranks(servers: list[GenServer]) -> tuple[dict[str, int], int]:
+def broadcast_ranks(servers: list[RegisteredServer]) -> tuple[dict[str, int], int]:
     """Rank offsets of a weight-broadcast group and its world size.
 
     The trainer is rank 0. SGLang gives each TP rank of a server the group rank
@@ -171,7 +174,7 @@ def broadcast_ranks(servers: list[GenServer]) -> tuple[dict[str, int], int]:
     return offsets, rank
 
 
-async def learn_tp_size(server: GenServer, admin: AdminClient, timeout_s: float) -> None:
+async def learn_tp_size(server: RegisteredServer, admin: AdminClient, timeout_s: float) -> None:
     """A server registered without its TP size: `/server_info` reports its start-up `tp_size`
     (1 when it does not say; left unknown when it does not answer)."""
     try:

@@ -55,7 +55,7 @@ from services.protocol import (
 )
 
 from .admission import AdmissionLedger
-from .registry import GenServer, ServerRegistry, learn_tp_size
+from .registry import RegisteredServer, ServerRegistry, learn_tp_size
 from .state import StateStore
 from .weight_sync import WeightSync
 from .weights import SyncResult
@@ -172,7 +172,7 @@ class Controller:
         self.requests += 1
         event = self.ledger.release_dropped(req.group_ids)
         self._journal(event)
-        released = len(event["g"]) if event else 0
+        released = len(event["groups"]) if event else 0
         if self.metrics and released:
             self.metrics.log(event="groups_dropped", released=released, reason=req.reason)
         return Ok(detail=f"released {released} slot(s)")
@@ -227,7 +227,7 @@ class Controller:
                                   "journal_seq": self.store.seq})
 
     # ---- generation server admin --------------------------------------------------------
-    def _admin(self, server: GenServer) -> AdminClient:
+    def _admin(self, server: RegisteredServer) -> AdminClient:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return AdminClient(server.address, self._api_key(server.api_key_ref), self.cfg.http_timeout_s,
@@ -245,7 +245,7 @@ class Controller:
                 return None
         return self._keys_cache[ref]
 
-    async def _check(self, server: GenServer, after_restart: bool = False) -> None:
+    async def _check(self, server: RegisteredServer, after_restart: bool = False) -> None:
         """One health check; a server holding other weights than the current ones is caught up.
 
         Liveness is an answer from `/model_info` within `http_timeout_s` (no generation probe:
@@ -295,7 +295,7 @@ class Controller:
             log.warning("%s holds v%s but v%d was %s: it rejoins at the next update", server.address, held, want,
                         self.last_weights.get("method"))
 
-    async def _poll_load(self, server: GenServer, admin: AdminClient) -> None:
+    async def _poll_load(self, server: RegisteredServer, admin: AdminClient) -> None:
         """Requests running + waiting from `/v1/loads` (kept from the last poll if it fails)."""
         try:
             server.load = server_load(await admin.loads(self.cfg.http_timeout_s))
@@ -311,7 +311,7 @@ class Controller:
         cls = self.syncer.appliers.get(last.get("method", ""))
         return cls.message(**last["message"]) if cls is not None and cls.replayable else None
 
-    async def _continue(self, server: GenServer) -> None:
+    async def _continue(self, server: RegisteredServer) -> None:
         """A server found at the right version but out of rotation: resume it and bring it back."""
         try:
             await self._admin(server).continue_generation(self.cfg.http_timeout_s)
@@ -321,7 +321,7 @@ class Controller:
         server.bring_back(self.ledger.version)
         log.info("generation server %s back in rotation at v%d", server.address, self.ledger.version)
 
-    async def _catch_up(self, server: GenServer, msg) -> None:
+    async def _catch_up(self, server: RegisteredServer, msg) -> None:
         version = msg.version
         self._catching_up.add(server.address)
         try:

@@ -24,14 +24,14 @@ from collections.abc import Callable
 from rollout.client import AdminClient
 from services.config import ControllerConfig
 
-from .registry import GenServer, ServerRegistry
+from .registry import RegisteredServer, ServerRegistry
 from .weights import SyncResult, SyncRun, WeightApplier, build_appliers
 
 log = logging.getLogger(__name__)
 
 
 class WeightSync:
-    def __init__(self, registry: ServerRegistry, admin_for: Callable[[GenServer], AdminClient],
+    def __init__(self, registry: ServerRegistry, admin_for: Callable[[RegisteredServer], AdminClient],
                  cfg: ControllerConfig):
         self.registry = registry
         self.admin_for = admin_for
@@ -66,7 +66,7 @@ class WeightSync:
         targets = await applier.receivers(run, targets, msg)
         return await self._sequence(run, applier, targets, msg, pause=self.interruptible)
 
-    async def catch_up(self, server: GenServer, msg) -> SyncResult:
+    async def catch_up(self, server: RegisteredServer, msg) -> SyncResult:
         """Bring one lagging server to `msg.version` (a replayable message: weights on disk).
         It is paused whatever `interruptible` says: it is out of rotation and must not serve
         while it loads."""
@@ -81,7 +81,7 @@ class WeightSync:
         keep_kv = self.interruptible and self.interrupt_mode == "in_place"
         return SyncRun(msg.version, self.admin_for, self.timeout_s, flush_cache=not keep_kv)
 
-    async def _sequence(self, run: SyncRun, applier: WeightApplier, servers: list[GenServer], msg,
+    async def _sequence(self, run: SyncRun, applier: WeightApplier, servers: list[RegisteredServer], msg,
                         pause: bool) -> SyncResult:
         t0 = time.perf_counter()
         timeout = self.timeout_s

@@ -6,7 +6,7 @@ fused attention. The CPU path in backend.py uses torch AdamW with the same learn
 schedule and clipping semantics instead.
 
 Every megatron-core call of this path lives here, with its receivers annotated with megatron
-classes, so that tests/megatron/test_megatron_api_contract.py can bind each call's arguments
+classes, so that tests/unit/megatron/test_megatron_api_contract.py can bind each call's arguments
 against the installed release's real signatures (a renamed argument fails there, not on the
 cluster). The config builders are separate functions so that the test also constructs the real
 config dataclasses (their `__post_init__` validation runs on CPU).

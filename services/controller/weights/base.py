@@ -18,7 +18,7 @@ from typing import ClassVar
 from rollout.client import AdminClient, AdminError
 from services.config import ControllerConfig
 
-from ..registry import GenServer
+from ..registry import RegisteredServer
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class SyncResult:
 class SyncRun:
     """One sync in progress: runs phases on many servers at once and records who failed."""
 
-    def __init__(self, version: int, admin_for: Callable[[GenServer], AdminClient], timeout_s: float,
+    def __init__(self, version: int, admin_for: Callable[[RegisteredServer], AdminClient], timeout_s: float,
                  flush_cache: bool = True):
         self.result = SyncResult(version)
         self.admin_for = admin_for
@@ -52,8 +52,8 @@ class SyncRun:
     def version(self) -> int:
         return self.result.version
 
-    async def phase(self, name: str, servers: list[GenServer], call: Callable[[AdminClient], Awaitable],
-                    fatal: bool = True) -> list[GenServer]:
+    async def phase(self, name: str, servers: list[RegisteredServer], call: Callable[[AdminClient], Awaitable],
+                    fatal: bool = True) -> list[RegisteredServer]:
         """Run `call(admin)` on every server at once (one slow server bounds the phase, not the
         sum); return those that succeeded. `fatal`: a server that fails leaves the rotation."""
         t0 = time.perf_counter()
@@ -70,7 +70,7 @@ class SyncRun:
             ok.append(s)
         return ok
 
-    def fail(self, server: GenServer, reason: str) -> None:
+    def fail(self, server: RegisteredServer, reason: str) -> None:
         """Take `server` out of rotation (it is left paused: it must not serve the old weights).
         A server failing twice in one sync keeps the first reason (the cause, not its echo)."""
         if server.address in self.result.failed:
@@ -96,10 +96,10 @@ class WeightApplier(ABC):
     def check(self, msg) -> None:
         """Raise ValueError naming what is wrong with `msg`."""
 
-    async def receivers(self, run: SyncRun, servers: list[GenServer], msg) -> list[GenServer]:
+    async def receivers(self, run: SyncRun, servers: list[RegisteredServer], msg) -> list[RegisteredServer]:
         """The servers that take part (the others are failed in `run` with the reason)."""
         return servers
 
     @abstractmethod
-    async def update(self, run: SyncRun, servers: list[GenServer], msg) -> list[GenServer]:
+    async def update(self, run: SyncRun, servers: list[RegisteredServer], msg) -> list[RegisteredServer]:
         """Load the new weights on `servers`, stamping `msg.version`; return those that hold it."""

@@ -17,7 +17,7 @@ import asyncio
 
 from services.protocol import WeightsBroadcast
 
-from ..registry import GenServer, broadcast_ranks, learn_tp_size
+from ..registry import RegisteredServer, broadcast_ranks, learn_tp_size
 from .base import SyncRun, WeightApplier
 
 
@@ -36,7 +36,7 @@ class BroadcastApplier(WeightApplier):
             raise ValueError(f"weights_broadcast: names, dtypes and shapes must be non-empty lists of equal "
                              f"length (got {n}, {len(msg.dtypes)}, {len(msg.shapes)})")
 
-    async def receivers(self, run: SyncRun, servers: list[GenServer], msg: WeightsBroadcast) -> list[GenServer]:
+    async def receivers(self, run: SyncRun, servers: list[RegisteredServer], msg: WeightsBroadcast) -> list[RegisteredServer]:
         """Servers in registration order while their TP ranks fit in the group; all of its
         world_size - 1 receiving ranks must be filled, or nobody takes part. A TP size not
         known yet (registered without one, not health-checked yet) is asked first."""
@@ -60,10 +60,10 @@ class BroadcastApplier(WeightApplier):
             return []
         return chosen
 
-    async def update(self, run: SyncRun, servers: list[GenServer], msg: WeightsBroadcast) -> list[GenServer]:
+    async def update(self, run: SyncRun, servers: list[RegisteredServer], msg: WeightsBroadcast) -> list[RegisteredServer]:
         t = run.timeout_s
         opened = await run.phase("begin", servers, lambda a: a.begin_weight_update(timeout_s=t))
-        live: list[GenServer] = []
+        live: list[RegisteredServer] = []
         if len(opened) == len(servers):
             offset = broadcast_ranks(opened)[0]
             joined = await run.phase("init_group", opened, lambda a: a.init_weights_update_group(

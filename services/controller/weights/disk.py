@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from services.protocol import WeightsOnDisk
 
-from ..registry import GenServer
+from ..registry import RegisteredServer
 from .base import SyncRun, WeightApplier
 
 
@@ -22,6 +22,6 @@ class DiskApplier(WeightApplier):
         if not msg.path:
             raise ValueError("weights_on_disk: `path` (a Hugging Face directory) must not be empty")
 
-    async def update(self, run: SyncRun, servers: list[GenServer], msg: WeightsOnDisk) -> list[GenServer]:
+    async def update(self, run: SyncRun, servers: list[RegisteredServer], msg: WeightsOnDisk) -> list[RegisteredServer]:
         return await run.phase("update", servers, lambda a: a.update_weights_from_disk(
             msg.path, msg.version, flush_cache=run.flush_cache, timeout_s=run.timeout_s))

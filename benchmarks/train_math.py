@@ -1,0 +1,68 @@
+"""`make train-math` as a benchmark: its wall time and held-out accuracy before and after RL.
+
+Runs exactly what the Makefile target runs — the cached warm-up (`tandem sft --task math`,
+trained once into .cache/) and `tandem run configs/math-tiny.yaml` (200 steps, eta 2, the
+shipped defaults, CPU placement on) — in a scratch directory, and keeps the run's
+`summary.json` figures: wall seconds, held-out greedy accuracy before and after (n = 500) with
+their standard errors, trajectories/s and the staleness reached. `--quick` runs 3 steps of an
+untrained model to check the mechanics and writes nothing.
+"""
+from __future__ import annotations
+
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import cli, print_table, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs/math-tiny.yaml"
+
+
+def _tandem(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tandem {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def main(quick: bool = False) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tandem-train-math-") as tmp:
+        exp = Path(tmp) / "run"
+        if quick:
+            model = Path(tmp) / "tiny"
+            _tandem("model", "init-tiny", str(model))
+            overrides = ["trainer.total_steps=3", "rollout.eval_size=8", "trainer.checkpoint_every=0"]
+        else:
+            model = ROOT / ".cache" / "tiny-math-sft"
+            _tandem("sft", "--task", "math", "--out", str(model))
+            overrides = []
+        _tandem("run", str(CONFIG), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
+        summary = json.loads((exp / "summary.json").read_text())
+    ev = summary["eval"]
+    se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
+          for k in ("before", "after")}
+    headline = {"steps": summary["steps"], "wall_s": summary["wall_s"], "eval_n": ev["n"],
+                "accuracy_before": ev["before"], "accuracy_after": ev["after"],
+                "accuracy_gain_points": round(100 * (ev["after"] - ev["before"]), 1)
+                if ev["before"] is not None and ev["after"] is not None else None,
+                "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
+                "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
+                "staleness_max": summary["staleness"]["max"]}
+    print_table("make train-math (configs/math-tiny.yaml)", ["steps", "wall s", "held-out before",
+                "held-out after", "n", "trajectories/s"],
+                [[headline["steps"], headline["wall_s"], ev["before"], ev["after"], ev["n"],
+                  headline["trajectories_per_s"]]])
+    if not quick:
+        write_results("train_math", headline)
+    return headline
+
+
+if __name__ == "__main__":
+    cli(main)

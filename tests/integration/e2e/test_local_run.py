@@ -1,0 +1,141 @@
+"""`tandem run` end to end on the local backend: every role a real process, real sockets, real
+HTTP, a real (untrained) tiny model. These runs check the mechanics — staleness bound,
+interrupts, crash recovery, clean shutdown — not learning, which `make train-math` shows."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.protocol import ExpDir, read_metrics
+
+
+def write_config(path: Path, model: Path, name: str, **extra: str) -> Path:
+    path.write_text(f"""
+experiment: {{name: {name}, model: {model}, exp_dir: {path.parent / name}}}
+controller: {{max_staleness: 2, lease_s: 20}}
+gen: {{num_servers: 1, threads: 1, metrics_interval_s: 0.5}}
+rollout: {{dataset: "synthetic:math", n_samples: 2, max_new_tokens: 48, concurrency: 4, heartbeat_s: 1.0}}
+reward: {{task: math, num_workers: 1}}
+trainer: {{groups_per_step: 2, total_steps: 4, checkpoint_every: 1, max_tokens_per_mb: 4096}}
+""")
+    return path
+
+
+def tandem(*args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"tandem run did not finish in {timeout}s:\n{out[-4000:]}")
+    return out
+
+
+def steps(exp: ExpDir) -> list[dict]:
+    return [r for r in read_metrics(exp, "trainer") if r.get("event") == "step"]
+
+
+def leftovers(exp: ExpDir) -> list[str]:
+    """Processes whose command line names this experiment (roles started for it)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if pid.isdigit() and str(exp.root) in cmd and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmd[:160]}")
+    return found
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta):
+    cfg = write_config(tmp_path / "exp.yaml", tiny_model_dir, f"eta{eta}")
+    # Long enough answers that a weight update lands while some are being generated.
+    out = finish(tandem("run", cfg, f"controller.max_staleness={eta}", "rollout.max_new_tokens=192"))
+    exp = ExpDir(tmp_path / f"eta{eta}")
+    assert "step 4/4" in out, out[-3000:]
+    summary = json.loads((exp.root / "summary.json").read_text())
+    assert summary["steps"] == 4
+    trained = steps(exp)
+    hist = trained[-1]["staleness_hist_total"]
+    assert sum(hist.values()) == 4 * 2  # B groups per step, each trained once
+    assert max(int(k) for k in hist) <= eta  # stale_policy: drop (the default) keeps the bound strict
+    dropped = trained[-1].get("buffer_dropped_stale", 0)
+    released = sum(r.get("released", 0) for r in read_metrics(exp, "controller") if r.get("event") == "groups_dropped")
+    assert released == dropped  # every drop gave its admission slot back
+    groups = [r for r in read_metrics(exp, "rollout") if r.get("event") == "group"]
+    if eta == 0:  # synchronous: every token of every trained group came from the version it trains
+        assert set(trained[-1]["token_staleness_hist_total"]) == {"0"}
+    else:  # updates land while groups generate: some samples carry tokens of two versions
+        assert sum(g["multi_version"] for g in groups) > 0
+    # What `tandem simulate --calibrate` needs is logged, and fits positive costs.
+    from launcher.simulate.calibrate import calibrate
+    cal = calibrate(exp.root)
+    assert cal.d0 + cal.d1 > 0 and cal.t0 + cal.t1 > 0 and cal.prefill_per_request + cal.prefill_per_token > 0
+    assert cal.publish_s > 0 and cal.load_s > 0 and cal.checkpoint_s > 0 and cal.train_world == 1
+    assert cal.samples["gen windows"] >= 1 and cal.samples["trainer steps"] == 4
+    assert all(len(g["output_tokens"]) == 2 and g["prompt_tokens"] > 0 for g in groups)
+    assert (exp.weights / "v4").is_dir()
+    assert (exp.report / "report.png").stat().st_size > 10_000 and (exp.report / "report.html").exists()
+    assert summary["throughput"]["trajectories_per_s"] > 0 and summary["weight_sync"]["mean_s"] > 0
+    assert leftovers(exp) == []
+
+
+def test_generation_server_crash_is_survived_and_trainer_crash_resumes(tmp_path, tiny_model_dir):
+    cfg = write_config(tmp_path / "exp.yaml", tiny_model_dir, "crash")
+    exp = ExpDir(tmp_path / "crash")
+    run = tandem("run", cfg, "trainer.total_steps=6")
+    # Kill the generation server once training has started; the supervisor restarts it.
+    deadline = time.time() + 240
+    while not steps(exp) and time.time() < deadline:
+        time.sleep(0.5)
+    gen_pid = json.loads(exp.service_file("gen-0").read_text())["pid"]
+    os.kill(gen_pid, signal.SIGKILL)
+    # Then kill the trainer after a later step: the run stops and says how to resume.
+    while len(steps(exp)) < 3 and time.time() < deadline and run.poll() is None:
+        time.sleep(0.5)
+    trainer_pid = json.loads(exp.service_file("trainer").read_text())["pid"]
+    os.kill(trainer_pid, signal.SIGKILL)
+    out = finish(run)
+    assert run.returncode != 0 and "--resume" in out, out[-3000:]
+    assert "gen-0 crashed" in out
+    assert leftovers(exp) == []
+    done_before = {r["step"] for r in steps(exp)}
+    resumed = tandem("run", cfg, "trainer.total_steps=6", "--resume")
+    out = finish(resumed)
+    assert resumed.returncode == 0, out[-3000:]
+    after = steps(exp)
+    versions = [r["step"] for r in after]
+    assert versions[-1] == 6
+    # Steps after the last checkpoint may be redone, but each version is trained once in the
+    # resumed run and the numbering continues where the checkpoint left it.
+    resumed_steps = versions[len(done_before):]
+    assert resumed_steps == list(range(resumed_steps[0], 7)) and resumed_steps[0] <= max(done_before) + 1
+    assert leftovers(exp) == []
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path, tiny_model_dir):
+    cfg = write_config(tmp_path / "exp.yaml", tiny_model_dir, "sigint")
+    exp = ExpDir(tmp_path / "sigint")
+    run = tandem("run", cfg, "trainer.total_steps=1000")
+    deadline = time.time() + 240
+    while not steps(exp) and time.time() < deadline:
+        time.sleep(0.5)
+    assert steps(exp), "the run never trained a step"
+    os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out = finish(run, timeout=120)
+    assert run.returncode == 130, out[-2000:]
+    assert leftovers(exp) == []

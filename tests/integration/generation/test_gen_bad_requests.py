@@ -1,0 +1,58 @@
+"""Malformed input gets a 400 naming the problem, and the server keeps serving."""
+from __future__ import annotations
+
+import pytest
+
+PROMPT = [1, 5, 20, 21]
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"input_ids": "1 2 3"}, "input_ids"),
+    ({"input_ids": []}, "input_ids"),
+    ({"input_ids": [1, "a"]}, "input_ids"),
+    ({"input_ids": [1, 10**9]}, "vocabulary"),
+    ({"input_ids": PROMPT, "text": "x"}, "exactly one"),
+    ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": "ten"}}, "max_new_tokens"),
+    ({"input_ids": PROMPT, "sampling_params": {"temperature": -1}}, "temperature"),
+    ({"input_ids": PROMPT, "sampling_params": {"top_p": 0}}, "top_p"),
+    # JSON's NaN / Infinity tokens (json.dumps writes them): refused, never sampled with
+    ({"input_ids": PROMPT, "sampling_params": {"temperature": float("nan")}}, "temperature must be a finite number"),
+    ({"input_ids": PROMPT, "sampling_params": {"top_p": float("inf")}}, "top_p must be a finite number"),
+    ({"input_ids": PROMPT, "sampling_params": {"no_such_param": 1}}, "no_such_param"),
+    ({"input_ids": PROMPT, "sampling_params": {"stop_token_ids": "2"}}, "stop_token_ids"),
+    ({"input_ids": PROMPT, "return_logprob": "yes"}, "return_logprob"),
+    ({"input_ids": PROMPT, "stream": True}, "stream"),
+    ({"input_ids": PROMPT, "bogus": 1}, "bogus"),
+    ({"input_ids": [1] * 600}, "context length"),
+    ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 600}}, "context length"),
+])
+def test_generate_rejects(shared_server, embedded_only, body, needle):
+    status, reply = shared_server.post("/generate", body)
+    assert status == 400, reply
+    assert needle in reply["message"]
+
+
+def test_malformed_bodies_on_every_post_endpoint(shared_server, embedded_only):
+    for path in ("/generate", "/update_weights_from_disk", "/init_weights_update_group",
+                 "/update_weights_from_distributed", "/abort_request", "/pause_generation"):
+        status, reply = shared_server.call("POST", path, raw=b"{not json")
+        assert status == 400, (path, reply)
+        assert "malformed JSON" in reply["message"]
+    status, reply = shared_server.post("/update_weights_from_disk", {"model_path": 7})
+    assert status == 400 and "model_path" in reply["message"]
+    status, reply = shared_server.post("/init_weights_update_group", {"master_address": "127.0.0.1"})
+    assert status == 400 and "master_port" in reply["message"]
+    status, reply = shared_server.post("/pause_generation", {"mode": "sideways"})
+    assert status == 400 and "mode" in reply["message"]
+    body = {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "never-created"}
+    status, reply = shared_server.post("/update_weights_from_distributed", body)
+    assert status == 400 and reply["success"] is False and "begin_weight_update()" in reply["message"]
+    assert shared_server.post("/begin_weight_update")[0] == 200
+    try:
+        status, reply = shared_server.post("/update_weights_from_distributed", body)
+    finally:
+        assert shared_server.post("/end_weight_update")[0] == 200
+    assert status == 400 and reply["success"] is False and "never-created" in reply["message"]
+    # Still serving normally.
+    out = shared_server.generate(PROMPT, max_new_tokens=3, ignore_eos=True)
+    assert len(out["output_ids"]) == 3

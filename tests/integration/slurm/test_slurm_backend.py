@@ -1,0 +1,227 @@
+"""The submitit backend on a real SLURM cluster (two virtual nodes with 8 fake GPUs each).
+
+The roles are stand-ins (tests/integration/slurm/standin_role.py: announce, sleep, exit) because the real
+role commands need the whole system; the end-to-end run with the real roles is
+`configs/slurm-local-tiny.yaml`. Everything SLURM-side is real: sbatch through submitit, srun
+tasks on two nodes, GPU allocation, sacct states, scancel.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.config import load_config
+from launcher.slurm_backend import SlurmRun, run_slurm
+from launcher.slurm_jobs import read_record, recorded_job_ids
+from launcher.slurm_requests import JobRequest, SlurmPolicy
+
+STANDIN = str(Path(__file__).with_name("standin_role.py"))
+FAST = SlurmPolicy(poll_s=1.0, ready_timeout_s=90.0)
+pytestmark = pytest.mark.timeout(180)
+
+
+def _cfg(exp, partition):
+    return load_config(None, ["experiment.name=slurmtest", f"experiment.exp_dir={exp.root}",
+                              "experiment.model=/nonexistent", "launcher.backend=slurm",
+                              f"launcher.slurm.partition={partition}", "launcher.slurm.time=00:10:00",
+                              "launcher.slurm.exclusive=false", "trainer.total_steps=1"])
+
+
+def _standin(exp, name, *extra) -> list[str]:
+    return [sys.executable, STANDIN, str(exp.root), name, *extra]
+
+
+def _wait_file(path: Path, timeout_s: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never appeared")
+
+
+def _squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def _stack(exp, trainer_exit_after: float = 600.0) -> list[JobRequest]:
+    """controller (CPU), one generation server (2 GPUs), a 2-node trainer, one rollout worker."""
+    return [
+        JobRequest("controller-0", _standin(exp, "controller-0", "--ready", "controller", "--sleep", "600"),
+                   ready_file="controller", restart=True),
+        JobRequest("gen-0", _standin(exp, "gen-0", "--ready", "gen-0", "--sleep", "600"), kind="gen",
+                   gpus_per_node=2, ready_file="gen-0", restart=True),
+        JobRequest("trainer-0", _standin(exp, "trainer", "--ready", "trainer", "--sleep", str(trainer_exit_after)),
+                   kind="trainer", nodes=2, tasks_per_node=1, gpus_per_node=1, distributed=True,
+                   ready_file="trainer"),
+        JobRequest("rollout-0", _standin(exp, "rollout-0", "--sleep", "600"), restart=True),
+    ]
+
+
+class _Background:
+    """run_slurm in a thread, so the test can act on the cluster while the launcher watches."""
+
+    def __init__(self, cfg, exp, requests, policy=FAST):
+        self.code = None
+        self.thread = threading.Thread(target=self._run, args=(cfg, exp, requests, policy), daemon=True)
+        self.thread.start()
+
+    def _run(self, cfg, exp, requests, policy):
+        self.code = run_slurm(cfg, exp, False, requests=requests, on_ready=None, policy=policy)
+
+    def join(self, timeout_s=120.0):
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "run_slurm did not return"
+        return self.code
+
+
+def _wait_running(exp, timeout_s=120.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            record = read_record(exp)
+        except (FileNotFoundError, json.JSONDecodeError):
+            record = {}
+        if record.get("status") == "running":
+            return record
+        time.sleep(0.3)
+    raise AssertionError(f"the run never reached 'running': {record}")
+
+
+def test_cluster_has_two_nodes_with_eight_gpus(slurm_cluster):
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", slurm_cluster, "-o", "%N %t %G"], capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    rows = sorted(line.split() for line in out if line.strip())
+    assert [r[0] for r in rows] == ["n1", "n2"]
+    assert all(r[2] == "gpu:8" for r in rows), rows
+    assert all(r[1] in ("idle", "mix", "alloc") for r in rows), rows
+
+
+def test_gpu_job_sees_its_gpus_and_two_node_job_all_reduces(shared_exp, slurm_cluster):
+    """One GPU job (3 GPUs) and one 2-node distributed job (a real gloo all_reduce across nodes)."""
+    cfg = _cfg(shared_exp, slurm_cluster)
+    run = SlurmRun(cfg, shared_exp, FAST)
+    run.submit(JobRequest("gen-0", _standin(shared_exp, "gen-0", "--host", "{node}"), kind="gen", gpus_per_node=3))
+    run.submit(JobRequest("trainer-0", _standin(shared_exp, "trainer", "--all-reduce"), kind="trainer",
+                          nodes=2, tasks_per_node=1, gpus_per_node=2, threads=1, distributed=True))
+    gen = _wait_file(shared_exp.root / "standin" / "gen-0-0.json")
+    ranks = [_wait_file(shared_exp.root / "standin" / f"trainer-{r}.json") for r in (0, 1)]
+    assert len(gen["CUDA_VISIBLE_DEVICES"].split(",")) == 3
+    assert gen["RANK"] is None
+    assert gen["host_arg"] == gen["SLURMD_NODENAME"] in ("n1", "n2")   # {node} became the node's name
+    assert [r["all_reduce"] for r in ranks] == [3.0, 3.0]
+    assert {r["SLURMD_NODENAME"] for r in ranks} == {"n1", "n2"}
+    assert [(r["RANK"], r["WORLD_SIZE"], r["LOCAL_RANK"]) for r in ranks] == [("0", "2", "0"), ("1", "2", "0")]
+    assert ranks[0]["MASTER_ADDR"] == ranks[1]["MASTER_ADDR"] in ("n1", "n2")
+    assert all(len(r["CUDA_VISIBLE_DEVICES"].split(",")) == 2 for r in ranks)
+    deadline = time.monotonic() + 60
+    while (states := run.states()) and any(s.active for s in states.values()):
+        assert time.monotonic() < deadline, states
+        time.sleep(0.5)
+    assert {n: s.state for n, s in states.items()} == {"gen-0": "COMPLETED", "trainer-0": "COMPLETED"}
+    assert (shared_exp.logs / "trainer-1.console").read_text().count("trainer rank 1 up") == 1
+
+
+def test_scancel_of_one_role_is_reported_and_tears_down_the_rest(shared_exp, slurm_cluster, capfd):
+    cfg = _cfg(shared_exp, slurm_cluster)
+    bg = _Background(cfg, shared_exp, _stack(shared_exp))
+    record = _wait_running(shared_exp)
+    gen_job = record["roles"]["gen-0"]["job_id"]
+    subprocess.run(["scancel", gen_job], check=True)
+    assert bg.join() == 1
+    err = capfd.readouterr().err
+    assert f"gen-0 (job {gen_job}) CANCELLED" in err
+    assert not _squeue_ids() & set(recorded_job_ids(read_record(shared_exp)))
+    assert read_record(shared_exp)["status"] == "failed"
+
+
+def test_tandem_cancel_leaves_no_job_in_squeue(shared_exp, slurm_cluster, capfd):
+    import argparse
+
+    from launcher import slurm_cli
+
+    cfg = _cfg(shared_exp, slurm_cluster)
+    bg = _Background(cfg, shared_exp, _stack(shared_exp))
+    _wait_running(shared_exp)
+    parser = argparse.ArgumentParser()
+    slurm_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["status", "--exp", str(shared_exp.root)])
+    assert args.func(args) == 0
+    status = capfd.readouterr().out
+    assert all(f"{role}" in status for role in ("controller-0", "gen-0", "trainer-0", "rollout-0"))
+    assert "RUNNING" in status
+    args = parser.parse_args(["cancel", "--exp", str(shared_exp.root)])
+    assert args.func(args) == 0
+    assert not _squeue_ids() & set(recorded_job_ids(read_record(shared_exp)))
+    assert bg.join() == 1
+    assert read_record(shared_exp)["status"] == "cancelled"
+
+
+def test_resubmit_policy_restarts_a_role_and_the_run_completes(shared_exp, slurm_cluster):
+    """on_failure=resubmit: a killed server comes back as a new job; the trainer then finishes."""
+    cfg = _cfg(shared_exp, slurm_cluster)
+    requests = _stack(shared_exp, trainer_exit_after=12.0)
+    bg = _Background(cfg, shared_exp, requests, SlurmPolicy(poll_s=1.0, ready_timeout_s=90.0,
+                                                            on_failure="resubmit", max_resubmits=1))
+    record = _wait_running(shared_exp)
+    first = record["roles"]["gen-0"]["job_id"]
+    subprocess.run(["scancel", first], check=True)
+    assert bg.join() == 0
+    role = read_record(shared_exp)["roles"]["gen-0"]
+    assert role["previous"] == [first] and role["job_id"] != first and role["resubmits"] == 1
+    assert (shared_exp.root / "summary.json").exists()
+    assert not _squeue_ids() & set(recorded_job_ids(read_record(shared_exp)))
+
+
+def test_time_limit_warning_becomes_sigterm_and_the_job_does_not_look_completed(shared_exp, slurm_cluster):
+    """SLURM's USR2 (sent before the time limit) reaches the role as SIGTERM; although the role
+    then exits 0, the job must end FAILED so the watcher never takes it for a finished trainer."""
+    cfg = _cfg(shared_exp, slurm_cluster)
+    run = SlurmRun(cfg, shared_exp, FAST)
+    run.submit(JobRequest("trainer-0", _standin(shared_exp, "trainer", "--ready", "trainer", "--sleep", "120",
+                                                "--graceful"), kind="trainer", ready_file="trainer"))
+    run.wait_ready(["trainer-0"])
+    subprocess.run(["scancel", "--signal=USR2", run.jobs["trainer-0"].job_id], check=True)
+    deadline = time.monotonic() + 60
+    while (state := run.states()["trainer-0"]).active:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+    assert state.state == "FAILED", state
+    assert "got SIGTERM; exiting cleanly" in (shared_exp.logs / "trainer-0.console").read_text()
+    wrapper_log = shared_exp.logs / "slurm" / f"{state.job_id}_0_log.out"
+    assert "RuntimeError: trainer-0 stopped by SIGUSR2" in wrapper_log.read_text()
+    assert str(wrapper_log) in run.why("trainer-0", state)
+
+
+def test_a_role_that_dies_before_it_is_ready_is_reported_and_nothing_else_starts(shared_exp, slurm_cluster, capfd):
+    cfg = _cfg(shared_exp, slurm_cluster)
+    requests = _stack(shared_exp)
+    requests[0] = JobRequest("controller-0", _standin(shared_exp, "controller-0", "--exit", "3"),
+                             ready_file="controller")
+    assert run_slurm(cfg, shared_exp, False, requests=requests, on_ready=None, policy=FAST) == 1
+    err = capfd.readouterr().err
+    assert "controller-0 (job" in err and "FAILED" in err and "ended before it was ready" in err
+    assert "controller-0 rank 0 up" in err   # the console tail comes with the report
+    record = read_record(shared_exp)
+    assert list(record["roles"]) == ["controller-0"] and record["status"] == "failed"
+
+
+def test_a_second_launch_refuses_while_jobs_of_the_first_still_run(shared_exp, slurm_cluster, capfd):
+    """A launcher killed before its teardown leaves jobs behind; `--resume` must not double them."""
+    cfg = _cfg(shared_exp, slurm_cluster)
+    run = SlurmRun(cfg, shared_exp, FAST)
+    run.submit(JobRequest("controller-0", _standin(shared_exp, "controller-0", "--sleep", "120")))
+    job = run.jobs["controller-0"].job_id
+    try:
+        assert run_slurm(cfg, shared_exp, True, requests=_stack(shared_exp), on_ready=None, policy=FAST) == 2
+        assert f"still queued or running ({job})" in capfd.readouterr().err
+        assert list(read_record(shared_exp)["roles"]) == ["controller-0"]   # nothing new submitted
+    finally:
+        run.teardown("test")

@@ -1,0 +1,94 @@
+"""Shared test material for the Megatron tests (imported by the tests and by mp_worker.py).
+
+A tiny Qwen2 built with transformers (vocab 61, deliberately not a multiple of anything, so
+vocabulary padding is exercised), fixed packed micro-batches and a simple linear loss.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trainer.backend import PackedBatch, TokenOutputs
+from trainer.config import OptimConfig, TrainerConfig
+
+VOCAB = 61
+
+
+def make_model_dir(out: Path, *, tied: bool = True, seed: int = 0) -> Path:
+    """A HF directory with non-trivial random weights (biases and norms too)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=tied, rms_norm_eps=1e-6, rope_theta=10000.0)
+    model = Qwen2ForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
+    model.save_pretrained(out, safe_serialization=True)
+    return Path(out)
+
+
+def trainer_cfg(tp: int = 1, pp: int = 1) -> TrainerConfig:
+    return TrainerConfig(backend="megatron", tensor_parallel=tp, pipeline_parallel=pp,
+                         optim=OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=2))
+
+
+def packed(seqs: list[torch.Tensor], seed: int) -> PackedBatch:
+    gen = torch.Generator().manual_seed(seed)
+    lens = [len(s) for s in seqs]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    pos = torch.cat([torch.arange(n) for n in lens])
+    n = int(cu[-1])
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[cu[:-1].long()] = False  # the first token of a sequence has no prediction
+    return PackedBatch(input_ids=torch.cat(seqs), position_ids=pos, cu_seqlens=cu,
+                       fields={"adv": torch.randn(n, generator=gen), "loss_mask": mask})
+
+
+def micro_batches(seed: int = 0) -> list[PackedBatch]:
+    """Two micro-batches of 3 sequences of lengths 3..14."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for m in range(2):
+        seqs = [torch.randint(0, VOCAB, (int(torch.randint(3, 15, (1,), generator=gen)),), generator=gen)
+                for _ in range(3)]
+        out.append(packed(seqs, seed * 10 + m))
+    return out
+
+
+def n_valid(mbs: list[PackedBatch]) -> float:
+    return float(sum(int(mb.fields["loss_mask"].sum()) for mb in mbs))
+
+
+def make_loss_fn(total_valid: float, before_backward=None):
+    """loss = -sum(adv * logp over valid tokens) / total_valid (a policy-gradient surrogate)."""
+    def loss_fn(mb: PackedBatch, out: TokenOutputs):
+        if before_backward is not None:
+            before_backward()
+        mask = mb.fields["loss_mask"]
+        loss = -(mb.fields["adv"] * out.logp * mask).sum() / total_valid
+        return loss, {"loss": float(loss.detach()), "valid": float(mask.sum())}
+    return loss_fn
+
+
+def logps(backend, mbs: list[PackedBatch]) -> torch.Tensor:
+    return torch.cat([backend.forward_logprobs(mb, 1.0).logp for mb in mbs])
+
+
+def in_process_backend(model_dir: Path):
+    """Yields the in-process TP=1 backend, then closes it (Megatron's process-group state is
+    global: one per process, torn down only if this created it)."""
+    import torch.distributed as dist
+
+    from trainer.megatron.backend import MegatronBackend
+
+    created_group = not dist.is_initialized()
+    be = MegatronBackend(trainer_cfg(tp=1), model_dir, seed=0)
+    yield be
+    be.close()
+    if created_group and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,57 @@
+"""Config files in-process: the resolved config round-trips through the experiment directory, and
+docs/configuration.md is current. The CLI's error messages and exit codes (a real `tandem`
+process) are in tests/integration/foundation/test_config_cli.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from config_cases import GOOD_EXPERIMENT
+
+from launcher.config import ConfigError, load_config, load_experiment, save_resolved
+from launcher.config_docs import render
+
+
+def write(tmp_path, text, name="exp.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_resolved_config_round_trips_through_the_experiment_dir(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD_EXPERIMENT), ["experiment.seed=7"])
+    save_resolved(cfg, tmp_path / "exp")
+    back = load_experiment(tmp_path / "exp")
+    assert back == cfg
+    with pytest.raises(ConfigError, match="no such file"):
+        load_experiment(tmp_path / "elsewhere")
+
+
+def test_configuration_reference_is_current():
+    doc = Path(__file__).parents[3] / "docs" / "configuration.md"
+    assert doc.read_text() == render(), "docs/configuration.md is stale: run `make docs`"
+
+
+def _float_keys(obj, prefix=""):
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _float_keys(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float):
+            yield f"{prefix}{f.name}"
+
+
+def test_no_float_setting_accepts_nan_or_infinity(tmp_path):
+    """A NaN passes every range check (comparisons with NaN are false): each float setting of
+    the schema, set to nan or inf, is refused naming its key."""
+    path = write(tmp_path, GOOD_EXPERIMENT)
+    keys = list(_float_keys(load_config(path)))
+    assert "rollout.temperature" in keys and "trainer.optim.lr" in keys
+    for key in keys:
+        for bad in ("nan", "inf", "-inf"):
+            with pytest.raises(ConfigError, match=rf"{re.escape(key)}: must be a finite number"):
+                load_config(path, [f"{key}={bad}"])
+

@@ -1,0 +1,141 @@
+"""Megatron-core backend in the pytest process: weight conversion, parity with transformers,
+packing, export (real megatron-core 0.16.1 on CPU, one rank, TP=1).
+
+The multi-process cases (TP=2, pipeline and data parallel, SIGKILL and resume) are in
+tests/integration/megatron/test_megatron_parallel.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import megatron_case as mc
+import pytest
+import torch
+
+from trainer.backend import PackedBatch
+from trainer.megatron import convert
+from trainer.megatron.model import check_parallel_fits, qwen2_shape
+from trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return mc.make_model_dir(tmp_path_factory.mktemp("qwen2-tied"))
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir):
+    yield from mc.in_process_backend(model_dir)
+
+
+def _hf_model(path: Path):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _seq(mb: PackedBatch, s: int) -> PackedBatch:
+    a, b = mb.cu_seqlens[s].item(), mb.cu_seqlens[s + 1].item()
+    return PackedBatch(mb.input_ids[a:b], torch.arange(b - a), torch.tensor([0, b - a], dtype=torch.int32))
+
+
+# ---- conversion (no process groups needed) ------------------------------------------------------
+@pytest.mark.parametrize("tied", [True, False])
+def test_hf_megatron_hf_round_trip_is_exact(tmp_path, tied):
+    from safetensors.torch import load_file
+
+    d = mc.make_model_dir(tmp_path, tied=tied)
+    hf = load_file(str(d / "model.safetensors"))
+    shape = qwen2_shape(d)
+    mg = convert.hf_to_megatron(hf, shape, padded_vocab=64)
+    assert mg["embedding.word_embeddings.weight"].shape[0] == 64
+    assert ("output_layer.weight" in mg) is not tied
+    # Query group 1's first query row sits after group 0's 2 query heads, its key and its value.
+    hd = shape.head_dim
+    assert torch.equal(mg["decoder.layers.0.self_attention.linear_qkv.weight"][4 * hd],
+                       hf["model.layers.0.self_attn.q_proj.weight"][2 * hd])
+    assert torch.equal(mg["decoder.layers.0.self_attention.linear_qkv.bias"][2 * hd],
+                       hf["model.layers.0.self_attn.k_proj.bias"][0])
+    back = convert.megatron_to_hf(mg, shape)
+    assert sorted(back) == sorted(hf)
+    for k in hf:
+        assert torch.equal(back[k], hf[k]), k
+    # TP split then merge is the identity, and a rank's fc1 shard is [gate_r; up_r].
+    for tp in (2, 4):
+        for name, t in mg.items():
+            assert torch.equal(convert.merge(name, [convert.shard(name, t, r, tp) for r in range(tp)]), t)
+    fc1 = convert.shard("decoder.layers.0.mlp.linear_fc1.weight", mg["decoder.layers.0.mlp.linear_fc1.weight"], 1, 2)
+    assert torch.equal(fc1[:64], hf["model.layers.0.mlp.gate_proj.weight"][64:])
+    assert torch.equal(fc1[64:], hf["model.layers.0.mlp.up_proj.weight"][64:])
+
+
+def test_te_spec_norm_names_round_trip(model_dir):
+    """The TransformerEngine (GPU) spec fuses norms into linear layers; names still round-trip."""
+    from safetensors.torch import load_file
+
+    hf = load_file(str(model_dir / "model.safetensors"))
+    shape = qwen2_shape(model_dir)
+    mg = convert.hf_to_megatron(hf, shape, 64, te_norms=True)
+    assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in mg
+    assert not any(k.endswith("input_layernorm.weight") for k in mg)
+    back = convert.megatron_to_hf(mg, shape, te_norms=True)
+    assert all(torch.equal(back[k], hf[k]) for k in hf)
+
+
+def test_unsupported_checkpoints_are_named(tmp_path, model_dir):
+    import json
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ValueError, match="model_type 'llama'"):
+        qwen2_shape(tmp_path)
+    with pytest.raises(ValueError, match="tensor_parallel=3"):
+        check_parallel_fits(qwen2_shape(model_dir), tp=3, pp=1)
+
+
+def test_block_diagonal_mask_and_thd_params():
+    """The CPU mask lets a token see only earlier tokens of its own sequence. The THD params are
+    the GPU path's input (built here, consumed by TransformerEngine only on GPUs)."""
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    allowed = ~block_diagonal_causal_mask(cu)[0, 0]
+    expect = torch.zeros(5, 5, dtype=torch.bool)
+    expect[:2, :2] = torch.ones(2, 2).tril().bool()
+    expect[2:, 2:] = torch.ones(3, 3).tril().bool()
+    assert torch.equal(allowed, expect)
+    p = thd_packed_seq_params(cu, "cpu")
+    assert p.qkv_format == "thd" and p.max_seqlen_q == 3 and p.cu_seqlens_kv.tolist() == [0, 2, 5]
+
+
+# ---- TP=1 in this process -------------------------------------------------------------------
+def test_logits_match_transformers(backend, model_dir):
+    hf = _hf_model(model_dir)
+    mb = mc.micro_batches()[0]
+    for s in range(mb.n_seqs):
+        one = _seq(mb, s)
+        with torch.no_grad():
+            ref = hf(input_ids=one.input_ids[None]).logits[0]
+            got = backend._logits(one)
+        assert got.shape == ref.shape  # padded vocabulary rows are cut off
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_packed_forward_equals_per_sequence(backend):
+    for mb in mc.micro_batches(seed=3):
+        packed = backend.forward_logprobs(mb, 0.7, with_entropy=True)
+        parts = [backend.forward_logprobs(_seq(mb, s), 0.7, with_entropy=True) for s in range(mb.n_seqs)]
+        torch.testing.assert_close(packed.logp, torch.cat([p.logp for p in parts]), atol=2e-6, rtol=1e-6)
+        torch.testing.assert_close(packed.entropy, torch.cat([p.entropy for p in parts]), atol=2e-6, rtol=1e-6)
+        assert (packed.logp[mb.cu_seqlens[:-1].long()] == 0).all()
+
+
+def test_export_hf_is_exact_and_loads(backend, model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    backend.export_hf(tmp_path / "out")
+    hf = _hf_model(tmp_path / "out")
+    original = load_file(str(model_dir / "model.safetensors"))
+    exported = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(exported) == sorted(original)
+    assert all(torch.equal(exported[k], original[k]) for k in original)
+    assert hf.model.embed_tokens.weight.shape[0] == mc.VOCAB

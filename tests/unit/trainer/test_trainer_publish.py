@@ -1,0 +1,70 @@
+"""Weight publishing (trainer/weights/): atomic HF directories on disk (last K kept) and the
+factory that picks the publisher from trainer.weight_sync. The broadcast to a receiver process
+over a gloo group is in tests/integration/trainer/test_trainer_broadcast_receiver.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from services.protocol import WeightsOnDisk
+from trainer.config import TrainerConfig
+from trainer.torch_backend import TorchBackend
+from trainer.weights import build_publisher, transfer_path
+from trainer.weights.broadcast import BroadcastPublisher
+from trainer.weights.disk import DiskPublisher, published_versions
+
+
+def backend(model_dir):
+    return TorchBackend(TrainerConfig(temperature=1.0, max_staleness=0), model_dir, 0)
+
+
+def test_disk_publish_is_atomic_loadable_and_keeps_the_last_k(small_model_dir, tmp_path):
+    be = backend(small_model_dir)
+    root = tmp_path / "weights"
+    publisher = DiskPublisher(root, keep=2)
+    for v in range(1, 5):
+        with torch.no_grad():
+            be.model.model.norm.weight.fill_(float(v))
+        pub = publisher.publish(be, v)
+        assert pub.message == WeightsOnDisk(version=v, path=str(root / f"v{v}")) and pub.transfer is None
+        assert set(pub.timings) == {"export_s", "rename_s", "prune_s"}
+    assert published_versions(root) == [3, 4]
+    assert sorted(p.name for p in root.iterdir()) == ["v3", "v4"]   # no temp directory left behind
+    files = {p.name for p in (root / "v4").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert float(load_file(root / "v4" / "model.safetensors")["model.norm.weight"][0]) == 4.0
+    # republishing an existing version (after a crash) replaces it whole
+    with torch.no_grad():
+        be.model.model.norm.weight.fill_(9.0)
+    publisher.publish(be, 4)
+    assert float(load_file(root / "v4" / "model.safetensors")["model.norm.weight"][0]) == 9.0
+
+
+def test_the_factory_builds_the_configured_publisher_and_sizes_the_group_by_tp_ranks(tmp_path):
+    """trainer.weight_sync picks the publisher; a broadcast group has 1 + the servers' TP ranks."""
+    disk = build_publisher(TrainerConfig(temperature=1.0, max_staleness=0, weight_sync="disk", keep_weights=5),
+                           tmp_path, receiver_ranks=8)
+    assert isinstance(disk, DiskPublisher) and disk.root == tmp_path and disk.keep == 5
+    bc = build_publisher(TrainerConfig(temperature=1.0, max_staleness=0, weight_sync="broadcast",
+                                       wait_for_ack=False), tmp_path, receiver_ranks=8)
+    assert isinstance(bc, BroadcastPublisher) and bc.receiver_ranks == 8 and bc.snapshot
+    assert (transfer_path("disk"), transfer_path("broadcast")) == ("filesystem", "network")
+    with pytest.raises(ValueError, match="unknown method 'ipc'"):
+        transfer_path("ipc")
+    problems = dict(TrainerConfig(temperature=1.0, max_staleness=0, weight_sync="ipc").problems())
+    assert "must be one of ['broadcast', 'disk']" in problems["weight_sync"]
+
+
+def test_the_broadcast_group_counts_every_tp_rank_of_every_sglang_server():
+    """SGLang joins each TP rank at rank_offset + tp_rank: 3 servers x TP 4 = 12 receiving ranks
+    (the WeightsBroadcast world size is 13); an embedded server is one process, one rank."""
+    from types import SimpleNamespace
+
+    from trainer.loop import Trainer
+
+    def ranks(**gen):
+        return Trainer._receiver_ranks(SimpleNamespace(cfg=SimpleNamespace(gen=SimpleNamespace(**gen))))
+    assert ranks(num_servers=3, tp_size=4, backend="sglang") == 12
+    assert ranks(num_servers=3, tp_size=4, backend="embedded") == 3
