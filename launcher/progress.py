@@ -15,9 +15,10 @@ from services.protocol import ExpDir, read_metrics, write_json_atomic
 class Progress:
     """Prints one line per trained step: step, reward, accuracy, staleness, tokens/s, ETA."""
 
-    def __init__(self, exp: ExpDir, total_steps: int):
+    def __init__(self, exp: ExpDir, total_steps: int, resume: bool = False):
         self.exp, self.total = exp, total_steps
-        self.offset = 0
+        # A resumed run prints its own steps only, not the earlier launches' again.
+        self.offset = _size(exp.metrics) if resume else 0
         self.t0 = time.time()
         self.first_step_at: float | None = None
         self.steps_seen = 0
@@ -61,6 +62,29 @@ class Progress:
                   f"{rec.get('tokens_per_s', 0):,.0f} tok/s | ETA {eta}", flush=True)
 
 
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def run_steps(records: list[dict]) -> list[dict]:
+    """The trainer's step records of the run as it stands: when a resumed trainer trains a step
+    number again (it went back to its last checkpoint), the earlier launch's records from that
+    step on were an abandoned future and are dropped, so every step counts once."""
+    steps: list[dict] = []
+    for rec in records:
+        if rec.get("event") != "step":
+            continue
+        step = rec.get("step")
+        if step is not None:
+            while steps and steps[-1].get("step") is not None and steps[-1]["step"] >= step:
+                steps.pop()
+        steps.append(rec)
+    return steps
+
+
 def run_staleness(steps: list[dict]) -> Counter:
     """Trained groups by staleness over the whole run. The trainer's `staleness_hist_total` is
     cumulative (it survives a resume), so the last step record holds the run's histogram."""
@@ -70,7 +94,7 @@ def run_staleness(steps: list[dict]) -> Counter:
 
 def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
     """Aggregate the run's metrics into `<exp>/summary.json` (the figures users compare runs by)."""
-    steps = [r for r in read_metrics(exp, "trainer") if r.get("event") == "step"]
+    steps = run_steps(read_metrics(exp, "trainer"))
     hist = run_staleness(steps)
     trained_trajs = sum(r.get("n_seqs", 0) for r in steps)
     trained_tokens = sum(r.get("train_tokens", 0) for r in steps)

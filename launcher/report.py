@@ -15,7 +15,7 @@ import sys
 
 from services.protocol import ExpDir, read_metrics
 
-from .progress import run_staleness
+from .progress import run_staleness, run_steps
 
 
 def _series(records, key):
@@ -29,7 +29,7 @@ def build_figure(exp: ExpDir):
     import matplotlib.pyplot as plt
 
     records = read_metrics(exp)  # one pass over the stream, then split by role and event
-    steps = [r for r in records if r.get("role") == "trainer" and r.get("event") == "step"]
+    steps = run_steps([r for r in records if r.get("role") == "trainer"])
     groups = [r for r in records if r.get("role") == "rollout" and r.get("event") == "group"]
     syncs = [r for r in records if r.get("role") == "controller" and r.get("event") == "weight_sync"]
     t0 = min([r["time"] - r.get("seconds", 0) for r in groups] + [r["time"] - r.get("step_s", 0) for r in steps]

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from services.protocol import ExpDir
 
+from .backends.base import LaunchError
 from .config import ExperimentConfig, SlurmSection, save_resolved
-from .local import LaunchError, RoleSpec, tandem_argv
+from .roles import Role
 
 # The launcher's behaviour on SLURM is the `launcher.slurm` config section itself.
 SlurmPolicy = SlurmSection
@@ -25,18 +26,17 @@ def policy_of(cfg: ExperimentConfig) -> SlurmPolicy:
 
 @dataclass
 class JobRequest:
-    """One role's job: what runs in each task and what it asks SLURM for."""
-    name: str
-    command: list[str]
-    kind: str = "cpu"               # cpu | gen | trainer | eval
+    """One role's job: the role (what runs in each task) and what its job asks SLURM for."""
+    role: Role
     nodes: int = 1
     tasks_per_node: int = 1
     gpus_per_node: int = 0
-    threads: int = 1
     exclusive: bool = False
     distributed: bool = False       # export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK
-    ready_file: str | None = None
-    restart: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.role.name
 
 
 def time_minutes(text: str | int) -> int:
@@ -57,53 +57,47 @@ def time_minutes(text: str | int) -> int:
     return a                   # MM
 
 
-def _rewrite_gen_argv(argv: list[str], host: str) -> list[str]:
-    """The local launcher picks free ports on its own machine; on a cluster the server picks
-    them on its node (port 0: HTTP, and SGLang's NCCL port with gen.backend: sglang) and binds
-    an interface other nodes reach. The command stays the role's: `tandem gen serve` or, for
-    SGLang, `tandem gen sglang`, which runs `python -m sglang.launch_server` on the job's GPUs
-    (CUDA_VISIBLE_DEVICES from SLURM's allocation of gen.tp_size GPUs)."""
-    out = list(argv)
-    for flag, value in (("--host", host), ("--port", "0"), ("--nccl-port", "0")):
-        if flag in out:
-            out[out.index(flag) + 1] = value
-    return out
+def adopt_plan(cfg: ExperimentConfig, exp: ExpDir, plan=None):
+    """The allocation plan (default `plan_for(cfg)`) the jobs are sized by, once checked.
 
-
-def job_requests(cfg: ExperimentConfig, exp: ExpDir, resume: bool, plan=None,
-                 specs: list[RoleSpec] | None = None) -> list[JobRequest]:
-    """The jobs of an experiment in start order (`specs`, default `role_specs`), sized by the
-    allocation plan (default `plan_for(cfg)`)."""
+    The plan decides the number of generation servers; roles read it from `<exp>/config.yaml`,
+    so it is written there before the role list is built."""
     from .plan import plan_for
-    from .run import role_specs
 
     plan = plan or plan_for(cfg)
-    policy = policy_of(cfg)
     if cfg.gen.num_servers != plan.num_servers:
-        # The plan decides; roles read the count from <exp>/config.yaml, so they must agree.
         cfg.gen.num_servers = plan.num_servers
         save_resolved(cfg, exp.root)
-    per_node: dict[int, int] = {}
-    for r in plan.trainer_ranks:
-        per_node[r.node] = per_node.get(r.node, 0) + 1
+    per_node = _trainer_ranks_per_node(plan)
     if len(set(per_node.values())) > 1:
         raise LaunchError(f"the plan puts trainer ranks unevenly on nodes ({per_node}); one SLURM job "
                           f"needs the same number of tasks on each node. Choose launcher.nodes / "
                           f"gen_train_ratio so training gets whole nodes or part of a single node")
+    return plan
+
+
+def _trainer_ranks_per_node(plan) -> dict[int, int]:
+    per_node: dict[int, int] = {}
+    for r in plan.trainer_ranks:
+        per_node[r.node] = per_node.get(r.node, 0) + 1
+    return per_node
+
+
+def job_requests(cfg: ExperimentConfig, roles: list[Role], plan) -> list[JobRequest]:
+    """The jobs of an experiment's roles, sized by the (adopted) allocation plan: a generation
+    server gets gen.tp_size GPUs, the trainer one task per GPU on its nodes, the rest one CPU task."""
+    per_node = _trainer_ranks_per_node(plan)
     ranks_per_node = next(iter(per_node.values()))
     whole = cfg.launcher.slurm.exclusive
     out = []
-    for spec in specs if specs is not None else role_specs(cfg, exp, resume):
-        common = dict(name=spec.name, threads=spec.threads, ready_file=spec.ready_file, restart=spec.restart)
-        if spec.name.startswith("gen-"):
-            out.append(JobRequest(command=tandem_argv(*_rewrite_gen_argv(spec.argv, policy.bind_host)),
-                                  kind="gen", gpus_per_node=plan.gen_tp,
-                                  exclusive=whole and plan.gen_tp == plan.gpus_per_node, **common))
-        elif spec.name.startswith("trainer"):
-            out.append(JobRequest(command=tandem_argv(*spec.argv), kind="trainer", nodes=len(per_node),
-                                  tasks_per_node=ranks_per_node, gpus_per_node=ranks_per_node,
-                                  exclusive=whole and ranks_per_node == plan.gpus_per_node,
-                                  distributed=True, **common))
+    for role in roles:
+        if role.kind == "gen":
+            out.append(JobRequest(role, gpus_per_node=plan.gen_tp,
+                                  exclusive=whole and plan.gen_tp == plan.gpus_per_node))
+        elif role.kind == "trainer":
+            out.append(JobRequest(role, nodes=len(per_node), tasks_per_node=ranks_per_node,
+                                  gpus_per_node=ranks_per_node,
+                                  exclusive=whole and ranks_per_node == plan.gpus_per_node, distributed=True))
         else:
-            out.append(JobRequest(command=tandem_argv(*spec.argv), **common))
+            out.append(JobRequest(role))
     return out

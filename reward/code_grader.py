@@ -11,33 +11,11 @@ from __future__ import annotations
 from reward.config import RewardConfig
 from reward.extract import extract_program
 from reward.sandbox import Sandbox
-from services.protocol import Verdict
+from services.protocol import Verdict, code_tests_problem
 
 _SANDBOXES: dict[str, Sandbox] = {}
 MAX_SHOWN_TESTS = 20  # per-test records kept in a verdict (the counts cover all of them)
 SHOWN = 500  # characters of the extracted program kept in a verdict
-
-
-def tests_problem(tests) -> str | None:
-    """What is wrong with a `tests` value, or None when it is usable."""
-    if not isinstance(tests, dict):
-        return f"tests must be a map with inputs/outputs, got {type(tests).__name__}"
-    inputs, outputs = tests.get("inputs"), tests.get("outputs")
-    if not isinstance(inputs, list) or not isinstance(outputs, list):
-        return "tests.inputs and tests.outputs must be lists"
-    if len(inputs) != len(outputs):
-        return f"tests has {len(inputs)} inputs but {len(outputs)} outputs"
-    if not inputs:
-        return "tests has no test cases"
-    fn_name = tests.get("fn_name")
-    if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
-        return f"tests.fn_name must be a Python identifier, got {fn_name!r}"
-    if fn_name is None and not all(isinstance(x, (str, list)) for x in inputs + outputs):
-        return "stdin/stdout tests need text (or lists of lines) as inputs and outputs"
-    unknown = set(tests) - {"inputs", "outputs", "fn_name"}
-    if unknown:
-        return f"tests has unknown key(s) {sorted(unknown)}"
-    return None
 
 
 def sandbox_for(cfg: RewardConfig) -> Sandbox:
@@ -61,7 +39,7 @@ def grade_code(response: str, tests: dict, cfg: RewardConfig | None = None) -> V
     cfg = cfg or RewardConfig()
     sandbox = sandbox_for(cfg)
     base = {"task": "code", "isolation": sandbox.isolation}
-    problem = tests_problem(tests)
+    problem = code_tests_problem(tests)
     if problem:
         return Verdict(cfg.wrong_reward, False, {**base, "reason": f"invalid tests: {problem}"})
     program, found = extract_program(response)

@@ -13,10 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from reward.code_grader import tests_problem
 from reward.config import RewardConfig
 from reward.pool import GraderPool
-from services.protocol import GradeItem
+from services.protocol import GradeItem, code_tests_problem
 
 BATCH = 64  # rows handed to the pool at once (bounds memory, keeps every worker busy)
 
@@ -44,7 +43,7 @@ def row_problem(task: str, row) -> str | None:
         row["tests"] = tests
     if tests is None:
         return "missing 'tests'"
-    return tests_problem(tests)
+    return code_tests_problem(tests)
 
 
 def read_rows(task: str, path: Path) -> tuple[list[dict], list[str]]:

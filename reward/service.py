@@ -24,6 +24,7 @@ from services.protocol import (
     StatusRequest,
     load_keys,
     publish_service,
+    serve_at_previous_address,
     setup_role_logging,
 )
 
@@ -36,12 +37,14 @@ class RewardService:
         self.exp, self.cfg = exp, cfg
         self.pool = GraderPool(cfg)
         self.server: RequestServer | None = None
-        self.requests = 0
+
+    @property
+    def requests(self) -> int:
+        return self.server.handled if self.server is not None else 0
 
     async def grade(self, req: GradeRequest) -> GradeReply:
         if req.deadline_s <= 0:
             raise ValueError(f"grade: deadline_s must be > 0, got {req.deadline_s}")
-        self.requests += 1
         return GradeReply(verdicts=await self.pool.grade(req.items, req.deadline_s))
 
     def status(self, _req: StatusRequest) -> StatusReply:
@@ -52,8 +55,10 @@ class RewardService:
 
     async def run(self, shutdown: Shutdown) -> int:
         await self.pool.start()
-        self.server = RequestServer(load_keys(self.exp.keys), {"grade": self.grade, "status": self.status},
-                                    host=self.cfg.host, port=self.cfg.port)
+        # A restart binds the announced port again: workers holding the address reach it at once.
+        self.server = serve_at_previous_address(self.exp, "reward", load_keys(self.exp.keys),
+                                                {"grade": self.grade, "status": self.status},
+                                                host=self.cfg.host, port=self.cfg.port)
         publish_service(self.exp, "reward", {"address": self.server.address, "workers": self.pool.size,
                                              "isolation": self.pool.stats.isolation})
         log.info("reward service on %s: %d grader workers, code isolation %s", self.server.address,

@@ -13,6 +13,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.protocol import code_tests_problem
+
 log = logging.getLogger(__name__)
 
 
@@ -52,11 +54,10 @@ def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
             tests = {"inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests]}
         except (KeyError, TypeError):
             raise DatasetError(f"{where}: 'tests' list items need 'input' and 'output'") from None
-    if not isinstance(tests, dict) or not isinstance(tests.get("inputs"), list) \
-            or not isinstance(tests.get("outputs"), list) or len(tests["inputs"]) != len(tests["outputs"]):
-        raise DatasetError(f"{where}: code row needs 'tests' with equal-length 'inputs' and 'outputs'")
-    if not tests["inputs"]:
-        raise DatasetError(f"{where}: code row has no test cases")
+    # The grader's own rule: a row it could not grade would only ever earn the wrong-answer reward.
+    problem = code_tests_problem(tests)
+    if problem:
+        raise DatasetError(f"{where}: code row: {problem}")
     return Prompt(rid, text, task, {"tests": tests})
 
 
@@ -68,11 +69,16 @@ def load_jsonl(path: str | Path, task: str) -> list[Prompt]:
     if not path.exists():
         raise DatasetError(f"{path}: no such data file")
     prompts, bad = [], []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:      # bytes: one line that is not UTF-8 is a bad row, not a bad file
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                bad.append(f"{where}: not UTF-8 (byte {e.start})")
+                continue
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 prompts.append(_row_to_prompt(json.loads(line), task, where))
             except json.JSONDecodeError as e:
@@ -83,6 +89,8 @@ def load_jsonl(path: str | Path, task: str) -> list[Prompt]:
         log.warning("skipped row: %s", msg)
     if len(bad) > 20:
         log.warning("... and %d more bad rows", len(bad) - 20)
+    if bad:
+        log.warning("%s: %d usable rows, %d skipped", path, len(prompts), len(bad))
     if not prompts:
         raise DatasetError(f"{path}: no usable rows" + (f" (first problem: {bad[0]})" if bad else ""))
     return prompts

@@ -23,6 +23,7 @@ from services.protocol import (
     GroupDone,
     Heartbeat,
     MetricsWriter,
+    PhaseTimer,
     RemoteError,
     RequestClient,
     Shutdown,
@@ -67,8 +68,9 @@ class RolloutWorker:
         self.counts = {"accepted": 0, "rejected": 0, "failed": 0}
         self.version = 0
 
-    def _resolver(self, role: str, key: str = "address"):
-        return lambda: read_service(self.exp, role, timeout_s=30)[key]
+    def _resolver(self, role: str):
+        """The service's whole announcement: the client sees a restart on the same address too."""
+        return lambda: read_service(self.exp, role, timeout_s=30)
 
     def _load_stream(self, tokenizer) -> PromptStream:
         prompts = load_prompts(self.rc.dataset, self.cfg.reward.task, self.rc.synthetic_size,
@@ -150,23 +152,14 @@ class RolloutWorker:
         return reply.verdicts
 
     async def _episode(self, ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> None:
-        status, reason, t0 = "failed", "", time.time()
+        """One ticket: run the workflow, push its trajectories, report the group — exactly once."""
+        status, reason, timer = "failed", "", PhaseTimer()
         try:
             trajectories = await self.workflow(ctx, prompt, ticket)
             for traj in trajectories:
                 await self.sink.send(traj)
             status = "accepted"
-            rewards = [t.reward for t in trajectories]
-            self.metrics.log(event="group", group_id=ticket.group_id, prompt_id=prompt.id,
-                             admit_version=ticket.admit_version, reward_mean=sum(rewards) / len(rewards),
-                             correct=sum(t.timings.get("correct", 0.0) for t in trajectories) / len(rewards),
-                             tokens=int(sum(len(t.output_ids) for t in trajectories)),
-                             # per sample: `simulate.output_lengths: empirical:EXP_DIR` reads these
-                             output_tokens=[len(t.output_ids) for t in trajectories],
-                             prompt_tokens=len(trajectories[0].prompt_ids) if trajectories else 0,
-                             # samples whose tokens came from more than one policy version
-                             multi_version=sum(len(set(t.output_versions.tolist())) > 1 for t in trajectories),
-                             seconds=time.time() - t0)
+            self._record_group(ticket, prompt, trajectories, timer.fields(total="seconds"))
         except RejectGroup as e:
             status, reason = "rejected", str(e)
         except asyncio.CancelledError:
@@ -178,6 +171,19 @@ class RolloutWorker:
             self.running.pop(ticket.group_id, None)
             self.counts[status] += 1
             await self._report(GroupDone(self.worker_id, ticket.group_id, status, reason[:500]))
+
+    def _record_group(self, ticket: Ticket, prompt: Prompt, trajectories, timing: dict) -> None:
+        rewards = [t.reward for t in trajectories]
+        self.metrics.log(event="group", group_id=ticket.group_id, prompt_id=prompt.id,
+                         admit_version=ticket.admit_version, reward_mean=sum(rewards) / len(rewards),
+                         correct=sum(t.timings.get("correct", 0.0) for t in trajectories) / len(rewards),
+                         tokens=int(sum(len(t.output_ids) for t in trajectories)),
+                         # per sample: `simulate.output_lengths: empirical:EXP_DIR` reads these
+                         output_tokens=[len(t.output_ids) for t in trajectories],
+                         prompt_tokens=len(trajectories[0].prompt_ids) if trajectories else 0,
+                         # samples whose tokens came from more than one policy version
+                         multi_version=sum(len(set(t.output_versions.tolist())) > 1 for t in trajectories),
+                         **timing)
 
     async def _report(self, done: GroupDone) -> None:
         for attempt in range(5):

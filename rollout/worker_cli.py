@@ -22,6 +22,9 @@ from services.protocol import (
 
 log = logging.getLogger(__name__)
 
+# Waiting for a generation server when none is in rotation.
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.1, 2.0
+
 
 class ControllerRouting:
     """Routes each generation request through the controller (least outstanding, sticky)."""
@@ -29,6 +32,7 @@ class ControllerRouting:
     def __init__(self, exp: ExpDir, controller: RequestClient, worker_id: str):
         self.exp, self.controller, self.worker_id = exp, controller, worker_id
         self._keys: dict[str, str | None] = {}
+        self._last_wait_log = -1e9
 
     def _api_key(self, ref: str) -> str | None:
         if ref not in self._keys:
@@ -36,15 +40,27 @@ class ControllerRouting:
         return self._keys[ref]
 
     async def __call__(self, sticky_key: str, exclude: frozenset):
+        """The server to use; while none is servable, waits (exponential backoff up to
+        BACKOFF_MAX_S): the group keeps its prompt and its slot instead of failing, and the
+        controller is asked a few times a second at most, however long the outage."""
         from rollout.client import ServerRef
-        choice = await self.controller.request(PickServer(self.worker_id, sticky_key, sorted(exclude)))
-        return ServerRef(choice.address, self._api_key(choice.api_key_ref))
+        delay = BACKOFF_FIRST_S
+        while True:
+            choice = await self.controller.request(PickServer(self.worker_id, sticky_key, sorted(exclude)))
+            if choice.address:
+                return ServerRef(choice.address, self._api_key(choice.api_key_ref))
+            now = time.monotonic()
+            if now - self._last_wait_log > 30.0:
+                log.warning("waiting for a generation server: %s", choice.wait_reason)
+                self._last_wait_log = now
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
 
 
 def _services(exp: ExpDir, worker_id: str):
     from rollout.client import GenerationClient
     keys = load_keys(exp.keys)
-    controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30)["address"])
+    controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30))
     generator = GenerationClient(ControllerRouting(exp, controller, worker_id))
     return keys, controller, generator
 
@@ -85,7 +101,7 @@ async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
     from rollout.workflow import chat_prompt_ids, grade_item
 
     keys, _, generator = _services(exp, "eval")
-    reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30)["address"], timeout_s=300)
+    reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30), timeout_s=300)
     tok = AutoTokenizer.from_pretrained(cfg.experiment.model)
     prompts = held_out_prompts(cfg, n)
     greedy = {"temperature": 0.0, "top_k": 1, "max_new_tokens": cfg.rollout.max_new_tokens}

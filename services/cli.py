@@ -1,7 +1,8 @@
 """Sub-commands this package adds to `tandem` (see launcher.cli).
 
 `tandem controller --exp DIR` runs the controller of an experiment; with `--status` it prints
-the running controller's state instead. Imports happen inside the handlers so `tandem --help`
+the running controller's state instead. `tandem keys init DIR` creates an experiment
+directory's CURVE keys (kept if they exist), for roles started by hand. Imports happen inside the handlers so `tandem --help`
 stays fast.
 """
 from __future__ import annotations
@@ -36,8 +37,26 @@ def _status(args) -> int:
     return 0
 
 
+def _keys_init(args) -> int:
+    from services.protocol import ExpDir, generate_keys, load_keys
+
+    exp = ExpDir(args.dir)
+    try:
+        load_keys(exp.keys)
+        print(f"{exp.keys}: experiment keys exist; kept them")
+    except FileNotFoundError:
+        generate_keys(exp.keys)
+        print(f"{exp.keys}: created the experiment keys (readable by you only)")
+    return 0
+
+
 def register(sub) -> None:
     """Add this package's sub-commands to the `tandem` parser."""
+    k = sub.add_parser("keys", help="the experiment's CURVE keys")
+    ksub = k.add_subparsers(dest="keys_cmd", required=True, metavar="{init}")
+    init = ksub.add_parser("init", help="create DIR/keys/ (kept if they exist)")
+    init.add_argument("dir", help="experiment directory")
+    init.set_defaults(func=_keys_init)
     p = sub.add_parser("controller", help="run the controller of an experiment (role)")
     p.add_argument("--exp", required=True, help="experiment directory (reads its `controller` config)")
     p.add_argument("--status", action="store_true", help="print the running controller's state and exit")

@@ -71,30 +71,33 @@ class ReplayBuffer:
         self._partial: dict[str, dict[int, Trajectory]] = {}
         self._ready: list[tuple[int, int, str]] = []  # heap of (admit_version, arrival, group_id)
         self._groups: dict[str, Group] = {}
-        self._consumed: set[str] = set()
+        self._consumed: set[str] = set()    # trained, dropped or refused: never again
+        self.refused: dict[str, str] = {}   # group id -> why, until the trainer reports them
         self._arrivals = 0
         self.counters: Counter[str] = Counter()
 
     # ---- intake -------------------------------------------------------------------------------
     def add(self, t: Trajectory) -> bool:
-        """Keep a trajectory; False (and counted, never raised) when it is refused."""
-        problem = validate(t)
-        if problem:
-            self.counters["rejected_invalid"] += 1
-            log.warning("refused trajectory %s/%s: %s", t.group_id, t.sample_idx, problem)
-            return False
+        """Keep a trajectory; False (and counted, never raised) when it is refused.
+
+        An invalid trajectory refuses its whole group (a group trains only whole): the samples
+        already here are discarded, later ones are refused, and the group id waits in
+        `refused` for the trainer to give its admission slot back to the controller."""
         gid = t.group_id
         if gid in self._consumed or gid in self._groups:
             self.counters["rejected_late_duplicate"] += 1
-            log.warning("refused trajectory %s/%s: group already complete or trained", gid, t.sample_idx)
+            log.warning("refused trajectory %s/%s: group already complete, trained or refused", gid,
+                        t.sample_idx)
             return False
         samples = self._partial.setdefault(gid, {})
         first = next(iter(samples.values()), None)
-        if first is not None and (first.group_size != t.group_size or first.admit_version != t.admit_version):
-            self.counters["rejected_invalid"] += 1
-            log.warning("refused trajectory %s/%s: group_size/admit_version differ from its group's "
-                        "(%d/%d vs %d/%d)", gid, t.sample_idx, t.group_size, t.admit_version,
-                        first.group_size, first.admit_version)
+        problem = validate(t)
+        if problem is None and first is not None and (first.group_size != t.group_size
+                                                      or first.admit_version != t.admit_version):
+            problem = (f"group_size/admit_version differ from its group's ({t.group_size}/{t.admit_version} "
+                       f"vs {first.group_size}/{first.admit_version})")
+        if problem:
+            self._refuse(gid, t.sample_idx, problem)
             return False
         if t.sample_idx in samples:
             self.counters["rejected_duplicate"] += 1
@@ -109,6 +112,19 @@ class ReplayBuffer:
             heapq.heappush(self._ready, (group.admit_version, group.arrival, gid))
         return True
 
+    def _refuse(self, gid: str, sample_idx: int, problem: str) -> None:
+        self._partial.pop(gid, None)
+        self._consumed.add(gid)
+        self.refused[gid] = problem
+        self.counters["rejected_invalid"] += 1
+        self.counters["refused_groups"] += 1
+        log.warning("refused trajectory %s/%s and its group: %s", gid, sample_idx, problem)
+
+    def take_refused(self) -> dict[str, str]:
+        """Groups refused since the last call, with why: their slots are to be given back."""
+        refused, self.refused = self.refused, {}
+        return refused
+
     # ---- output -------------------------------------------------------------------------------
     @property
     def n_ready(self) -> int:
@@ -116,8 +132,14 @@ class ReplayBuffer:
 
     @property
     def n_consumed(self) -> int:
-        """Groups trained or dropped (each counted once, ever)."""
+        """Groups trained, dropped or refused (each counted once, ever)."""
         return len(self._consumed)
+
+    @property
+    def n_trained(self) -> int:
+        """Groups handed out for training (each once, ever): with the ready ones, what holds an
+        admission slot — dropped and refused groups gave theirs back."""
+        return self.counters["taken"]
 
     @property
     def n_partial(self) -> int:
@@ -165,7 +187,7 @@ class ReplayBuffer:
                   "samples": [encode(t) for t in g.samples]} for g in self._groups.values()]
         partial = [encode(t) for samples in self._partial.values() for t in samples.values()]
         return {"ready": ready, "partial": partial, "consumed": sorted(self._consumed),
-                "arrivals": self._arrivals, "counters": dict(self.counters)}
+                "refused": dict(self.refused), "arrivals": self._arrivals, "counters": dict(self.counters)}
 
     def load_state_dict(self, state: dict) -> None:
         self.__init__()
@@ -178,6 +200,7 @@ class ReplayBuffer:
             t = _decode_trajectory(b)
             self._partial.setdefault(t.group_id, {})[t.sample_idx] = t
         self._consumed = set(state["consumed"])
+        self.refused = dict(state.get("refused", {}))
         self._arrivals = int(state["arrivals"])
         self.counters = Counter(state["counters"])
 

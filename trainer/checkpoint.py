@@ -37,7 +37,12 @@ SHARDED_DIR = "dist"
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state, in types `torch.load(weights_only=True)` reads back (NumPy's key
+    array as a tensor): a checkpoint is loaded without unpickling arbitrary objects."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos,
+                                                    has_gauss, gauss],
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -45,7 +50,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((kind, keys.astype(np.uint32), int(pos), int(has_gauss), float(gauss)))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -110,6 +117,16 @@ def _save_file(obj, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def _load_file(path: Path):
+    """Tensors and plain data only (`weights_only=True`): a checkpoint directory another user can
+    write to must not run code in the trainer. Checkpoints written before the NumPy RNG state was
+    stored as a tensor hold a NumPy array, whose reconstruction alone is allowed."""
+    core = getattr(np, "_core", None) or np.core    # NumPy 2 renamed it
+    with torch.serialization.safe_globals([core.multiarray._reconstruct, np.ndarray, np.dtype,
+                                           type(np.dtype(np.uint32))]):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def load(path: Path, rank: int, sharded: bool = False) -> tuple[dict, dict]:
     """(this rank's state with RNG applied, loop state) from a checkpoint directory.
 
@@ -123,13 +140,12 @@ def load(path: Path, rank: int, sharded: bool = False) -> tuple[dict, dict]:
         if not rank_file.exists():
             log.info("%s: no RNG states for rank %d (written by a smaller job); keeping fresh ones",
                      path, rank)
-            return {}, torch.load(path / "loop.pt", map_location="cpu", weights_only=False)
+            return {}, _load_file(path / "loop.pt")
     elif not rank_file.exists():
         raise FileNotFoundError(f"{rank_file}: missing; was this checkpoint written by a job with "
                                 f"a different number of trainer ranks?")
-    # Our own files (they hold numpy RNG state and raw bytes, which weights_only refuses).
-    rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
-    loop_state = torch.load(path / "loop.pt", map_location="cpu", weights_only=False)
+    rank_state = _load_file(rank_file)
+    loop_state = _load_file(path / "loop.pt")
     set_rng_state(rank_state.pop("rng"))
     return rank_state, loop_state
 

@@ -35,6 +35,7 @@ from services.protocol import (
     ExpDir,
     GroupsDropped,
     MetricsWriter,
+    PhaseTimer,
     Shutdown,
     TrainerResumed,
     Trajectory,
@@ -110,30 +111,23 @@ class Trainer:
             if self._resumed and self.rank == 0:
                 self._announce_resume()
             while self.version < self.tcfg.total_steps:
-                t0 = time.perf_counter()
-                batch = self._collect() if self.rank == 0 else None
-                batch = self._broadcast(batch)
+                timer = PhaseTimer()
+                with timer.phase("wait"):
+                    batch = self._broadcast(self._collect() if self.rank == 0 else None)
                 if batch is None:
                     break  # shutdown requested while waiting for data
-                wait_s = time.perf_counter() - t0
-                record = self.train_step(batch)
-                record["wait_s"] = wait_s
                 # The step's own cost, without waiting for data or for the weight sync: what the
                 # simulator's trainer cost is calibrated on.
-                record["train_step_s"] = time.perf_counter() - t0 - wait_s
+                with timer.phase("train_step"):
+                    record = self.train_step(batch)
                 self.version += 1
-                t_sync = time.perf_counter()
-                record.update(self._publish())
                 # Publishing + the controller's pause/update/continue of every server.
-                record["weight_sync_s"] = time.perf_counter() - t_sync
+                with timer.phase("weight_sync"):
+                    record.update(self._publish())
                 if self.tcfg.checkpoint_every and self.version % self.tcfg.checkpoint_every == 0:
-                    record["checkpoint_s"] = self.save_checkpoint()
-                record["step_s"] = time.perf_counter() - t0
-                if self.rank == 0:
-                    self.metrics.log(event="step", step=self.version, **record)
-                    log.info("step %d: loss %.4g clip %.3f grad_norm %.3g tokens/s %.0f", self.version,
-                             record["loss"], record["clip_fraction"], record["grad_norm"],
-                             record["tokens_per_s"])
+                    with timer.phase("checkpoint"):
+                        self.save_checkpoint()
+                self.record_step(record | timer.fields(total="step_s"))
                 if self._stop_requested():
                     break
             self._wait_pending_ack()
@@ -142,6 +136,12 @@ class Trainer:
         finally:
             self.close()
         return 0
+
+    def record_step(self, record: dict) -> None:
+        if self.rank == 0:
+            self.metrics.log(event="step", step=self.version, **record)
+            log.info("step %d: loss %.4g clip %.3f grad_norm %.3g tokens/s %.0f", self.version, record["loss"],
+                     record["clip_fraction"], record["grad_norm"], record["tokens_per_s"])
 
     def _stop_requested(self) -> bool:
         stop = self.shutdown.requested
@@ -155,6 +155,7 @@ class Trainer:
         """Receive trajectories until B usable groups are ready (rank 0); None on shutdown."""
         t = self.tcfg
         while True:
+            self._release_refused()
             result = self.buffer.take(t.groups_per_step, self.version, t.max_staleness, t.stale_policy)
             if result.dropped:  # give their admission slots back, or the run would slowly stall
                 self.controller.request(GroupsDropped([g.group_id for g in result.dropped],
@@ -169,6 +170,13 @@ class Trainer:
         self.staleness.update(self._step_staleness)
         self.token_staleness.update(self._step_token_staleness)
         return StepBatch.from_groups(result.groups)
+
+    def _release_refused(self) -> None:
+        """Groups the buffer refused (an invalid trajectory) will never train: give their
+        admission slots back, or capacity shrinks by one per refusal until the run stalls."""
+        refused = self.buffer.take_refused()
+        for why, ids in _by_reason(refused).items():
+            self.controller.request(GroupsDropped(ids, f"refused: {why}"[:500]), "groups_dropped")
 
     def _drain(self, first_timeout_s: float) -> None:
         timeout = first_timeout_s
@@ -297,9 +305,10 @@ class Trainer:
 
     def _announce_resume(self) -> None:
         """Tell the controller what a resumed trainer really holds, before taking data: its
-        version and the groups it has (consumed + complete in the buffer), so admission counts
-        from the trainer's truth rather than from the crashed process's."""
-        held = self.buffer.n_consumed + self.buffer.n_ready
+        version and the groups that hold an admission slot (trained + complete in the buffer;
+        not the dropped or refused ones, whose slots were given back), so admission counts from
+        the trainer's truth rather than from the crashed process's."""
+        held = self.buffer.n_trained + self.buffer.n_ready
         reply = self.controller.request(TrainerResumed(version=self.version, groups_held=held),
                                         "trainer_resumed")
         log.info("announced resume at version %d holding %d groups: %s", self.version, held, reply)
@@ -320,8 +329,7 @@ class Trainer:
                 self._pending_ack = None
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(self) -> float:
-        t0 = time.perf_counter()
+    def save_checkpoint(self) -> None:
         if self.rank == 0:
             self._drain(first_timeout_s=0.05)  # whatever already arrived belongs in the buffer
         loop_state = None
@@ -342,7 +350,6 @@ class Trainer:
             self.wal.close()
             self._wal_seq += 1
             self._open_wal(replay_existing=False)
-        return time.perf_counter() - t0
 
     def _open_wal(self, replay_existing: bool) -> None:
         """Open the trajectory log of the current checkpoint epoch (see wal.py); on resume,
@@ -390,6 +397,17 @@ class Trainer:
             self.wal.close()
             self.controller.close()
             self.metrics.close()
+        if dist.is_initialized():
+            # Left to interpreter exit, gloo's threads can abort the process ("terminate called
+            # without an active exception") after a run that otherwise finished well.
+            dist.destroy_process_group()
+
+
+def _by_reason(refused: dict[str, str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for gid, why in refused.items():
+        out.setdefault(why, []).append(gid)
+    return out
 
 
 def _hist(counter: Counter) -> dict[str, int]:

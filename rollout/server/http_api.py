@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 
 from . import auth, weights
 from .auth import AuthLevel
 from .control_routes import ControlRoutes
 from .engine import Engine, Request
 from .info_routes import InfoRoutes
-from .requests import parse_generate, read_json
+from .requests import parse_generate, read_json, text_to_input_ids
 from .sampling import BadRequest
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,9 @@ class GenServer(ControlRoutes, InfoRoutes):
             return web.json_response(error_body(str(e)), status=400)
         except web.HTTPException:
             raise
+        except (ConnectionResetError, ClientPayloadError) as e:   # the client left mid-request
+            log.info("%s: client went away (%s)", request.path, type(e).__name__)
+            return web.json_response(error_body(f"client went away: {e}"), status=400)
         except Exception as e:
             log.exception("%s failed", request.path)
             return web.json_response(error_body(f"internal error: {e}", 500), status=500)
@@ -116,6 +119,10 @@ class GenServer(ControlRoutes, InfoRoutes):
     # ---- generation -----------------------------------------------------------------------
     async def generate(self, request):
         body = await read_json(request)
+        # Tokenizing text takes time in proportion to its length: off the event loop, so serving,
+        # health checks and weight updates go on meanwhile.
+        body = await asyncio.to_thread(text_to_input_ids, body, tokenizer=self.engine.tokenizer,
+                                       context_len=self.engine.context_len)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future] = []
 

@@ -12,6 +12,10 @@ from .engine import Request
 from .sampling import BadRequest, parse_sampling_params
 
 _MISSING = object()
+# No tokenizer makes one token of more characters than this (long whitespace runs included):
+# a text longer than context_len times it cannot fit and is refused without being tokenized.
+MAX_CHARS_PER_TOKEN = 64
+
 # GenerateReqInput fields accepted only at their neutral value (multimodal, LoRA, sessions, ...).
 _NEUTRAL_GENERATE = {
     "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
@@ -83,6 +87,28 @@ def _token_list(ids, where: str, vocab: int) -> list[int]:
     return ids
 
 
+def text_to_input_ids(body: dict, *, tokenizer, context_len: int) -> dict:
+    """`body` with its `text` (a string or a list of them) tokenized into `input_ids` of the same
+    shape; unchanged without text, or with both (parse_generate refuses that). The slow part of a
+    request, so the HTTP layer runs it off the event loop; a text too long for the context is
+    refused before it is tokenized."""
+    text = body.get("text")
+    if text is None or body.get("input_ids") is not None:
+        return body
+    texts = [text] if isinstance(text, str) else text
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise BadRequest("/generate.text must be a string or a non-empty list of strings")
+    limit = context_len * MAX_CHARS_PER_TOKEN
+    for i, t in enumerate(texts):
+        if len(t) > limit:
+            where = "/generate.text" if isinstance(text, str) else f"/generate.text[{i}]"
+            raise BadRequest(f"{where}: {len(t):,} characters cannot fit the context of {context_len} tokens "
+                             f"(at most {MAX_CHARS_PER_TOKEN} characters per token)")
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    rest = {k: v for k, v in body.items() if k != "text"}
+    return {**rest, "input_ids": ids[0] if isinstance(text, str) else ids}
+
+
 def parse_generate(body: dict, *, tokenizer, vocab: int, context_len: int, on_done_factory
                    ) -> tuple[list[Request], bool]:
     """A `/generate` body -> engine requests, and whether the input was a single prompt."""
@@ -94,21 +120,15 @@ def parse_generate(body: dict, *, tokenizer, vocab: int, context_len: int, on_do
     unknown = sorted(set(body) - known)
     if unknown:
         raise BadRequest(f"/generate: unknown field(s) {unknown}")
+    body = text_to_input_ids(body, tokenizer=tokenizer, context_len=context_len)
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
         raise BadRequest("/generate: give exactly one of 'text' or 'input_ids'")
-    if text is not None:
-        texts = [text] if isinstance(text, str) else text
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise BadRequest("/generate.text must be a string or a non-empty list of strings")
-        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        single = isinstance(text, str)
-    else:
-        if not isinstance(input_ids, list) or not input_ids:
-            raise BadRequest("/generate.input_ids must be a non-empty list of token ids (or of lists of them)")
-        single = not isinstance(input_ids[0], list)
-        prompts = ([_token_list(input_ids, "input_ids", vocab)] if single else
-                   [_token_list(p, f"input_ids[{i}]", vocab) for i, p in enumerate(input_ids)])
+    if not isinstance(input_ids, list) or not input_ids:
+        raise BadRequest("/generate.input_ids must be a non-empty list of token ids (or of lists of them)")
+    single = not isinstance(input_ids[0], list)
+    prompts = ([_token_list(input_ids, "input_ids", vocab)] if single else
+               [_token_list(p, f"input_ids[{i}]", vocab) for i, p in enumerate(input_ids)])
     raw_params = body.get("sampling_params")
     if isinstance(raw_params, list):
         if len(raw_params) != len(prompts):

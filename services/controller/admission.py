@@ -7,7 +7,9 @@ latest trained version,
 
 so a group admitted at version V is consumed by step V + eta + 1 at the latest (the trainer
 takes the oldest first), and eta = 0 admits exactly B groups per version: synchronous RL.
-Rejected and failed groups give their slot back; accepted ones keep it for good.
+Rejected and failed groups give their slot back; accepted ones keep it until the trainer
+trains them, or gives it back when it drops them (over-stale) or refuses them (invalid) — once,
+whichever of the trainer's drop and the worker's "accepted" report arrives first.
 
 Every change of state is an *event* (a small dict with named fields, see `EVENT_FIELDS`)
 applied by `apply()`. The controller journals each event before it answers, and a restarted
@@ -22,8 +24,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 STATUSES = ("accepted", "rejected", "failed")
-# Finished groups remembered so a report repeated after a reconnect is recognised.
-FINISHED_MEMORY = 100_000
+# Finished groups remembered (in memory and in every snapshot, so a restart forgets nothing)
+# so a report repeated after a reconnect, or a drop that comes after the report, is recognised.
+# The trainer drops only groups it holds, at most a few steps' worth: B * (eta + 1) plus what
+# is in flight, far fewer than this.
+FINISHED_MEMORY = 20_000
 
 
 def staleness_capacity(groups_per_step: int, max_staleness: int, version: int, accepted: int,
@@ -36,7 +41,9 @@ def staleness_capacity(groups_per_step: int, max_staleness: int, version: int, a
 # Each event's fields ("op" aside). admit: tickets `epoch-first_seq` .. `epoch-(first_seq+count-1)`
 # to `worker` at `version`, at monotonic time `admitted_at`; claim: groups a heartbeat listed
 # that this ledger never saw; revoke: groups released by the controller (`why`); drop: accepted
-# groups the trainer discarded; rebase: the trainer resumed at `version` holding `groups_held`.
+# groups the trainer discarded, and `pending`: groups it discarded before their worker reported
+# them accepted (netted when that report comes); rebase: the trainer resumed at `version`
+# holding `groups_held`.
 EVENT_FIELDS = {
     "admit": ("worker", "version", "epoch", "first_seq", "count", "admitted_at"),
     "done": ("group", "status"),
@@ -44,7 +51,7 @@ EVENT_FIELDS = {
     "claim": ("worker", "groups", "version", "admitted_at"),
     "revoke": ("groups", "why"),
     "version": ("version",),
-    "drop": ("groups",),
+    "drop": ("groups", "pending"),
     "rebase": ("version", "groups_held"),
     "batch": ("events",),
 }
@@ -103,6 +110,9 @@ class AdmissionLedger:
         self.running: dict[str, RunningGroup] = {}
         # group_id -> (status, revoked): revoked = released by the controller, not by its worker.
         self.finished: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        # Groups the trainer dropped before their worker's report: an "accepted" report for one
+        # of them takes no slot (it is counted dropped at once).
+        self.drop_pending: OrderedDict[str, None] = OrderedDict()
         self.leases: dict[str, Lease] = {}
         self.events_applied = 0
 
@@ -224,12 +234,23 @@ class AdmissionLedger:
         return event
 
     def release_dropped(self, group_ids: list[str]) -> dict | None:
-        """Accepted groups the trainer discarded as over-stale give their slots back."""
-        known = [g for g in dict.fromkeys(group_ids)
-                 if self.finished.get(g, ("", False))[0] == "accepted"]
-        if not known:
+        """Groups the trainer discarded (over-stale, or refused as invalid) give their slots back,
+        exactly once. The trainer may drop a group before its worker's "accepted" report arrives
+        (the worker pushes the trajectories, then reports): such a group is remembered, and the
+        report, when it comes, takes no slot."""
+        now, later = [], []
+        for gid in dict.fromkeys(group_ids):
+            status, revoked = self.finished.get(gid, ("", False))
+            if status == "accepted":
+                now.append(gid)
+            elif gid in self.drop_pending:
+                continue
+            elif gid in self.running or (status == "failed" and revoked):
+                later.append(gid)   # its accepted report (or a late one) is still to come
+            # dropped already, rejected or failed by its worker (slot given back), or unknown: nothing
+        if not now and not later:
             return None
-        event = {"op": "drop", "groups": known}
+        event = {"op": "drop", "groups": now, "pending": later}
         self.apply(event)
         return event
 
@@ -254,14 +275,24 @@ class AdmissionLedger:
             self.epoch = max(self.epoch, event["epoch"])
             self.admitted += event["count"]
         elif op == "done":
-            self.running.pop(event["group"])
-            self._count(event["status"], +1)
-            self._remember(event["group"], event["status"], False)
+            gid, status = event["group"], event["status"]
+            self.running.pop(gid)
+            if self._dropped_first(gid) and status == "accepted":
+                self.dropped += 1                  # the trainer already dropped it: no slot taken
+                self._remember(gid, "dropped", False)
+            else:
+                self._count(status, +1)
+                self._remember(gid, status, False)
         elif op == "late":
+            gid = event["group"]
             self.failed -= 1
-            self.accepted += 1
             self.late_accepts += 1
-            self._remember(event["group"], "accepted", False)
+            if self._dropped_first(gid):
+                self.dropped += 1
+                self._remember(gid, "dropped", False)
+            else:
+                self.accepted += 1
+                self._remember(gid, "accepted", False)
         elif op == "revoke":
             for gid in event["groups"]:
                 if self.running.pop(gid, None) is not None:
@@ -277,6 +308,10 @@ class AdmissionLedger:
                 self.accepted -= 1
                 self.dropped += 1
                 self._remember(gid, "dropped", False)
+            for gid in event.get("pending", ()):
+                self.drop_pending[gid] = None
+                while len(self.drop_pending) > FINISHED_MEMORY:
+                    self.drop_pending.popitem(last=False)
         elif op == "rebase":
             self.version = event["version"]
             self.accepted = event["groups_held"]
@@ -287,6 +322,13 @@ class AdmissionLedger:
         else:
             raise ValueError(f"unknown ledger event {op!r}")
         self.events_applied += 1
+
+    def _dropped_first(self, gid: str) -> bool:
+        """Whether the trainer dropped `gid` before this report (forgotten once asked)."""
+        if gid in self.drop_pending:
+            del self.drop_pending[gid]
+            return True
+        return False
 
     def _count(self, status: str, delta: int) -> None:
         setattr(self, status, getattr(self, status) + delta)
@@ -308,13 +350,14 @@ class AdmissionLedger:
                 "admitted": self.admitted, "late_accepts": self.late_accepts, "dropped": self.dropped,
                 "workers": len(self.leases)}
 
-    def state_dict(self, finished_kept: int = 20_000) -> dict:
-        finished = list(self.finished.items())[-finished_kept:]
+    def state_dict(self) -> dict:
+        finished = self.finished.items()
         return {"epoch": self.epoch, "version": self.version, "accepted": self.accepted,
                 "rejected": self.rejected, "failed": self.failed, "admitted": self.admitted,
                 "late_accepts": self.late_accepts, "next_seq": self.next_seq, "dropped": self.dropped,
                 "running": {gid: [g.worker_id, g.admit_version] for gid, g in self.running.items()},
-                "finished": [[gid, st, rv] for gid, (st, rv) in finished]}
+                "finished": [[gid, st, rv] for gid, (st, rv) in finished],
+                "drop_pending": list(self.drop_pending)}
 
     def load_state_dict(self, state: dict, now: float) -> None:
         """Restore; every worker gets a fresh lease from `now` (clocks do not survive a restart)."""
@@ -323,6 +366,7 @@ class AdmissionLedger:
         self.dropped = int(state.get("dropped", 0))
         self.running = {gid: RunningGroup(w, int(v), now) for gid, (w, v) in state["running"].items()}
         self.finished = OrderedDict((gid, (st, bool(rv))) for gid, st, rv in state["finished"])
+        self.drop_pending = OrderedDict.fromkeys(state.get("drop_pending", ()))
         self.leases = {}
         for g in self.running.values():
             self.touch(g.worker_id, now)

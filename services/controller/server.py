@@ -75,7 +75,6 @@ class Controller:
         # "message" (its fields when the method can replay it for a lagging server, else None)}.
         self.last_weights: dict = {"version": 0, "method": "initial", "message": None}
         self.last_sync: dict = {}
-        self.requests = 0
         self.server: RequestServer | None = None
         self.metrics: MetricsWriter | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -84,6 +83,11 @@ class Controller:
         self._catching_up: set[str] = set()
 
     # ---- state --------------------------------------------------------------------------
+    @property
+    def requests(self) -> int:
+        """Requests served so far (counted by the request server, not by each handler)."""
+        return self.server.handled if self.server is not None else 0
+
     def restore(self) -> None:
         now = time.monotonic()
         snapshot, events = self.store.load()
@@ -116,7 +120,6 @@ class Controller:
 
     # ---- handlers: rollout workers -----------------------------------------------------
     def admit(self, req: AdmitRequest) -> AdmitReply:
-        self.requests += 1
         _require_id(req.worker_id, "admit.worker_id")
         n = min(req.max_groups, self.cfg.max_tickets_per_request) if req.max_groups > 0 else req.max_groups
         granted, event = self.ledger.admit(req.worker_id, n, time.monotonic())
@@ -125,7 +128,6 @@ class Controller:
                           retry_after_s=0.0 if granted else self.cfg.retry_after_s)
 
     def group_done(self, req: GroupDone) -> Ok:
-        self.requests += 1
         _require_id(req.worker_id, "group_done.worker_id")
         outcome, event = self.ledger.finish(req.worker_id, req.group_id, req.status, time.monotonic())
         self._journal(event)
@@ -135,7 +137,6 @@ class Controller:
         return Ok(detail=outcome)
 
     def heartbeat(self, req: Heartbeat) -> HeartbeatReply:
-        self.requests += 1
         _require_id(req.worker_id, "heartbeat.worker_id")
         revoked, event = self.ledger.heartbeat(req.worker_id, req.running, time.monotonic())
         self._journal(event)
@@ -146,7 +147,6 @@ class Controller:
     # ---- handlers: trainer --------------------------------------------------------------
     async def weights_published(self, req) -> WeightsAck:
         """A published version, in any weight-sync method's message (weights_on_disk, ...)."""
-        self.requests += 1
         applier = self.syncer.applier(req)
         applier.check(req)
         op = req.OP
@@ -169,16 +169,15 @@ class Controller:
                           timings={**{f"{k}_s": v for k, v in result.phases.items()}, "total_s": result.seconds})
 
     def groups_dropped(self, req: GroupsDropped) -> Ok:
-        self.requests += 1
         event = self.ledger.release_dropped(req.group_ids)
         self._journal(event)
-        released = len(event["groups"]) if event else 0
+        # Pending ones (dropped before their worker's report) are released when the report comes.
+        released = len(event["groups"]) + len(event["pending"]) if event else 0
         if self.metrics and released:
             self.metrics.log(event="groups_dropped", released=released, reason=req.reason)
         return Ok(detail=f"released {released} slot(s)")
 
     async def trainer_resumed(self, req: TrainerResumed) -> Ok:
-        self.requests += 1
         async with self.sync_lock:
             before = self.ledger.counters()
             self._journal(self.ledger.rebase(req.version, req.groups_held))
@@ -201,7 +200,6 @@ class Controller:
 
     # ---- handlers: generation servers ---------------------------------------------------
     def register_server(self, req: RegisterServer) -> Ok:
-        self.requests += 1
         server, new = self.registry.register(req.address, req.api_key_ref, req.capacity, req.admin_key_ref,
                                              req.tp_size)
         self._keys_cache.pop(server.api_key_ref, None)
@@ -215,8 +213,10 @@ class Controller:
         return Ok(detail="registered" if new else "updated")
 
     def pick_server(self, req: PickServer) -> ServerChoice:
-        self.requests += 1
-        server = self.registry.pick(req.sticky_key, req.exclude)
+        try:
+            server = self.registry.pick(req.sticky_key, req.exclude)
+        except LookupError as e:   # none servable: the worker waits and asks again
+            return ServerChoice(address="", wait_reason=str(e))
         return ServerChoice(address=server.address, api_key_ref=server.api_key_ref)
 
     def status(self, _req: StatusRequest) -> StatusReply:

@@ -24,10 +24,11 @@ from .control import (
     WeightsBroadcast,
     WeightsOnDisk,
 )
-from .expdir import ExpDir, publish_service, read_service, write_json_atomic
-from .grading import GradeItem, GradeReply, GradeRequest, Verdict
+from .expdir import ExpDir, previous_port, publish_service, read_service, write_json_atomic
+from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem
 from .keys import CurveKeys, generate_keys, load_keys
-from .runtime import MetricsWriter, Shutdown, read_metrics, setup_role_logging
+from .runtime import MetricsWriter, PhaseTimer, Shutdown, read_metrics, setup_role_logging
+from .service_port import serve_at_previous_address
 from .trajectory import Trajectory
 from .transport import (
     RemoteError,
@@ -43,8 +44,9 @@ __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
     "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "Ok", "PickServer",
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
-    "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "publish_service", "read_service", "write_json_atomic", "GradeItem",
-    "GradeReply", "GradeRequest", "Verdict", "CurveKeys", "generate_keys", "load_keys",
-    "MetricsWriter", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "RemoteError",
+    "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
+    "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "CurveKeys", "generate_keys", "load_keys",
+    "MetricsWriter", "PhaseTimer", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
+    "serve_at_previous_address",
 ]

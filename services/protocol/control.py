@@ -122,8 +122,12 @@ class PickServer:
 
 @message("server_choice")
 class ServerChoice:
+    """Where to send a generation request; `address` empty when no server is servable now (a
+    normal state — all paused for a weight update, restarting — not an error), `wait_reason`
+    then says why and the caller backs off and asks again."""
     address: str
     api_key_ref: str = ""
+    wait_reason: str = ""
 
 
 @message("trainer_resumed")

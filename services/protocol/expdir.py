@@ -65,3 +65,13 @@ def read_service(exp: ExpDir, role: str, timeout_s: float = 0.0, poll_s: float =
                 raise TimeoutError(f"service '{role}' not announced in {path} "
                                    f"after {timeout_s:.0f}s; is it running?") from None
         time.sleep(poll_s)
+
+
+def previous_port(exp: ExpDir, role: str) -> int:
+    """The port the service's previous process announced (0 if none): a restarted controller or
+    reward service binds it again, so clients holding the old address reach the new process."""
+    try:
+        address = read_service(exp, role)["address"]
+        return int(str(address).rsplit(":", 1)[1])
+    except (TimeoutError, KeyError, ValueError, IndexError, OSError):
+        return 0

@@ -32,3 +32,27 @@ class Verdict:
 @message("grade_reply")
 class GradeReply:
     verdicts: list[Verdict]
+
+
+def code_tests_problem(tests) -> str | None:
+    """What is wrong with a code task's `tests` (the APPS/TACO `input_output` convention:
+    `{"inputs", "outputs", "fn_name"?}`), or None when they can be graded. The data loader refuses
+    such rows and the grader such items, by the same rule."""
+    if not isinstance(tests, dict):
+        return f"tests must be a map with inputs/outputs, got {type(tests).__name__}"
+    inputs, outputs = tests.get("inputs"), tests.get("outputs")
+    if not isinstance(inputs, list) or not isinstance(outputs, list):
+        return "tests.inputs and tests.outputs must be lists"
+    if len(inputs) != len(outputs):
+        return f"tests has {len(inputs)} inputs but {len(outputs)} outputs"
+    if not inputs:
+        return "tests has no test cases"
+    fn_name = tests.get("fn_name")
+    if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
+        return f"tests.fn_name must be a Python identifier, got {fn_name!r}"
+    if fn_name is None and not all(isinstance(x, (str, list)) for x in inputs + outputs):
+        return "stdin/stdout tests need text (or lists of lines) as inputs and outputs"
+    unknown = set(tests) - {"inputs", "outputs", "fn_name"}
+    if unknown:
+        return f"tests has unknown key(s) {sorted(unknown)}"
+    return None

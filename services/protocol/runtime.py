@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .expdir import ExpDir
@@ -49,6 +50,32 @@ class MetricsWriter:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+class PhaseTimer:
+    """Wall-clock seconds of a loop iteration's phases, as `<phase>_s` fields of its metrics
+    record, plus `total_s` / the name given: keeps the timing out of the loop's own lines.
+
+        timer = PhaseTimer()
+        with timer.phase("wait"):
+            batch = collect()
+        record |= timer.fields(total="step_s")
+    """
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"{name}_s"] = self.seconds.get(f"{name}_s", 0.0) + time.perf_counter() - t
+
+    def fields(self, total: str = "total_s") -> dict[str, float]:
+        return {**self.seconds, total: time.perf_counter() - self.t0}
 
 
 def _jsonable(x):

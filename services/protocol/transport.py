@@ -86,7 +86,8 @@ class RequestServer:
         # Non-blocking drains and sends go through a plain (sync) view of the same socket.
         self._raw = zmq.Socket.shadow(self.sock.underlying)
         self.handlers = handlers
-        self.errors = 0
+        self.errors = 0     # bad frames, unknown ops, refused or failing requests
+        self.handled = 0    # requests that reached a handler (the service's request count)
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
 
@@ -119,7 +120,9 @@ class RequestServer:
             self._send(ident, encode(msg, msg.req_id or 0))
             return
         handler = self.handlers.get(msg.op)
-        if handler is None:
+        if handler is not None:
+            self.handled += 1
+        else:
             self.errors += 1
             self._send(ident, encode(ProtocolError("unsupported_op", f"this service does not handle "
                                                    f"{msg.op!r}"), msg.req_id))
@@ -167,85 +170,131 @@ class RequestServer:
 
 
 class RequestClient:
-    """asyncio DEALER with request ids, per-request timeouts, and re-resolution of the address.
+    """asyncio DEALER with request ids, per-request timeouts, and a service that may restart.
 
-    `resolve()` returns the current address (e.g. from `<exp>/services/`); after a timeout the
-    client asks it again and reconnects if the service moved (a restarted controller).
+    `resolve()` returns the service's announcement: its address, or the whole
+    `<exp>/services/<role>.json` (a dict with `address`; its `pid` and `published_at` change when
+    the service restarts, even on the same address). While requests wait for replies the client
+    looks at the announcement again every `WATCH_S`; when the service moved or restarted, it
+    reconnects and sends every waiting request again — a request lost with the old process would
+    otherwise wait out its whole timeout — and cancels none of them. Everything Tandem sends over
+    this client is safe to repeat: a repeated `group_done` or drop is recognised as such, a
+    heartbeat or grading is the same again, and tickets of an admission whose reply was lost are
+    released by the heartbeat's reconciliation.
     """
 
-    def __init__(self, keys: CurveKeys, resolve: Callable[[], str] | str, timeout_s: float = 10.0):
+    WATCH_S = 0.5
+
+    def __init__(self, keys: CurveKeys, resolve: Callable[[], str | dict] | str, timeout_s: float = 10.0):
         self.keys = keys
         self.resolve = resolve if callable(resolve) else (lambda: resolve)
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, tuple[asyncio.Future, bytes]] = {}
         self._reader: asyncio.Task | None = None
+        self._last_look = time.monotonic()
+        self.resends = 0
         self.sock = None
         self.address = None
-        self._connect()
+        self._incarnation = None
+        self._connect(self.resolve())
 
-    def _connect(self) -> None:
+    def _connect(self, announcement: str | dict) -> None:
         if self.sock is not None:
             self.sock.close(0)
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
         _, actx = contexts()
         self.sock = actx.socket(zmq.DEALER)
         make_client(self.sock, self.keys)
         self.sock.linger = 0
-        self.address = self.resolve()
+        self.address, self._incarnation = _address_of(announcement), _incarnation_of(announcement)
         self.sock.connect(self.address)
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
 
     async def _read(self, sock) -> None:
         while True:
-            payload = await sock.recv()
-            msg = decode(payload)
-            req_id = msg.req_id if isinstance(msg, ProtocolError) else msg.req_id
-            fut = self._pending.pop(req_id, None) if req_id is not None else None
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            msg = decode(await sock.recv())
+            entry = self._pending.pop(msg.req_id, None) if msg.req_id is not None else None
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(msg)
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.ensure_future(self._read(self.sock))
 
     async def request(self, body: Any, timeout_s: float | None = None) -> Any:
         """Send `body`, return the reply body; raise RemoteError or TimeoutError."""
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.ensure_future(self._read(self.sock))
+        self._ensure_reader()
         req_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
-        self._pending[req_id] = fut
-        await self.sock.send(encode(body, req_id))
+        payload = encode(body, req_id)
+        self._pending[req_id] = (fut, payload)
+        timeout = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout
         try:
-            msg = await asyncio.wait_for(fut, timeout_s or self.timeout_s)
-        except TimeoutError:
+            await self._send(payload)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{type(body).__name__} to {self.address}: no reply within {timeout:.1f}s")
+                try:
+                    msg = await asyncio.wait_for(asyncio.shield(fut), min(left, self.WATCH_S))
+                    break
+                except TimeoutError:
+                    await self._look_again()
+        finally:
             self._pending.pop(req_id, None)
-            self._maybe_moved()
-            raise TimeoutError(f"{type(body).__name__} to {self.address}: no reply within "
-                               f"{timeout_s or self.timeout_s:.1f}s") from None
         if isinstance(msg, ProtocolError):
             raise RemoteError(msg)
         if isinstance(msg.body, ProtocolError):
             raise RemoteError(msg.body)
         return msg.body
 
-    def _maybe_moved(self) -> None:
+    async def _look_again(self) -> None:
+        """If the service moved or restarted, reconnect and send what waits again (once per
+        WATCH_S however many requests wait)."""
+        if time.monotonic() - self._last_look < self.WATCH_S:
+            return
+        self._last_look = time.monotonic()
         try:
-            address = self.resolve()
-        except Exception as e:  # discovery file missing while the service restarts
+            announcement = self.resolve()
+        except Exception as e:  # the announcement is missing while the service restarts
             log.debug("resolve failed: %s", e)
             return
-        if address != self.address:
-            log.info("service moved %s -> %s; reconnecting", self.address, address)
-            for fut in self._pending.values():
-                fut.cancel()
-            self._pending.clear()
-            self._connect()
+        if _address_of(announcement) == self.address and _incarnation_of(announcement) == self._incarnation:
+            return
+        log.info("service %s -> %s restarted or moved; reconnecting and resending %d request(s)",
+                 self.address, _address_of(announcement), len(self._pending))
+        self._connect(announcement)
+        self._ensure_reader()
+        for _, payload in list(self._pending.values()):
+            self.resends += 1
+            await self._send(payload)
+
+    async def _send(self, payload: bytes) -> None:
+        try:
+            await self.sock.send(payload)
+        except zmq.ZMQError as e:   # the socket was replaced meanwhile: the next look resends it
+            log.debug("send failed (%s); will resend", e)
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
-        for fut in self._pending.values():
+        for fut, _ in self._pending.values():
             fut.cancel()
         self.sock.close(0)
+
+
+def _address_of(announcement: str | dict) -> str:
+    return announcement["address"] if isinstance(announcement, dict) else announcement
+
+
+def _incarnation_of(announcement: str | dict):
+    """What changes when the service restarts (a bare address: nothing but the address)."""
+    if isinstance(announcement, dict):
+        return announcement.get("pid"), announcement.get("published_at")
+    return None
 
 
 class SyncRequestClient:

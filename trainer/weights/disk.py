@@ -2,7 +2,10 @@
 
 It is written in a temp directory beside it and renamed into place, so a server told to load
 v<N> never sees half a checkpoint; the last `keep` versions stay (a server still loading
-v<N-1>, or one being caught up, must not find it deleted).
+v<N-1>, or one being caught up, must not find it deleted). Versions above the one just
+published are an abandoned future (a launch that went further than the checkpoint a `--resume`
+continues from): they are deleted too, or they would count as "newer" and push the fresh
+versions out.
 """
 from __future__ import annotations
 
@@ -29,6 +32,13 @@ def published_versions(root: Path) -> list[int]:
     if not root.exists():
         return []
     return sorted(int(m.group(1)) for p in root.iterdir() if (m := VERSION_DIR.match(p.name)) and p.is_dir())
+
+
+def stale_versions(versions: list[int], current: int, keep: int) -> list[int]:
+    """What to delete after publishing `current`: everything above it, and all but the newest
+    `keep` at or below it."""
+    kept = [v for v in versions if v <= current][-keep:]
+    return [v for v in versions if v not in kept]
 
 
 class DiskPublisher(WeightPublisher):
@@ -64,7 +74,7 @@ class DiskPublisher(WeightPublisher):
             _fsync_dir(root)
         t2 = time.perf_counter()
         if backend.rank == 0:
-            for old in published_versions(root)[:-self.keep]:
+            for old in stale_versions(published_versions(root), version, self.keep):
                 shutil.rmtree(weights_dir(root, old), ignore_errors=True)
         t3 = time.perf_counter()
         return Publication(WeightsOnDisk(version=version, path=str(final)),

@@ -93,7 +93,6 @@ IMPOSSIBLE = [
     (RegisterServer(address="http://x:1", api_key_ref="../../etc/passwd"), "file name"),
     (RegisterServer(address="http://x:1", admin_key_ref="../gen-admin-api-key"), "admin_key_ref must be a file"),
     (RegisterServer(address="http://x:1", tp_size=-2), "tp_size"),
-    (PickServer("w"), "no generation server"),
     (TrainerResumed(version=-1, groups_held=0), ">= 0"),
 ]
 
@@ -108,6 +107,11 @@ def test_impossible_requests_are_rejected_by_name(exp, controller_proc):
                 client.request(body)
             assert info.value.code == "rejected", body
         assert client.request(AdmitRequest("w", 1)).tickets
+        # No server servable is a state to wait out, not a bad request: an answer with the reason.
+        errors = client.request(StatusRequest()).state["errors"]
+        choice = client.request(PickServer("w"))
+        assert choice.address == "" and "no generation server" in choice.wait_reason
+        assert client.request(StatusRequest()).state["errors"] == errors
     finally:
         client.close()
 

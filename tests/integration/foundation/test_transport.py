@@ -122,3 +122,33 @@ def test_trajectory_channel_delivers_in_order_with_backpressure(keys):
     assert [t.group_id for t in got] == [f"g{i}" for i in range(len(got))]
     assert got and int(got[0].output_ids[-1]) == 0 and got[-1].output_ids.dtype == np.int32
     sink.close()
+
+
+def test_a_request_in_flight_when_its_service_restarts_is_sent_again_not_lost(exp, keys):
+    """The service dies with the request unanswered and comes back on the same address (a new
+    pid in its announcement): the client sends the request again at once and gets the answer in
+    seconds, not after its timeout; nothing pending is cancelled (issue 19, defects 3 and 4)."""
+    hanging = subprocess.Popen([sys.executable, str(SERVER), str(exp.root), "--hang"])
+    replacement = None
+    try:
+        first = read_service(exp, "echo", timeout_s=30)
+
+        async def run():
+            nonlocal replacement
+            client = RequestClient(keys, lambda: read_service(exp, "echo", timeout_s=5), timeout_s=60)
+            waiting = asyncio.ensure_future(client.request(StatusRequest()))
+            await asyncio.sleep(1.0)
+            assert not waiting.done()
+            hanging.kill()
+            hanging.wait()
+            replacement = subprocess.Popen([sys.executable, str(SERVER), str(exp.root)])
+            reply = await asyncio.wait_for(waiting, timeout=30)    # far less than the 60 s timeout
+            assert reply.state["served"] == 1 and client.resends >= 1
+            client.close()
+        asyncio.run(run())
+        assert read_service(exp, "echo")["address"] == first["address"]   # the same port again
+    finally:
+        for p in (hanging, replacement):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

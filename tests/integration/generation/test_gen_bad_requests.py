@@ -25,6 +25,9 @@ PROMPT = [1, 5, 20, 21]
     ({"input_ids": PROMPT, "bogus": 1}, "bogus"),
     ({"input_ids": [1] * 600}, "context length"),
     ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 600}}, "context length"),
+    # Refused before tokenizing (once, 20 MB of text held the event loop for 35 s).
+    ({"text": "a" * 2_000_000}, "cannot fit the context of 512 tokens"),
+    ({"text": ["ok", "b" * 40_000]}, "/generate.text[1]"),
 ])
 def test_generate_rejects(shared_server, embedded_only, body, needle):
     status, reply = shared_server.post("/generate", body)
@@ -56,3 +59,27 @@ def test_malformed_bodies_on_every_post_endpoint(shared_server, embedded_only):
     # Still serving normally.
     out = shared_server.generate(PROMPT, max_new_tokens=3, ignore_eos=True)
     assert len(out["output_ids"]) == 3
+
+
+def test_a_client_leaving_mid_body_is_one_line_in_the_log(shared_process, shared_server, embedded_only):
+    """A body cut short (the client disconnected) is not an internal error with a traceback."""
+    import os
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    url = urlparse(shared_process.url)
+    shared_process.log.flush()
+    start = os.path.getsize(shared_process.log.name)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + shared_process.api.api_key.encode() +
+                  b"\r\nContent-Length: 100000\r\n\r\n{\"input_ids\": [1, ")
+    out = shared_server.generate(PROMPT, max_new_tokens=2, ignore_eos=True)   # still serving
+    assert len(out["output_ids"]) == 2
+    shared_process.log.flush()
+    deadline = time.monotonic() + 10
+    while "client went away" not in (log := open(shared_process.log.name).read()[start:]):
+        assert time.monotonic() < deadline, log[-2000:]
+        time.sleep(0.1)
+    assert "Traceback" not in log and "/generate failed" not in log, log[-3000:]

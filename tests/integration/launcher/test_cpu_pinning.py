@@ -30,8 +30,9 @@ def test_supervisor_pins_a_started_role_and_sizes_its_threads(tmp_path):
     controller starts in a second where a server would load a model): /proc shows it pinned to
     the generation pool — not the light services' CPU the launcher itself moved to, which it
     would inherit unpinned — every thread of it, with TANDEM_THREADS and OMP_NUM_THREADS to match."""
+    from launcher.backends.local import LocalSupervisor
     from launcher.config import save_resolved
-    from launcher.local import LocalSupervisor, RoleSpec
+    from launcher.roles import Role, tandem_argv
     from services.protocol import ExpDir, generate_keys
 
     mine = sorted(os.sched_getaffinity(0))
@@ -47,8 +48,8 @@ def test_supervisor_pins_a_started_role_and_sizes_its_threads(tmp_path):
     sup = LocalSupervisor(exp, placement)
     try:
         assert os.sched_getaffinity(0) == {services}  # the launcher runs with the light services
-        child = sup.start(RoleSpec("gen-0", ["controller", "--exp", str(exp.root)], threads=7,
-                                   ready_file="controller"), timeout_s=120)
+        child = sup.start(Role("gen-0", tandem_argv("controller", "--exp", str(exp.root)), threads=7,
+                               ready_file="controller", ready_timeout_s=120))
         pid = child.proc.pid
         gen = format_ranges(mine[:-1])
         assert _status_field(pid, "Cpus_allowed_list") == gen

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.local import LocalSupervisor
-from launcher.run import GEN_ADMIN_KEY, GEN_API_KEY, prepare, role_specs
+from launcher.backends.local import LocalBackend
+from launcher.lifecycle import register_server
+from launcher.roles import GEN_ADMIN_KEY, GEN_API_KEY, experiment_roles
+from launcher.run import prepare
 from services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
 
 pytestmark = pytest.mark.timeout(240)
@@ -95,29 +97,33 @@ def test_keys_are_random_private_and_both_referenced(tmp_path):
     assert keys[0] != keys[1] and all(len(k) >= 40 for k in keys)
     for name in (GEN_API_KEY, GEN_ADMIN_KEY):
         assert stat.S_IMODE((exp.keys / name).stat().st_mode) == 0o600
-    specs = {s.name: s for s in role_specs(cfg, exp, False)}
-    argv = specs["gen-0"].argv
+    backend = LocalBackend(cfg, exp)
+    specs = {s.name: s for s in experiment_roles(cfg, exp, False)}
+    argv = _tandem_args(specs["gen-0"])
     assert argv[:2] == ["gen", "sglang"]
     assert _flag(argv, "--api-key-file") == str(exp.keys / GEN_API_KEY)
     assert _flag(argv, "--admin-api-key-file") == str(exp.keys / GEN_ADMIN_KEY)
     assert not any(k in " ".join(argv) for k in keys)
     # The plan's GPUs: server 0 on GPU 0, the (single) trainer rank on GPU 1.
-    assert specs["gen-0"].env == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert specs["trainer-0"].env == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert backend._env(specs["gen-0"]) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert backend._env(specs["trainer-0"]) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert backend._env(specs["controller-0"]) == {}
     # The embedded server gets the same two key files.
     cfg.gen.backend = "embedded"
-    argv = {s.name: s for s in role_specs(cfg, exp, False)}["gen-0"].argv
+    argv = _tandem_args({s.name: s for s in experiment_roles(cfg, exp, False)}["gen-0"])
     assert argv[:2] == ["gen", "serve"] and _flag(argv, "--admin-api-key-file") == str(exp.keys / GEN_ADMIN_KEY)
 
 
 def test_launch_readiness_registration_restart_and_stop(tmp_path, standin):
     cfg, exp = _experiment(tmp_path)
     api_key, admin_key = ((exp.keys / n).read_text().strip() for n in (GEN_API_KEY, GEN_ADMIN_KEY))
-    specs = {s.name: s for s in role_specs(cfg, exp, False)}
-    sup = LocalSupervisor(exp)
+    specs = {s.name: s for s in experiment_roles(cfg, exp, False)}
+    backend = LocalBackend(cfg, exp)
+    sup = backend.sup
     try:
-        sup.start(specs["controller-0"])
-        sup.start(specs["gen-0"])          # returns once gen-0.json exists and the server is registered
+        backend.start([specs["controller-0"]])
+        backend.start([specs["gen-0"]])          # returns once gen-0.json is written
+        register_server(exp, specs["gen-0"])     # what the lifecycle does next
         (first,) = _records(standin)
         info = json.loads(exp.service_file("gen-0").read_text())
 
@@ -155,7 +161,10 @@ def test_launch_readiness_registration_restart_and_stop(tmp_path, standin):
         # Restart: SGLang dies -> the role exits non-zero -> the supervisor restarts the role, which
         # starts a new SGLang and re-announces; its old workers are gone with the process group.
         os.kill(first["pid"], signal.SIGKILL)
-        _wait("the supervisor noticing gen-0's exit", lambda: [c for c in sup.poll() if c.spec.name == "gen-0"])
+        (ended,) = _wait("the supervisor noticing gen-0's exit",
+                         lambda: [e for e in backend.ended() if e.role.name == "gen-0"])
+        assert ended.restarted and not ended.ok
+        register_server(exp, ended.role)         # the lifecycle re-registers a restarted server
         second = _wait("a second SGLang", lambda: _records(standin)[1:])[0]
         assert second["pid"] != first["pid"] and sup.children["gen-0"].restarts == 1
         assert not _alive(first["worker_pid"])
@@ -168,7 +177,11 @@ def test_launch_readiness_registration_restart_and_stop(tmp_path, standin):
         for pid in (role_pid, second["pid"], second["worker_pid"]):
             assert not _alive(pid), pid
     finally:
-        sup.stop()
+        backend.close("test")
+
+
+def _tandem_args(role) -> list[str]:
+    return role.command[role.command.index("launcher.cli") + 1:]
 
 
 def test_missing_sglang_is_a_clear_error(tmp_path):

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from slurm_launch import job, launch
 
+from launcher.backends.slurm import SlurmRun
 from launcher.config import load_config
-from launcher.slurm_backend import SlurmRun, run_slurm
 from launcher.slurm_jobs import read_record, recorded_job_ids
 from launcher.slurm_requests import JobRequest, SlurmPolicy
 
@@ -54,19 +55,18 @@ def _squeue_ids() -> set[str]:
 def _stack(exp, trainer_exit_after: float = 600.0) -> list[JobRequest]:
     """controller (CPU), one generation server (2 GPUs), a 2-node trainer, one rollout worker."""
     return [
-        JobRequest("controller-0", _standin(exp, "controller-0", "--ready", "controller", "--sleep", "600"),
-                   ready_file="controller", restart=True),
-        JobRequest("gen-0", _standin(exp, "gen-0", "--ready", "gen-0", "--sleep", "600"), kind="gen",
-                   gpus_per_node=2, ready_file="gen-0", restart=True),
-        JobRequest("trainer-0", _standin(exp, "trainer", "--ready", "trainer", "--sleep", str(trainer_exit_after)),
-                   kind="trainer", nodes=2, tasks_per_node=1, gpus_per_node=1, distributed=True,
-                   ready_file="trainer"),
-        JobRequest("rollout-0", _standin(exp, "rollout-0", "--sleep", "600"), restart=True),
+        job("controller-0", _standin(exp, "controller-0", "--ready", "controller", "--sleep", "600"),
+            kind="controller", ready_file="controller", restart=True),
+        job("gen-0", _standin(exp, "gen-0", "--ready", "gen-0", "--sleep", "600"), kind="gen",
+            gpus_per_node=2, ready_file="gen-0", restart=True),
+        job("trainer-0", _standin(exp, "trainer", "--ready", "trainer", "--sleep", str(trainer_exit_after)),
+            kind="trainer", nodes=2, tasks_per_node=1, gpus_per_node=1, distributed=True, ready_file="trainer"),
+        job("rollout-0", _standin(exp, "rollout-0", "--sleep", "600"), kind="rollout", restart=True),
     ]
 
 
 class _Background:
-    """run_slurm in a thread, so the test can act on the cluster while the launcher watches."""
+    """The launcher in a thread, so the test can act on the cluster while the launcher watches."""
 
     def __init__(self, cfg, exp, requests, policy=FAST):
         self.code = None
@@ -74,11 +74,11 @@ class _Background:
         self.thread.start()
 
     def _run(self, cfg, exp, requests, policy):
-        self.code = run_slurm(cfg, exp, False, requests=requests, on_ready=None, policy=policy)
+        self.code = launch(cfg, exp, False, requests, policy)
 
     def join(self, timeout_s=120.0):
         self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), "run_slurm did not return"
+        assert not self.thread.is_alive(), "the launcher did not return"
         return self.code
 
 
@@ -108,9 +108,9 @@ def test_gpu_job_sees_its_gpus_and_two_node_job_all_reduces(shared_exp, slurm_cl
     """One GPU job (3 GPUs) and one 2-node distributed job (a real gloo all_reduce across nodes)."""
     cfg = _cfg(shared_exp, slurm_cluster)
     run = SlurmRun(cfg, shared_exp, FAST)
-    run.submit(JobRequest("gen-0", _standin(shared_exp, "gen-0", "--host", "{node}"), kind="gen", gpus_per_node=3))
-    run.submit(JobRequest("trainer-0", _standin(shared_exp, "trainer", "--all-reduce"), kind="trainer",
-                          nodes=2, tasks_per_node=1, gpus_per_node=2, threads=1, distributed=True))
+    run.submit(job("gen-0", _standin(shared_exp, "gen-0", "--host", "{node}"), kind="gen", gpus_per_node=3))
+    run.submit(job("trainer-0", _standin(shared_exp, "trainer", "--all-reduce"), kind="trainer",
+                   nodes=2, tasks_per_node=1, gpus_per_node=2, threads=1, distributed=True))
     gen = _wait_file(shared_exp.root / "standin" / "gen-0-0.json")
     ranks = [_wait_file(shared_exp.root / "standin" / f"trainer-{r}.json") for r in (0, 1)]
     assert len(gen["CUDA_VISIBLE_DEVICES"].split(",")) == 3
@@ -185,8 +185,8 @@ def test_time_limit_warning_becomes_sigterm_and_the_job_does_not_look_completed(
     then exits 0, the job must end FAILED so the watcher never takes it for a finished trainer."""
     cfg = _cfg(shared_exp, slurm_cluster)
     run = SlurmRun(cfg, shared_exp, FAST)
-    run.submit(JobRequest("trainer-0", _standin(shared_exp, "trainer", "--ready", "trainer", "--sleep", "120",
-                                                "--graceful"), kind="trainer", ready_file="trainer"))
+    run.submit(job("trainer-0", _standin(shared_exp, "trainer", "--ready", "trainer", "--sleep", "120",
+                                         "--graceful"), kind="trainer", ready_file="trainer"))
     run.wait_ready(["trainer-0"])
     subprocess.run(["scancel", "--signal=USR2", run.jobs["trainer-0"].job_id], check=True)
     deadline = time.monotonic() + 60
@@ -203,9 +203,9 @@ def test_time_limit_warning_becomes_sigterm_and_the_job_does_not_look_completed(
 def test_a_role_that_dies_before_it_is_ready_is_reported_and_nothing_else_starts(shared_exp, slurm_cluster, capfd):
     cfg = _cfg(shared_exp, slurm_cluster)
     requests = _stack(shared_exp)
-    requests[0] = JobRequest("controller-0", _standin(shared_exp, "controller-0", "--exit", "3"),
-                             ready_file="controller")
-    assert run_slurm(cfg, shared_exp, False, requests=requests, on_ready=None, policy=FAST) == 1
+    requests[0] = job("controller-0", _standin(shared_exp, "controller-0", "--exit", "3"), kind="controller",
+                      ready_file="controller")
+    assert launch(cfg, shared_exp, False, requests, FAST) == 1
     err = capfd.readouterr().err
     assert "controller-0 (job" in err and "FAILED" in err and "ended before it was ready" in err
     assert "controller-0 rank 0 up" in err   # the console tail comes with the report
@@ -217,11 +217,11 @@ def test_a_second_launch_refuses_while_jobs_of_the_first_still_run(shared_exp, s
     """A launcher killed before its teardown leaves jobs behind; `--resume` must not double them."""
     cfg = _cfg(shared_exp, slurm_cluster)
     run = SlurmRun(cfg, shared_exp, FAST)
-    run.submit(JobRequest("controller-0", _standin(shared_exp, "controller-0", "--sleep", "120")))
-    job = run.jobs["controller-0"].job_id
+    run.submit(job("controller-0", _standin(shared_exp, "controller-0", "--sleep", "120")))
+    job_id = run.jobs["controller-0"].job_id
     try:
-        assert run_slurm(cfg, shared_exp, True, requests=_stack(shared_exp), on_ready=None, policy=FAST) == 2
-        assert f"still queued or running ({job})" in capfd.readouterr().err
+        assert launch(cfg, shared_exp, True, _stack(shared_exp), FAST) == 2
+        assert f"still queued or running ({job_id})" in capfd.readouterr().err
         assert list(read_record(shared_exp)["roles"]) == ["controller-0"]   # nothing new submitted
     finally:
         run.teardown("test")

@@ -1,37 +1,44 @@
-"""A whole tiny experiment through the slurm backend on the local cluster, with the real roles.
+"""docs/cluster.md's local-cluster commands, run as written on a fresh copy of the checkout, with
+the real roles through the slurm backend.
 
-2 nodes x 2 (fake) GPUs at 1:1: two embedded generation servers with one GPU each on one node,
-a 2-rank trainer (gloo on CPU) on the other, controller, reward service and a rollout worker as
-CPU jobs. The model is the random tiny one, so rewards are meaningless; what is checked is that
-every role ran as its SLURM job where the plan put it and the run reached its last step.
+The fresh copy holds what a clone holds that the commands touch (`configs/`, the virtualenv
+linked in) and nothing built: no `.cache/tiny-model`, no `runs/`. The commands are read from the
+doc's code block, so a doc that drifts from what works fails here. `start.sh` / `stop.sh` are left
+to the session's cluster fixture (stopping the cluster would end the other SLURM tests), and
+`sudo` is dropped (the tests run as root).
+
+`configs/slurm-local-tiny.yaml`: 2 nodes x 2 (fake) GPUs at 1:1 — two embedded generation
+servers with one GPU each on one node, a 2-rank trainer (gloo on CPU) on the other, controller,
+reward service, rollout worker and the two evaluations as CPU jobs. The model is the random tiny
+one, so rewards are meaningless; what is checked is that every role ran as its SLURM job where
+the plan put it, the run reached its last step, and it ended as a local run ends (the same
+summary, evaluation included, and report).
 """
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from launcher.run import prepare
-from launcher.slurm_backend import run_slurm
 from launcher.slurm_jobs import read_record, recorded_job_ids
-from launcher.slurm_requests import SlurmPolicy
+from services.protocol import ExpDir
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(420)
+REPO = Path(__file__).resolve().parents[3]
+SUMMARY_KEYS = {"steps", "eval", "staleness", "throughput", "weight_sync", "wall_s"}
 
-CONFIG = """\
-experiment: {{name: slurm-e2e, exp_dir: {exp_dir}, model: {model}}}
-launcher:
-  backend: slurm
-  nodes: 2
-  gpus_per_node: 2
-  gen_train_ratio: "1:1"
-  slurm: {{partition: {partition}, time: "00:20:00", exclusive: false}}
-trainer: {{total_steps: 2, groups_per_step: 2}}
-controller: {{groups_per_step: 2}}
-rollout: {{n_samples: 2, max_new_tokens: 16}}
-"""
+
+def documented_commands() -> list[str]:
+    """The bash block under "Trying it on a laptop: the local cluster" in docs/cluster.md."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    section = text[text.index("## Trying it on a laptop"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return [re.sub(r"^sudo ", "", line) for line in lines if line]
 
 
 def _header(console) -> dict:
@@ -41,17 +48,36 @@ def _header(console) -> dict:
     return dict(zip(("name", "job", "node", "rank", "gpus"), m.groups(), strict=True))
 
 
-def test_tiny_experiment_runs_to_its_last_step_on_the_cluster(slurm_cluster, tiny_model_dir, tmp_path):
-    cfg_file = tmp_path / "slurm-tiny.yaml"
-    cfg_file.write_text(CONFIG.format(exp_dir=tmp_path / "run", model=tiny_model_dir, partition=slurm_cluster))
-    cfg, exp = prepare(str(cfg_file), [], False)
-    assert run_slurm(cfg, exp, False, policy=SlurmPolicy(poll_s=1.0, ready_timeout_s=180.0)) == 0
+def _run(command: str, cwd: Path) -> str:
+    proc = subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"`{command}` failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
 
+
+def test_the_documented_local_cluster_commands_run_a_tiny_experiment(slurm_cluster, tmp_path):
+    commands = documented_commands()
+    assert any("tandem run configs/slurm-local-tiny.yaml" in c for c in commands), commands
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    shutil.copytree(REPO / "configs", clone / "configs")
+    (clone / ".venv").symlink_to(REPO / ".venv")
+    for command in commands:
+        if "local-cluster/" in command:
+            continue   # start.sh / stop.sh: the session fixture's
+        _run(command, clone)
+
+    exp = ExpDir(clone / "runs" / "slurm-local-tiny")
     steps = [json.loads(line) for line in exp.metrics.read_text().splitlines()]
-    steps = [r for r in steps if r.get("role") == "trainer" and "step" in r]
+    steps = [r for r in steps if r.get("role") == "trainer" and r.get("event") == "step"]
     assert [r["step"] for r in steps] == [1, 2]
     assert sorted(p.name for p in exp.weights.iterdir() if p.name.startswith("v"))[-1] == "v2"
-    assert (exp.root / "summary.json").exists()
+
+    # The run ends as a local run ends: the same summary keys, evaluation included, and the report.
+    summary = json.loads((exp.root / "summary.json").read_text())
+    assert set(summary) == SUMMARY_KEYS and summary["steps"] == 2
+    assert summary["eval"]["before"] is not None and summary["eval"]["after"] is not None
+    assert summary["eval"]["n"] > 0
+    assert (exp.report / "report.html").exists() and (exp.report / "report.png").stat().st_size > 10_000
 
     gens = [_header(exp.logs / f"gen-{i}.console") for i in (0, 1)]
     ranks = [_header(exp.logs / f"trainer-{r}.console") for r in (0, 1)]
@@ -60,6 +86,7 @@ def test_tiny_experiment_runs_to_its_last_step_on_the_cluster(slurm_cluster, tin
     assert all(len(r["gpus"].split(",")) == 2 for r in ranks)          # 2 trainer GPUs on its node
     assert ranks[0]["node"] == ranks[1]["node"]
     assert _header(exp.logs / "controller-0.console")["gpus"] == ""
+    assert _header(exp.logs / "eval-before.console")["gpus"] == ""
 
     # Services published their node's name (TANDEM_ADVERTISE_HOST), not loopback.
     for role in ("controller", "reward", "trainer"):
@@ -73,8 +100,7 @@ def test_tiny_experiment_runs_to_its_last_step_on_the_cluster(slurm_cluster, tin
     assert not set(live) & set(recorded_job_ids(record))
 
     # --resume resubmits every role; the trainer continues from its checkpoint at version 2.
-    cfg, exp = prepare(str(cfg_file), ["trainer.total_steps=3"], True)
-    assert run_slurm(cfg, exp, True, policy=SlurmPolicy(poll_s=1.0, ready_timeout_s=180.0)) == 0
+    _run(".venv/bin/tandem run configs/slurm-local-tiny.yaml trainer.total_steps=3 --resume", clone)
     steps = [json.loads(line) for line in exp.metrics.read_text().splitlines()]
     assert [r["step"] for r in steps if r.get("role") == "trainer" and r.get("event") == "step"] == [1, 2, 3]
     assert (exp.weights / "v3").is_dir()

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends.slurm import SlurmBackend
+from launcher.lifecycle import run_experiment
+from launcher.roles import Role, experiment_roles
 from launcher.run import prepare
-from launcher.slurm_backend import run_slurm
 from launcher.slurm_jobs import read_record, recorded_job_ids
-from launcher.slurm_requests import JobRequest, SlurmPolicy, job_requests
+from launcher.slurm_requests import SlurmPolicy, job_requests
 from services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,15 +71,18 @@ def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_pa
     cfg_file.write_text(CONFIG.format(exp_dir=tmp_path / "run", model=model, partition=slurm_cluster))
     cfg, exp = prepare(str(cfg_file), [], False)
 
-    reqs = [r for r in job_requests(cfg, exp, False) if r.name in ("controller-0", "gen-0")]
-    (gen,) = [r for r in reqs if r.kind == "gen"]
-    assert gen.command[gen.command.index("launcher.cli") + 1:][:2] == ["gen", "sglang"] and gen.gpus_per_node == 2
-    reqs.append(JobRequest("trainer-0", [sys.executable, "-c", TRAINER, str(exp.root)], kind="trainer",
-                           ready_file="trainer"))
+    backend = SlurmBackend(cfg, exp, SlurmPolicy(poll_s=1.0, ready_timeout_s=180.0))
+    backend.check_can_start()
+    roles = [r for r in experiment_roles(cfg, exp, False, backend.gen_host, backend.pick_port)
+             if r.name in ("controller-0", "gen-0")]
+    (gen,) = job_requests(cfg, [r for r in roles if r.kind == "gen"], backend.plan)
+    command = gen.role.command
+    assert command[command.index("launcher.cli") + 1:][:2] == ["gen", "sglang"] and gen.gpus_per_node == 2
+    roles.append(Role("trainer-0", [sys.executable, "-c", TRAINER, str(exp.root)], kind="trainer",
+                      ready_file="trainer"))
     result = {}
     bg = threading.Thread(target=lambda: result.setdefault(
-        "code", run_slurm(cfg, exp, False, requests=reqs, policy=SlurmPolicy(poll_s=1.0, ready_timeout_s=180.0))),
-        daemon=True)
+        "code", run_experiment(cfg, exp, False, backend, roles=roles)), daemon=True)
     bg.start()
     try:
         info = _wait("gen-0 announced", lambda: exp.service_file("gen-0").exists()

@@ -183,10 +183,72 @@ def test_groups_the_trainer_drops_as_stale_give_their_slots_back():
         ledger.finish("w", gid, "accepted", 0.0)
     assert ledger.capacity() == 0
     event = ledger.release_dropped([granted[0][0], granted[0][0], "never-seen"])
-    assert event == {"op": "drop", "groups": [granted[0][0]]}
+    assert event == {"op": "drop", "groups": [granted[0][0]], "pending": []}
     assert ledger.capacity() == 1 and ledger.counters()["dropped"] == 1
     assert ledger.release_dropped([granted[0][0]]) is None  # a second report changes nothing
     restored = AdmissionLedger(2, 0, 1000)
     restored.load_state_dict(ledger.state_dict(), 0.0)
     assert {k: v for k, v in restored.counters().items() if k != "workers"} == \
         {k: v for k, v in ledger.counters().items() if k != "workers"}
+
+
+def _replayed(ledger: AdmissionLedger, events: list[dict]) -> AdmissionLedger:
+    again = AdmissionLedger(ledger.B, ledger.eta, ledger.max_concurrent)
+    for e in events:
+        again.apply(e)
+    return again
+
+
+def test_a_drop_that_overtakes_the_workers_report_releases_the_slot_once():
+    """The worker pushes a group's trajectories, then reports it accepted; the trainer can drop
+    (or refuse) the group in between. Whichever arrives first, the slot is given back once."""
+    ledger = AdmissionLedger(1, max_staleness=0, max_concurrent=1000)
+    (gid, _), = ledger.admit("w", 1, 0.0)[0]
+    events = [ledger.release_dropped([gid])]          # the trainer's drop arrives first
+    assert events[0]["pending"] == [gid] and ledger.capacity() == 0   # still running
+    outcome, done = ledger.finish("w", gid, "accepted", 0.0)          # then the worker's report
+    events.append(done)
+    assert outcome == "recorded"
+    assert (ledger.accepted, ledger.dropped, ledger.capacity()) == (0, 1, 1)
+    assert ledger.release_dropped([gid]) is None                       # a repeated drop: nothing
+    assert ledger.finish("w", gid, "accepted", 0.0)[0] == "duplicate"  # a repeated report: nothing
+    assert ledger.capacity() == 1
+    # The journal replays to the same ledger.
+    admit = {"op": "admit", "worker": "w", "version": 0, "epoch": 0, "first_seq": 0, "count": 1, "admitted_at": 0.0}
+    assert _replayed(ledger, [admit] + events).counters() | {"workers": 1} == ledger.counters()
+
+
+def test_a_drop_of_a_revoked_group_nets_out_its_late_accept():
+    ledger = AdmissionLedger(1, max_staleness=0, max_concurrent=1000)
+    (gid, _), = ledger.admit("w", 1, 0.0)[0]
+    ledger.expire(100.0, lease_s=1.0)                 # revoked: counted failed, slot free
+    assert ledger.capacity() == 1
+    ledger.release_dropped([gid])                     # the trainer drops it
+    assert ledger.finish("w", gid, "accepted", 100.0)[0] == "late_accept"
+    assert (ledger.accepted, ledger.failed, ledger.dropped, ledger.capacity()) == (0, 0, 1, 1)
+
+
+def test_a_drop_of_a_group_its_worker_failed_or_rejected_changes_nothing():
+    ledger = AdmissionLedger(2, max_staleness=0, max_concurrent=1000)
+    (a, _), (b, _) = ledger.admit("w", 2, 0.0)[0]
+    ledger.finish("w", a, "failed", 0.0)
+    ledger.finish("w", b, "rejected", 0.0)
+    assert ledger.release_dropped([a, b]) is None and ledger.capacity() == 2
+
+
+def test_a_restarted_controller_still_knows_every_group_it_remembered():
+    """The snapshot keeps what memory keeps: a drop (or a pending drop) after a restart still
+    finds its group."""
+    ledger = AdmissionLedger(100, max_staleness=1000, max_concurrent=100_000)
+    granted, _ = ledger.admit("w", 30_000, 0.0)
+    assert len(granted) == 30_000
+    for gid, _ in granted[:25_000]:
+        ledger.finish("w", gid, "accepted", 0.0)
+    ledger.release_dropped([granted[29_999][0]])      # running: pending
+    restored = AdmissionLedger(100, 1000, 100_000)
+    restored.load_state_dict(ledger.state_dict(), 0.0)
+    assert dict(restored.finished) == dict(ledger.finished) and len(restored.finished) == 20_000
+    oldest_remembered = next(iter(ledger.finished))
+    assert restored.release_dropped([oldest_remembered])["groups"] == [oldest_remembered]
+    assert restored.finish("w", granted[29_999][0], "accepted", 0.0)[0] == "recorded"
+    assert restored.dropped == 2

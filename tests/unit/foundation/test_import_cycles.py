@@ -24,14 +24,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[3]
 # Every Python package of the project (slurm/ holds shell scripts and an sbatch file only).
 PACKAGES = ("launcher", "services", "trainer", "rollout", "reward", "benchmarks")
-# The launcher's run <-> slurm backend cycle, which the launcher/backends/ reorganisation of
-# issue 16 removes (done in a separate change; see test_the_launcher_run_slurm_cycle_is_gone).
-LAUNCHER_RUN_CYCLE = {"launcher.run", "launcher.slurm_backend", "launcher.slurm_requests"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -186,18 +181,9 @@ def describe(graph: dict[str, set[str]], components: list[list[str]]) -> str:
 def test_no_import_cycles():
     graph = import_graph()
     assert len(graph) > 50, f"found only {len(graph)} modules under {REPO}: is PACKAGES right?"
-    cycles = [c for c in strongly_connected(graph) if not set(c) <= LAUNCHER_RUN_CYCLE]
+    cycles = strongly_connected(graph)
     assert not cycles, "import cycles (A -> B: A imports B, module level or in a function):\n" + \
         describe(graph, cycles)
-
-
-@pytest.mark.xfail(reason="launcher/run.py <-> launcher/slurm_backend.py <-> launcher/slurm_requests.py: "
-                          "removed by the launcher/backends/ reorganisation (issue 16), not yet landed",
-                   strict=False)
-def test_the_launcher_run_slurm_cycle_is_gone():
-    graph = import_graph()
-    cycles = [c for c in strongly_connected(graph) if set(c) & LAUNCHER_RUN_CYCLE]
-    assert not cycles, "import cycles:\n" + describe(graph, cycles)
 
 
 def test_the_checker_finds_a_lazy_import_cycle_and_ignores_type_checking(tmp_path):

@@ -68,6 +68,28 @@ def test_jsonl_readers_accept_real_formats_and_report_bad_rows(tmp_path, caplog)
         load_jsonl(tmp_path / "missing.jsonl", "math")
 
 
+def test_a_line_that_is_not_utf8_is_one_skipped_row_not_a_lost_file(tmp_path, caplog):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"problem": "1+1?", "answer": "2"}\n{"problem": "caf\xe9?", "answer": "1"}\n'
+                     b'{"problem": "2+2?", "answer": "4"}\n')
+    assert [p.text for p in load_jsonl(path, "math")] == ["1+1?", "2+2?"]
+    assert "m.jsonl:2: not UTF-8" in caplog.text and "2 usable rows, 1 skipped" in caplog.text
+
+
+@pytest.mark.parametrize("tests, why", [
+    ({"inputs": [1, 2], "outputs": ["1\n", "2\n"]}, "need text"),          # stdin must be text
+    ({"inputs": [[1]], "outputs": [1], "fn_name": "not an identifier"}, "fn_name"),
+    ({"inputs": ["1"], "outputs": ["1"], "timeout": 3}, "unknown key"),
+    ({"inputs": [], "outputs": []}, "no test cases"),
+])
+def test_code_rows_the_grader_could_not_grade_are_skipped_at_load(tmp_path, caplog, tests, why):
+    """Before, such rows loaded and every answer to them earned the wrong-answer reward."""
+    good = {"inputs": ["1\n"], "outputs": ["1\n"]}
+    path = write_jsonl(tmp_path / "c.jsonl", [{"problem": "ok", "tests": good}, {"problem": "bad", "tests": tests}])
+    assert [p.text for p in load_jsonl(path, "code")] == ["ok"]
+    assert "c.jsonl:2: code row:" in caplog.text and why in caplog.text
+
+
 def test_prompt_stream_is_deterministic_and_resumes_exactly():
     from rollout.dataset import Prompt
     prompts = [Prompt(str(i), f"p{i}", "math", {"answer": str(i)}) for i in range(7)]

@@ -77,6 +77,28 @@ def test_invalid_trajectories_are_refused_and_counted(traj):
     assert buf.counters["rejected_invalid"] == 4
 
 
+def test_an_invalid_sample_refuses_its_group_which_waits_to_give_its_slot_back(traj):
+    """A group trains only whole, so one non-finite log-prob refuses the group: the samples
+    already here go, later ones are refused, and the trainer learns which groups to release at
+    the controller (with why) — once, and across a checkpoint."""
+    buf = ReplayBuffer()
+    assert buf.add(traj("a", 0, group_size=3))
+    bad = traj("a", 1, group_size=3)
+    bad.output_logprobs[0] = float("nan")
+    assert not buf.add(bad)
+    assert not buf.add(traj("a", 2, group_size=3))           # the rest of a refused group
+    assert buf.n_partial == 0 and buf.n_ready == 0
+    fill(buf, traj, [("b", 0, 1)])
+    restored = ReplayBuffer()
+    restored.load_state_dict(buf.state_dict())
+    assert restored.take_refused() == {"a": "non-finite behaviour log-prob"}
+    assert restored.take_refused() == {}
+    assert buf.take_refused() == {"a": "non-finite behaviour log-prob"}
+    # What holds an admission slot: trained + ready, not the refused group.
+    buf.take(1, 0, 4)
+    assert (buf.n_trained, buf.n_ready, buf.n_consumed) == (1, 0, 2)
+
+
 @pytest.mark.parametrize("policy", ["train", "drop"])
 def test_over_stale_groups_are_trained_or_dropped_and_counted(traj, policy):
     buf = ReplayBuffer()

@@ -55,3 +55,30 @@ def test_trajectory_log_replays_in_order_and_skips_a_torn_tail(tmp_path, traj):
     assert list(replay(tmp_path / "missing.wal")) == []
     TrajectoryLog(path, truncate=True).close()
     assert list(replay(path)) == []
+
+
+def test_checkpoints_load_without_unpickling_code(tmp_path):
+    """Loaded with weights_only=True: a file that would run code on load is refused, and the RNG
+    states (NumPy's included) still come back exactly."""
+    import pickle
+
+    import pytest
+
+    np.random.seed(3)
+    random.seed(3)
+    state = checkpoint.rng_state()
+    expected = (np.random.rand(), random.random())
+    np.random.seed(0)
+    random.seed(0)
+    torch.save(state, tmp_path / "rng.pt")
+    checkpoint.set_rng_state(checkpoint._load_file(tmp_path / "rng.pt"))
+    assert (np.random.rand(), random.random()) == expected
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran code on load",))
+
+    with open(tmp_path / "evil.pt", "wb") as f:
+        torch.save({"x": Evil()}, f, pickle_module=pickle)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint._load_file(tmp_path / "evil.pt")

@@ -13,7 +13,7 @@ from trainer.config import TrainerConfig
 from trainer.torch_backend import TorchBackend
 from trainer.weights import build_publisher, transfer_path
 from trainer.weights.broadcast import BroadcastPublisher
-from trainer.weights.disk import DiskPublisher, published_versions
+from trainer.weights.disk import DiskPublisher, published_versions, stale_versions
 
 
 def backend(model_dir):
@@ -40,6 +40,20 @@ def test_disk_publish_is_atomic_loadable_and_keeps_the_last_k(small_model_dir, t
         be.model.model.norm.weight.fill_(9.0)
     publisher.publish(be, 4)
     assert float(load_file(root / "v4" / "model.safetensors")["model.norm.weight"][0]) == 9.0
+
+
+def test_a_resumed_trainer_deletes_the_abandoned_future_not_its_fresh_versions(small_model_dir, tmp_path):
+    """The first launch published v1..v5 and checkpointed at v2; the resumed trainer publishes v3:
+    the old v3..v5 are gone (v3 replaced), and v3 is kept although "newer" directories existed."""
+    be = backend(small_model_dir)
+    root = tmp_path / "weights"
+    for v in (1, 2, 3, 4, 5):
+        (root / f"v{v}").mkdir(parents=True)
+    DiskPublisher(root, keep=2).publish(be, 3)
+    assert published_versions(root) == [2, 3]
+    assert (root / "v3" / "model.safetensors").exists()
+    assert stale_versions([1, 2, 3, 7, 9], current=3, keep=2) == [1, 7, 9]
+    assert stale_versions([4, 5], current=5, keep=3) == []
 
 
 def test_the_factory_builds_the_configured_publisher_and_sizes_the_group_by_tp_ranks(tmp_path):

@@ -1,0 +1,219 @@
+"""The `local` backend: every role as a supervised subprocess on this machine.
+
+Roles are started exactly as on a cluster (`tandem <role> --exp DIR`) and find each other
+through `<exp>/services/`, so a run here exercises the same code paths. Each child gets its own
+session (process group) so shutdown can take down grandchildren too. With a CPU placement
+(launcher.placement) each child is pinned to its pool's CPUs — by the supervisor right after the
+start, and again by `tandem` itself before any thread exists ($TANDEM_CPUS) — and its thread
+budget is the size of that set, so generation and training do not slow each other. With
+gen.backend: sglang on a GPU machine, each server and the trainer get the plan's GPUs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from services.protocol import ExpDir, MetricsWriter, free_port, write_json_atomic
+
+from ..config import ExperimentConfig
+from ..placement import CPUS_ENV, CpuPlacement, format_ranges
+from ..plan import cpu_placement_for
+from ..role_cpu import RoleCpuMeter
+from ..roles import Role, gpu_layout
+from .base import Announcement, Backend, Ended, LaunchError
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Child:
+    role: Role
+    proc: subprocess.Popen
+    env: dict[str, str]
+    started: float = field(default_factory=time.time)
+    restarts: int = 0
+
+
+class LocalSupervisor:
+    """Starts roles, waits for them to be ready, restarts those that may be restarted."""
+
+    def __init__(self, exp: ExpDir, placement: CpuPlacement | None = None):
+        self.exp = exp
+        self.placement = placement
+        self.children: dict[str, Child] = {}
+        # CPU seconds of every role (its whole process group), for <exp>/role_cpu.json.
+        self.cpu = RoleCpuMeter()
+        exp.logs.mkdir(parents=True, exist_ok=True)
+        self._own_cpus = None
+        if placement is not None:
+            # Which pools this run shared: the simulator's calibration reads it.
+            metrics = MetricsWriter(exp, "launcher")
+            metrics.log(**placement.record())
+            metrics.close()
+            if hasattr(os, "sched_setaffinity"):
+                # The launcher is a light service too; close() gives it its CPUs back.
+                self._own_cpus = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, placement.services)
+
+    def start(self, role: Role, env: dict[str, str] | None = None, wait: bool = True) -> Child:
+        """Start `role` (with extra variables `env`); with `wait`, return once it is ready."""
+        announcement = Announcement(self.exp.service_file(role.ready_file)) if role.ready_file else None
+        threads, cpus = role.threads, None
+        if self.placement is not None:
+            cpus = self.placement.cpus_for(role.name)
+            threads = self.placement.threads_for(role.name)
+        full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                    "TANDEM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        full_env.pop(CPUS_ENV, None)
+        full_env.update(env or {})
+        if cpus:
+            full_env[CPUS_ENV] = format_ranges(cpus)
+        console = open(self.console(role.name), "ab")
+        proc = subprocess.Popen(role.command, stdout=console, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+        console.close()
+        if cpus:
+            # At once, while the child is still a single thread starting Python (children that
+            # are not `tandem` get their set this way only); `tandem` pins itself again.
+            try:
+                os.sched_setaffinity(proc.pid, cpus)
+            except ProcessLookupError:
+                pass
+        previous = self.children.get(role.name)
+        child = Child(role, proc, env or {}, restarts=previous.restarts if previous else 0)
+        self.children[role.name] = child
+        log.info("started %s (pid %d%s)", role.name, proc.pid,
+                 f", CPUs {format_ranges(cpus)}, {threads} thread(s)" if cpus else "")
+        if announcement is not None and wait:
+            self.wait_ready(child, announcement)
+        return child
+
+    def wait_ready(self, child: Child, announcement: Announcement) -> None:
+        timeout_s = child.role.ready_timeout_s or START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
+        while not announcement.fresh():
+            if child.proc.poll() is not None:
+                raise LaunchError(f"{child.role.name} exited with status {child.proc.returncode} before it "
+                                  f"was ready; see {self.console(child.role.name)}\n{self.tail(child.role.name)}")
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"{child.role.name} not ready after {timeout_s:.0f}s (no new "
+                                  f"{announcement.path}); see {self.console(child.role.name)}")
+            time.sleep(0.1)
+
+    def console(self, name: str):
+        return self.exp.logs / f"{name}.console"
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = self.console(name).read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join("    " + line for line in text[-lines:])
+
+    def poll(self) -> list[Ended]:
+        """Children that exited since the last poll (restarting the restartable ones)."""
+        out = []
+        self.cpu.sample({name: c.proc.pid for name, c in self.children.items()})
+        for name, child in list(self.children.items()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            role = child.role
+            why = f"{name} exited with status {code}; console {self.console(name)}:\n{self.tail(name)}"
+            if role.restart and code != 0 and child.restarts < role.max_restarts:
+                log.warning("%s exited with status %s; restarting (%d/%d)", name, code, child.restarts + 1,
+                            role.max_restarts)
+                child.restarts += 1
+                self.start(role, child.env)
+                out.append(Ended(role, ok=False, why=why, restarted=True))
+            else:
+                del self.children[name]
+                out.append(Ended(role, ok=code == 0, why=why))
+        return out
+
+    def stop(self, names: list[str] | None = None, grace_s: float = 15.0) -> None:
+        """SIGTERM each role's process group, then SIGKILL what is left: nothing stays behind."""
+        targets = [self.children[n] for n in (names if names is not None else list(self.children))
+                   if n in self.children]
+        self.cpu.sample({c.role.name: c.proc.pid for c in targets}, force=True)
+        for child in targets:
+            _signal_group(child.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in targets:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0fs; killing it", child.role.name, grace_s)
+            _signal_group(child.proc, signal.SIGKILL)
+            child.proc.wait()
+            self.children.pop(child.role.name, None)
+        if names is None:
+            self.close()
+
+    def close(self) -> None:
+        """After the last role: write <exp>/role_cpu.json, give the launcher its CPUs back."""
+        seconds = self.cpu.seconds()
+        if seconds:
+            write_json_atomic(self.exp.root / "role_cpu.json", {
+                "cpu_seconds": seconds,
+                "placement": self.placement.record() if self.placement is not None else None})
+        if self._own_cpus is not None:
+            os.sched_setaffinity(0, self._own_cpus)
+            self._own_cpus = None
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalBackend(Backend):
+    """The run's roles as children of this process."""
+
+    def __init__(self, cfg: ExperimentConfig, exp: ExpDir, supervisor: LocalSupervisor | None = None):
+        self.exp = exp
+        self.sup = supervisor or LocalSupervisor(exp, cpu_placement_for(cfg))
+        self.gpu_plan = gpu_layout(cfg) if cfg.launcher.backend == "local" else None
+
+    def pick_port(self) -> int:
+        # Fixed at launch: a restarted server binds the same address, which the controller knows.
+        return free_port()
+
+    def _env(self, role: Role) -> dict[str, str]:
+        """On a local GPU machine each server gets its TP group's GPUs and the trainer its GPU."""
+        if self.gpu_plan is None or role.kind not in ("gen", "trainer"):
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.cuda_visible_devices(role.kind, role.index)}
+
+    def start(self, roles: list[Role]) -> None:
+        for role in roles:
+            self.sup.start(role, self._env(role))
+
+    def ended(self) -> list[Ended]:
+        return self.sup.poll()
+
+    def run_to_end(self, role: Role) -> Ended:
+        child = self.sup.start(role, self._env(role))
+        code = child.proc.wait()
+        self.sup.children.pop(role.name, None)
+        return Ended(role, ok=code == 0, why=f"{role.name} exited with status {code}:\n{self.sup.tail(role.name)}")
+
+    def stop(self, roles: list[str] | None = None) -> None:
+        self.sup.stop(roles)
+
+    def describe(self) -> str:
+        return "subprocesses of this launcher"
+
+    def close(self, status: str) -> None:
+        # Rollout workers first, while the services they report to still run: their in-flight
+        # groups end and are reported, so nothing waits on a stopped service until SIGKILL.
+        self.sup.stop([name for name, c in self.sup.children.items() if c.role.kind == "rollout"])
+        self.sup.stop()

@@ -1,0 +1,177 @@
+"""One run, start to end, the same on every backend.
+
+Start the roles wave by wave (controller, reward, generation servers, trainer, rollout
+workers), each generation server joining the controller's rotation once it is up; evaluate
+the starting policy just before the trainer starts; watch until the trainer exits, printing
+progress; stop the rollout workers; evaluate the trained policy; write `<exp>/summary.json` and
+the report; stop everything — also on an error, Ctrl-C or SIGTERM, with nothing left running.
+
+Exit codes: 0 the trainer finished; 1 a role failed or the run was cancelled; 2 the run could
+not start as configured (a plan the backend cannot run, jobs of an earlier launch still
+running); 130 interrupted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from services.protocol import ExpDir, RegisterServer, SyncRequestClient, load_keys, read_service
+
+from .backends import Backend, Ended, LaunchError
+from .config import ConfigError, ExperimentConfig
+from .plan import PlanError
+from .progress import Progress, summarize
+from .report import write_report
+from .roles import GEN_ADMIN_KEY, GEN_API_KEY, Role, eval_output, eval_role, experiment_roles, waves
+
+log = logging.getLogger(__name__)
+
+Join = Callable[[ExpDir, Role], None]
+
+
+def register_server(exp: ExpDir, role: Role) -> None:
+    """A generation server joins the controller's rotation (as announced in services/gen-<i>.json),
+    naming the key files it checks (the controller and workers read them from <exp>/keys/)."""
+    if role.kind != "gen":
+        return
+    info = read_service(exp, role.ready_file, timeout_s=10)
+    controller = read_service(exp, "controller", timeout_s=10)
+    client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=30)
+    try:
+        client.request(RegisterServer(address=info["url"], api_key_ref=GEN_API_KEY, admin_key_ref=GEN_ADMIN_KEY,
+                                      tp_size=int(info.get("tp_size", 0))))
+    finally:
+        client.close()
+
+
+def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Backend,
+                   roles: list[Role] | None = None, join: Join | None = register_server) -> int:
+    """Run the experiment's roles on `backend` until the trainer finishes; returns the exit code.
+
+    `roles` defaults to `experiment_roles` (tests give stand-ins); `join` is called for each
+    role with a ready file once it is up, again after a restart (None: nothing to join)."""
+    t0 = time.time()
+    previous_term = _sigterm_interrupts()
+    status = "failed"
+    try:
+        backend.check_can_start()
+        roles = roles if roles is not None else experiment_roles(cfg, exp, resume, backend.gen_host,
+                                                                 backend.pick_port)
+    except (LaunchError, PlanError, ConfigError) as e:
+        print(f"tandem run: {e}", file=sys.stderr, flush=True)
+        _restore(previous_term)
+        return 2
+    progress = Progress(exp, cfg.trainer.total_steps, resume)
+    evaluating = cfg.rollout.eval_size > 0
+    # A resumed run is the same run: its starting policy was evaluated by the first launch.
+    evals: dict[str, dict | None] = {"before": _read_eval(exp, "before")} if resume else {}
+    try:
+        for wave in waves(roles):
+            if wave[0].kind == "trainer" and evaluating and not resume:
+                print("evaluating the starting policy ...", flush=True)
+                evals["before"] = evaluate(backend, exp, "before")
+            backend.start(wave)
+            for role in wave:
+                _join(join, exp, role)
+        backend.running()
+        print(f"run {cfg.experiment.name}: {len(roles)} roles up in {time.time() - t0:.0f}s "
+              f"({backend.describe()}); logs in {exp.logs}", flush=True)
+        watch(backend, exp, join, progress)
+        backend.stop([r.name for r in roles if r.kind == "rollout"])
+        if evaluating:
+            print("evaluating the trained policy ...", flush=True)
+            evals["after"] = evaluate(backend, exp, "after")
+        summary = summarize(exp, evals, wall_s=time.time() - t0)
+        print(json.dumps({k: summary[k] for k in ("steps", "eval", "wall_s")}, indent=1), flush=True)
+        try:
+            png, page, _ = write_report(exp)
+            print(f"report: {page} ({png})", flush=True)
+        except Exception as e:  # a plotting problem must not turn a finished run into a failure
+            log.warning("could not write the report: %s", e)
+        status = "finished"
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping every role ...", flush=True)
+        status = "interrupted"
+        return 130
+    except LaunchError as e:
+        print(f"tandem run: {e}\nstopping every other role of the experiment ...", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        backend.close(status)
+        _restore(previous_term)
+
+
+def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress) -> None:
+    """Until the trainer exits; a role that ends otherwise was restarted (it rejoins) or is fatal."""
+    while True:
+        time.sleep(backend.poll_s)
+        if backend.cancelled():
+            raise LaunchError("the experiment was cancelled (tandem cancel)")
+        for end in backend.ended():
+            name = end.role.name
+            if end.role.kind == "trainer":
+                if end.ok:
+                    return
+                raise LaunchError(f"the trainer failed: {end.why}\n"
+                                  f"continue from its last checkpoint with: tandem run <file> --resume")
+            if end.restarted:
+                print(f"{name} crashed and was restarted: {end.why}", flush=True)
+                _join(join, exp, end.role)
+            elif end.ok:
+                print(f"{name} finished", flush=True)
+            else:
+                raise LaunchError(f"{name} failed and may not be restarted (again): {end.why}")
+        progress.update()
+
+
+def evaluate(backend: Backend, exp: ExpDir, tag: str) -> dict | None:
+    """Greedy accuracy of the policy the generation servers hold now (a `tandem eval` role).
+    A failed evaluation is reported and leaves the figure empty; it does not end the run."""
+    out = eval_output(exp, tag)
+    out.unlink(missing_ok=True)
+    end: Ended = backend.run_to_end(eval_role(exp, tag))
+    if not end.ok or not out.exists():
+        log.error("evaluation '%s' failed: %s", tag, end.why)
+        return None
+    return _read_eval(exp, tag)
+
+
+def _read_eval(exp: ExpDir, tag: str) -> dict | None:
+    try:
+        return json.loads(eval_output(exp, tag).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _join(join: Join | None, exp: ExpDir, role: Role) -> None:
+    """Run the readiness hook; its failure is a launch failure (reported, then torn down)."""
+    if join is None or not role.ready_file:
+        return
+    try:
+        join(exp, role)
+    except Exception as e:  # a timeout, a RemoteError from the controller, ...
+        raise LaunchError(f"{role.name} is up but could not join the run: {type(e).__name__}: {e}") from e
+
+
+def _sigterm_interrupts():
+    """SIGTERM (scancel of a launcher started by slurm/train.sbatch, a shutdown, a supervisor)
+    becomes a KeyboardInterrupt, so the teardown in `finally` runs; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second one must not cut the teardown short
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
+
+
+def _restore(previous_term) -> None:
+    if previous_term is not None:
+        signal.signal(signal.SIGTERM, previous_term)

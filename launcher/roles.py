@@ -1,0 +1,134 @@
+"""The roles of an experiment, in start order: the one list every backend starts.
+
+A role is a command (`tandem <role> --exp DIR ...`) plus what any backend needs to know to
+start it well: its kind (which decides how a backend sizes it: CPU job, GPU server, the
+distributed trainer), how many threads it may use, the `<exp>/services/` file that says it is
+ready, and whether a crash may be answered with a restart. Backends add only their own
+details (local: CPU sets and GPU ids from the plan; SLURM: job sizes, the node's address).
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.protocol import ExpDir, free_port
+
+from .config import ConfigError, ExperimentConfig
+
+# SGLang loads and warms up a GPU model (minutes for 14B), not seconds.
+SGLANG_READY_TIMEOUT_S = 1800.0
+# The generation servers' bearer keys under <exp>/keys/ (the names travel in RegisterServer).
+GEN_API_KEY, GEN_ADMIN_KEY = "gen-api-key", "gen-admin-api-key"
+# Start order; consecutive roles of one kind form a wave started (and awaited) together.
+KINDS = ("controller", "reward", "gen", "trainer", "rollout", "eval")
+
+
+@dataclass
+class Role:
+    name: str                       # e.g. "gen-0"; its console is logs/<name>.console
+    command: list[str]              # the whole command line (tandem_argv(...) for real roles)
+    kind: str = "cpu"               # one of KINDS, or "cpu" for anything else
+    index: int = 0                  # gen-<index>, rollout-<index>
+    threads: int = 1
+    ready_file: str | None = None   # services/<file>.json: written when the role is ready
+    restart: bool = False           # a crash may be answered with a restart (servers that rejoin)
+    max_restarts: int = 3
+    ready_timeout_s: float | None = None   # None: the backend's default
+
+
+def tandem_argv(*args: str) -> list[str]:
+    """`tandem ARGS` with the launcher's own interpreter, so every role runs the same install."""
+    return [sys.executable, "-m", "launcher.cli", *args]
+
+
+def gpu_layout(cfg: ExperimentConfig):
+    """With gen.backend: sglang, the plan that places the servers on GPUs (None otherwise).
+
+    The plan decides the server count (one per gen.tp_size generation GPUs) on every backend;
+    the local backend — one machine, one trainer process — also gives each server and the
+    trainer their GPUs from it, so it refuses layouts it cannot start as planned."""
+    if cfg.gen.backend != "sglang":
+        return None
+    from .plan import plan_for
+
+    plan = plan_for(cfg, place_cpus=False)
+    cfg.gen.num_servers = plan.num_servers
+    la = cfg.launcher
+    if la.backend == "local":
+        if la.nodes != 1:
+            raise ConfigError(f"launcher.nodes={la.nodes}: the local backend runs on this machine only; "
+                              f"use launcher.backend: slurm for several nodes")
+        if plan.trainer_world != 1:
+            raise ConfigError(f"the local backend starts one trainer process, but the plan gives training "
+                              f"{plan.trainer_world} GPUs (launcher.gpus_per_node={la.gpus_per_node}, "
+                              f"gen_train_ratio={la.gen_train_ratio}); choose a ratio that leaves training "
+                              f"one GPU (e.g. {la.gpus_per_node - 1}:1) or use launcher.backend: slurm")
+    return plan
+
+
+def experiment_roles(cfg: ExperimentConfig, exp: ExpDir, resume: bool, host: str = "127.0.0.1",
+                     pick_port: Callable[[], int] = free_port) -> list[Role]:
+    """Controller, reward service, generation servers, trainer, rollout workers.
+
+    `host` is the interface generation servers bind and `pick_port` their port: the local
+    backend picks free ports once (a restarted server comes back at the same address), a
+    cluster backend passes 0 so the server picks one on whatever node it lands."""
+    root = str(exp.root)
+    roles = [Role("controller-0", tandem_argv("controller", "--exp", root), kind="controller",
+                  ready_file="controller", restart=True),
+             Role("reward-0", tandem_argv("reward", "serve", "--exp", root), kind="reward",
+                  ready_file="reward", restart=True)]
+    roles += gen_roles(cfg, exp, host, pick_port)
+    roles.append(Role("trainer-0", tandem_argv("trainer", "--exp", root, *(["--resume"] if resume else [])),
+                      kind="trainer", threads=cfg.trainer.threads, ready_file="trainer"))
+    roles += [Role(f"rollout-{r}", tandem_argv("rollout", "--exp", root, "--rank", str(r)), kind="rollout",
+                   index=r, restart=True) for r in range(cfg.rollout.num_workers)]
+    return roles
+
+
+def gen_roles(cfg: ExperimentConfig, exp: ExpDir, host: str, pick_port: Callable[[], int]) -> list[Role]:
+    """The generation servers: `tandem gen serve` (embedded, CPU) or, with gen.backend: sglang,
+    `tandem gen sglang` (rollout/sglang_role.py: a supervised `python -m sglang.launch_server`).
+    Both take the same key files and announce `<exp>/services/gen-<i>.json`; the lifecycle then
+    registers each with the controller."""
+    sglang = cfg.gen.backend == "sglang"
+    gpu_layout(cfg)            # the plan's server count
+    roles = []
+    for i in range(cfg.gen.num_servers):
+        argv = ["gen", "sglang" if sglang else "serve", "--model", cfg.experiment.model, "--host", host,
+                "--port", str(pick_port())]
+        if sglang:
+            argv += ["--nccl-port", str(pick_port())]
+        argv += ["--api-key-file", str(exp.keys / GEN_API_KEY), "--admin-api-key-file",
+                 str(exp.keys / GEN_ADMIN_KEY), "--exp", str(exp.root), "--rank", str(i)]
+        # SGLang runs a scheduler per TP rank, a tokenizer/HTTP process and a detokenizer, each
+        # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
+        threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads
+        roles.append(Role(f"gen-{i}", tandem_argv(*argv), kind="gen", index=i, threads=threads,
+                          ready_file=f"gen-{i}", restart=True,
+                          ready_timeout_s=SGLANG_READY_TIMEOUT_S if sglang else None))
+    return roles
+
+
+def eval_role(exp: ExpDir, tag: str) -> Role:
+    """Greedy accuracy of the policy the generation servers hold now, into eval-<tag>.json."""
+    return Role(f"eval-{tag}", tandem_argv("eval", "--exp", str(exp.root), "--out", str(eval_output(exp, tag))),
+                kind="eval")
+
+
+def eval_output(exp: ExpDir, tag: str):
+    return exp.root / f"eval-{tag}.json"
+
+
+def waves(roles: list[Role]) -> list[list[Role]]:
+    """Consecutive roles of one kind (gen-0, gen-1, ...) are started together and then awaited,
+    so 48 servers queue and load their model in parallel, not one after another; kinds still
+    start in order (controller, reward, servers, trainer, workers)."""
+    out: list[list[Role]] = []
+    for role in roles:
+        if out and out[-1][0].kind == role.kind:
+            out[-1].append(role)
+        else:
+            out.append([role])
+    return out
