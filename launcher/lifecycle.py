@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-from services.protocol import ExpDir, RegisterServer, SyncRequestClient, load_keys, read_service
+from services.protocol import (
+    ExpDir,
+    LaunchStarted,
+    RegisterServer,
+    SyncRequestClient,
+    load_keys,
+    read_service,
+)
 
 from .backends import Backend, Ended, LaunchError
 from .config import ConfigError, ExperimentConfig
@@ -31,30 +39,43 @@ from .roles import GEN_ADMIN_KEY, GEN_API_KEY, Role, eval_output, eval_role, exp
 
 log = logging.getLogger(__name__)
 
-Join = Callable[[ExpDir, Role], None]
+Join = Callable[[ExpDir, Role, bool], None]   # (exp, role that is up, restarted?)
+
+
+def join_run(exp: ExpDir, role: Role, restarted: bool) -> None:
+    """What a role that is up does to join the run: the controller, at a launch's start (not at
+    a restart within it, when the servers it knows are alive), forgets the servers of an earlier
+    launch; a generation server joins the rotation, again after each restart."""
+    if role.kind == "controller" and not restarted:
+        _tell_controller(exp, LaunchStarted(launch_id=secrets.token_hex(4)))
+    elif role.kind == "gen":
+        register_server(exp, role)
 
 
 def register_server(exp: ExpDir, role: Role) -> None:
     """A generation server joins the controller's rotation (as announced in services/gen-<i>.json),
     naming the key files it checks (the controller and workers read them from <exp>/keys/)."""
-    if role.kind != "gen":
-        return
     info = read_service(exp, role.ready_file, timeout_s=10)
+    _tell_controller(exp, RegisterServer(address=info["url"], api_key_ref=GEN_API_KEY, admin_key_ref=GEN_ADMIN_KEY,
+                                         tp_size=int(info.get("tp_size", 0))))
+
+
+def _tell_controller(exp: ExpDir, body) -> None:
     controller = read_service(exp, "controller", timeout_s=10)
     client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=30)
     try:
-        client.request(RegisterServer(address=info["url"], api_key_ref=GEN_API_KEY, admin_key_ref=GEN_ADMIN_KEY,
-                                      tp_size=int(info.get("tp_size", 0))))
+        client.request(body)
     finally:
         client.close()
 
 
 def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Backend,
-                   roles: list[Role] | None = None, join: Join | None = register_server) -> int:
+                   roles: list[Role] | None = None, join: Join | None = join_run) -> int:
     """Run the experiment's roles on `backend` until the trainer finishes; returns the exit code.
 
     `roles` defaults to `experiment_roles` (tests give stand-ins); `join` is called for each
-    role with a ready file once it is up, again after a restart (None: nothing to join)."""
+    role with a ready file once it is up and again after a restart (default `join_run`; None:
+    nothing to join)."""
     t0 = time.time()
     previous_term = _sigterm_interrupts()
     status = "failed"
@@ -77,7 +98,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
                 evals["before"] = evaluate(backend, exp, "before")
             backend.start(wave)
             for role in wave:
-                _join(join, exp, role)
+                _join(join, exp, role, restarted=False)
         backend.running()
         print(f"run {cfg.experiment.name}: {len(roles)} roles up in {time.time() - t0:.0f}s "
               f"({backend.describe()}); logs in {exp.logs}", flush=True)
@@ -122,7 +143,7 @@ def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress) 
                                   f"continue from its last checkpoint with: tandem run <file> --resume")
             if end.restarted:
                 print(f"{name} crashed and was restarted: {end.why}", flush=True)
-                _join(join, exp, end.role)
+                _join(join, exp, end.role, restarted=True)
             elif end.ok:
                 print(f"{name} finished", flush=True)
             else:
@@ -149,12 +170,12 @@ def _read_eval(exp: ExpDir, tag: str) -> dict | None:
         return None
 
 
-def _join(join: Join | None, exp: ExpDir, role: Role) -> None:
+def _join(join: Join | None, exp: ExpDir, role: Role, restarted: bool) -> None:
     """Run the readiness hook; its failure is a launch failure (reported, then torn down)."""
     if join is None or not role.ready_file:
         return
     try:
-        join(exp, role)
+        join(exp, role, restarted)
     except Exception as e:  # a timeout, a RemoteError from the controller, ...
         raise LaunchError(f"{role.name} is up but could not join the run: {type(e).__name__}: {e}") from e
 

@@ -113,6 +113,11 @@ class PromptStream:
         return self._order
 
     def next(self) -> Prompt:
-        epoch, i = divmod(self.position, len(self.prompts))
+        prompt = self.at(self.position)
         self.position += 1
+        return prompt
+
+    def at(self, index: int) -> Prompt:
+        """The prompt at `index` of the endless seeded order (the same on every call)."""
+        epoch, i = divmod(index, len(self.prompts))
         return self.prompts[self._order_for(epoch)[i]]

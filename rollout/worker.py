@@ -4,13 +4,13 @@ graded trajectories in the trainer's buffer.
 The worker asks for tickets only for free episode slots, so the controller's admission rule is
 the only throttle; every ticket ends in exactly one `GroupDone` (accepted, rejected or failed)
 so no slot leaks; a heartbeat keeps the worker's leases alive and cancels groups the
-controller revoked. The data position is saved atomically so a restarted worker continues
-where it stopped.
+controller revoked. A prompt is used up only when its group settles, and a failed group's
+prompt is tried again (data_position.py): a restarted worker neither skips the prompts that were
+in flight nor repeats the finished ones.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -31,9 +31,9 @@ from services.protocol import (
     TrajectorySource,
     load_keys,
     read_service,
-    write_json_atomic,
 )
 
+from .data_position import DataPosition
 from .dataset import Prompt, PromptStream, load_jsonl
 from .synthetic import generate as synthetic_rows
 from .workflow import EpisodeContext, RejectGroup, load_workflow
@@ -62,7 +62,8 @@ class RolloutWorker:
         self.shutdown = shutdown
         self.keys = load_keys(exp.keys)
         self.metrics = MetricsWriter(exp, "rollout", rank)
-        self.position_file = exp.checkpoints / f"rollout-{rank}.json"
+        # Prompts are used up when their group settles (see data_position.py).
+        self.data = DataPosition(exp.checkpoints / f"rollout-{rank}.json")
         self.workflow = load_workflow(self.rc.workflow)
         self.running: dict[str, asyncio.Task] = {}
         self.counts = {"accepted": 0, "rejected": 0, "failed": 0}
@@ -72,21 +73,20 @@ class RolloutWorker:
         """The service's whole announcement: the client sees a restart on the same address too."""
         return lambda: read_service(self.exp, role, timeout_s=30)
 
-    def _load_stream(self, tokenizer) -> PromptStream:
+    def _load_stream(self) -> PromptStream:
         prompts = load_prompts(self.rc.dataset, self.cfg.reward.task, self.rc.synthetic_size,
                                self.cfg.experiment.seed)
-        position = 0
-        if self.position_file.exists():
-            position = json.loads(self.position_file.read_text())["position"]
-            log.info("resuming data position %d", position)
+        if self.data.position:
+            log.info("resuming at data position %d (%d prompts past it already done)", self.data.position,
+                     len(self.data.settled_ahead))
         # Each worker walks its own seeded order of the data set.
-        return PromptStream(prompts, seed=self.cfg.experiment.seed + 1000 * self.rank, position=position)
+        return PromptStream(prompts, seed=self.cfg.experiment.seed + 1000 * self.rank)
 
     async def run(self) -> int:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.experiment.model)
-        stream = self._load_stream(tokenizer)
+        stream = self._load_stream()
         self.reward = RequestClient(self.keys, self._resolver("reward"), timeout_s=self.rc.reward_timeout_s)
         trainer = read_service(self.exp, "trainer", timeout_s=300)
         self.sink = TrajectorySource(self.keys, trainer["trajectory_address"])
@@ -111,9 +111,8 @@ class RolloutWorker:
                     continue
                 self.version = reply.version
                 for ticket in reply.tickets:
-                    prompt = stream.next()
-                    write_json_atomic(self.position_file, {"position": stream.position})
-                    task = asyncio.ensure_future(self._episode(ctx, prompt, ticket))
+                    index = self.data.issue()
+                    task = asyncio.ensure_future(self._episode(ctx, index, stream.at(index), ticket))
                     self.running[ticket.group_id] = task
                 if not reply.tickets:
                     await asyncio.sleep(max(0.02, min(reply.retry_after_s or 0.1, 1.0)))
@@ -151,7 +150,7 @@ class RolloutWorker:
         reply = await self.reward.request(GradeRequest(items=items, deadline_s=self.rc.reward_timeout_s))
         return reply.verdicts
 
-    async def _episode(self, ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> None:
+    async def _episode(self, ctx: EpisodeContext, index: int, prompt: Prompt, ticket: Ticket) -> None:
         """One ticket: run the workflow, push its trajectories, report the group — exactly once."""
         status, reason, timer = "failed", "", PhaseTimer()
         try:
@@ -170,6 +169,7 @@ class RolloutWorker:
         finally:
             self.running.pop(ticket.group_id, None)
             self.counts[status] += 1
+            self.data.settle(index, failed=status == "failed")
             await self._report(GroupDone(self.worker_id, ticket.group_id, status, reason[:500]))
 
     def _record_group(self, ticket: Ticket, prompt: Prompt, trajectories, timing: dict) -> None:

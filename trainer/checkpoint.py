@@ -12,9 +12,12 @@ write model and optimizer as one collective directory `dist/` inside the same te
 tensor/pipeline/data-parallel layout); their rank files then hold only the RNG states, and a
 resume with a different number of ranks is allowed (ranks without a file keep fresh RNG states).
 
-Resuming restores the version numbering and the buffer, so the next step trains exactly the
-groups the interrupted run would have trained, with the same parameters and optimizer state
-(AReaL issue 1388: staleness accounting that restarts from zero after a resume is the bug).
+Resuming restores the version numbering, the parameters and optimizer state, and the buffer
+(with the trajectories logged after the checkpoint, wal.py), so staleness accounting continues
+where it was (AReaL issue 1388: accounting that restarts from zero after a resume is the bug).
+With no new arrivals the next step trains the groups the interrupted run trained; groups that a
+launch admitted past the checkpoint's version are discarded (their policies are no longer in the
+run's history), and groups arriving from the resumed workers may be taken first.
 """
 from __future__ import annotations
 

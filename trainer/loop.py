@@ -98,9 +98,6 @@ class Trainer:
             self._open_wal(replay_existing=resume)
             self.keys = load_keys(exp.keys)
             self.sink = TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port)
-            publish_service(exp, "trainer", {"trajectory_address": self.sink.address,
-                                             "version": self.version})
-            log.info("trainer listening for trajectories on %s (version %d)", self.sink.address, self.version)
             self.controller = ControllerLink(exp, self.keys, self.shutdown, self.tcfg.ack_timeout_s)
 
     # ---- main loop ----------------------------------------------------------------------------
@@ -108,8 +105,14 @@ class Trainer:
         if install_signals:
             self.shutdown.install()
         try:
-            if self._resumed and self.rank == 0:
-                self._announce_resume()
+            if self._resumed:
+                self._rejoin()
+            if self.rank == 0:
+                # Ready only now: rollout workers start on this, after a resume has set the present.
+                publish_service(self.exp, "trainer", {"trajectory_address": self.sink.address,
+                                                      "version": self.version})
+                log.info("trainer listening for trajectories on %s (version %d)", self.sink.address,
+                         self.version)
             while self.version < self.tcfg.total_steps:
                 timer = PhaseTimer()
                 with timer.phase("wait"):
@@ -302,6 +305,22 @@ class Trainer:
                 if self.shutdown.requested:
                     log.warning("shutting down without the controller's ack")
                     return {"ack_ok": False}
+
+    def _rejoin(self) -> None:
+        """A resumed trainer is the authority on the run's present. It tells the controller its
+        version and what it holds, then publishes its checkpoint's weights again as that same
+        version: a fresh server, or one that an abandoned launch moved past the checkpoint, then
+        generates with the policy training continues from (and the publisher deletes the
+        abandoned versions' weights)."""
+        if self.rank == 0:
+            discarded = self.buffer.discard_future(self.version)
+            if discarded:
+                log.warning("discarded %d groups admitted after version %d by an abandoned launch",
+                            discarded, self.version)
+            self._announce_resume()
+        if self.version > 0:
+            self._publish()
+            self._wait_pending_ack()
 
     def _announce_resume(self) -> None:
         """Tell the controller what a resumed trainer really holds, before taking data: its

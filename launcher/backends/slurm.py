@@ -39,9 +39,9 @@ from ..slurm_jobs import (
     scancel,
     write_record,
 )
-from ..slurm_requests import JobRequest, SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
 from ..slurm_task import RoleCommand, console_name, tail
 from .base import Announcement, Backend, Ended, LaunchError
+from .slurm_requests import JobRequest, SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
 
 log = logging.getLogger(__name__)
 

@@ -145,6 +145,13 @@ class ServerRegistry:
                  "weight_version": s.weight_version, "tp_size": s.tp_size} for s in self.servers.values()]
 
     # ---- persistence --------------------------------------------------------------------
+    def forget_all(self) -> list[str]:
+        """Drop every server (they belonged to an earlier launch); returns their addresses."""
+        gone = list(self.servers)
+        self.servers.clear()
+        self.sticky.clear()
+        return gone
+
     def state_dict(self) -> list[dict]:
         return [{k: v for k, v in asdict(s).items() if k not in ("load", "routed_since_poll", "failures")}
                 for s in self.servers.values()]

@@ -36,6 +36,7 @@ from services.protocol import (
     GroupsDropped,
     Heartbeat,
     HeartbeatReply,
+    LaunchStarted,
     MetricsWriter,
     Ok,
     PickServer,
@@ -181,6 +182,10 @@ class Controller:
         async with self.sync_lock:
             before = self.ledger.counters()
             self._journal(self.ledger.rebase(req.version, req.groups_held))
+            if self.last_weights["version"] > req.version:
+                # An abandoned launch's weights: not what servers are caught up to any more (the
+                # trainer republishes its version next).
+                self.last_weights = {"version": req.version, "method": "resumed", "message": None}
             self.snapshot()
         log.warning("trainer resumed at version %d holding %d groups (controller had version %d, %d accepted)",
                     req.version, req.groups_held, before["version"], before["accepted"])
@@ -197,6 +202,14 @@ class Controller:
                  f"; FAILED {result.failed}" if result.failed else "")
         if self.metrics:
             self.metrics.log(event="weight_sync", **self.last_sync)
+
+    def launch_started(self, req: LaunchStarted) -> Ok:
+        gone = self.registry.forget_all()
+        self.snapshot()
+        if gone:
+            log.warning("launch %s: forgot %d server(s) of an earlier launch: %s", req.launch_id, len(gone),
+                        ", ".join(gone))
+        return Ok(detail=f"forgot {len(gone)} server(s)")
 
     # ---- handlers: generation servers ---------------------------------------------------
     def register_server(self, req: RegisterServer) -> Ok:
@@ -379,6 +392,7 @@ class Controller:
                     "trainer_resumed": self.trainer_resumed,
                     "groups_dropped": self.groups_dropped,
                     "register_server": self.register_server, "pick_server": self.pick_server,
+                    "launch_started": self.launch_started,
                     "status": self.status}
         keys = load_keys(self.exp.keys)
         port = self.cfg.port or _previous_port(self.exp)

@@ -12,6 +12,7 @@ from .control import (
     GroupsDropped,
     Heartbeat,
     HeartbeatReply,
+    LaunchStarted,
     Ok,
     PickServer,
     RegisterServer,
@@ -42,7 +43,7 @@ from .transport import (
 
 __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
-    "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "Ok", "PickServer",
+    "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "CurveKeys", "generate_keys", "load_keys",

@@ -136,11 +136,21 @@ class TrainerResumed:
 
     The trainer is the authority on versions and on what it holds: the controller rebases its
     version to `version` and its accepted count to `groups_held` (groups consumed by training
-    plus complete groups in the restored replay buffer), so the staleness bound is computed
-    from what the trainer really has, not from groups lost with the crashed trainer.
+    plus complete groups in the restored replay buffer; not dropped or refused ones), so the
+    staleness bound is computed from what the trainer really has, not from groups lost with the
+    crashed trainer. Weights an abandoned launch published past `version` stop being the ones
+    servers are caught up to; the trainer publishes `version` again right after.
     """
     version: int
     groups_held: int
+
+
+@message("launch_started")
+class LaunchStarted:
+    """The launcher started a new launch of the experiment (`tandem run`, `--resume` included),
+    before any generation server registers: servers registered by an earlier launch are gone
+    (its teardown stopped them) and are forgotten, not polled and updated for ever."""
+    launch_id: str
 
 
 @message("groups_dropped")

@@ -6,9 +6,9 @@ their own job shapes, and run them exactly as `tandem run` would: `run_experimen
 from __future__ import annotations
 
 from launcher.backends.slurm import SlurmBackend
+from launcher.backends.slurm_requests import JobRequest
 from launcher.lifecycle import run_experiment
 from launcher.roles import Role
-from launcher.slurm_requests import JobRequest
 
 
 def job(name: str, command: list[str], kind: str = "cpu", ready_file: str | None = None,

@@ -356,3 +356,40 @@ def test_a_snapshot_from_before_admin_keys_and_weight_messages_still_loads(exp):
             await shutdown(c, [gen])
 
     asyncio.run(main())
+
+
+def test_a_resume_forgets_the_earlier_launch_and_its_abandoned_weights(exp):
+    """--resume: the earlier launch's servers are gone (forgotten at LaunchStarted, not polled
+    and updated for ever), and weights it published past the trainer's checkpoint are no longer
+    what a new server is caught up to; the trainer's republished version then is (issue 19)."""
+    from services.protocol import LaunchStarted, TrainerResumed
+
+    async def main():
+        (old_gen,) = await servers(1)
+        first = make_controller(exp)
+        try:
+            await register(first, [old_gen])
+            for v in (1, 2, 3):
+                await first.weights_published(WeightsOnDisk(version=v, path=f"/w/v{v}"))
+            first.store.close()
+            await first._http.close()
+        finally:
+            await old_gen.stop()
+        (new_gen,) = await servers(1)
+        c = make_controller(exp)                       # the resumed launch's controller
+        try:
+            assert old_gen.url in c.registry.servers
+            c.launch_started(LaunchStarted(launch_id="l2"))
+            assert c.registry.servers == {}
+            await c.trainer_resumed(TrainerResumed(version=1, groups_held=2))   # checkpoint at v1
+            assert c.last_weights == {"version": 1, "method": "resumed", "message": None}
+            await register(c, [new_gen])
+            await c.weights_published(WeightsOnDisk(version=1, path="/w/v1"))  # the trainer's republish
+            assert list(c.registry.servers) == [new_gen.url] and c.registry.servers[new_gen.url].servable
+            loads = [b["model_path"] for p, b in new_gen.calls if p == "/update_weights_from_disk"]
+            assert "/w/v3" not in loads and loads[-1] == "/w/v1"
+            assert make_controller(exp).registry.servers.keys() == {new_gen.url}   # and it is persisted
+        finally:
+            await shutdown(c, [new_gen])
+
+    asyncio.run(main())

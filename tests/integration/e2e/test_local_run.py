@@ -125,6 +125,11 @@ def test_generation_server_crash_is_survived_and_trainer_crash_resumes(tmp_path,
     resumed_steps = versions[len(done_before):]
     assert resumed_steps == list(range(resumed_steps[0], 7)) and resumed_steps[0] <= max(done_before) + 1
     assert leftovers(exp) == []
+    # One run: each step counted once, progress not re-printed, the first launch's servers gone.
+    assert json.loads((exp.root / "summary.json").read_text())["steps"] == 6
+    assert f"step {resumed_steps[0]}/6" in out and "step 1/6" not in out
+    registry = json.loads((exp.checkpoints / "controller" / "state.json").read_text())["registry"]
+    assert [s["address"] for s in registry] == [json.loads(exp.service_file("gen-0").read_text())["url"]]
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path, tiny_model_dir):

@@ -18,9 +18,9 @@ import pytest
 from slurm_launch import job, launch
 
 from launcher.backends.slurm import SlurmRun
+from launcher.backends.slurm_requests import JobRequest, SlurmPolicy
 from launcher.config import load_config
 from launcher.slurm_jobs import read_record, recorded_job_ids
-from launcher.slurm_requests import JobRequest, SlurmPolicy
 
 STANDIN = str(Path(__file__).with_name("standin_role.py"))
 FAST = SlurmPolicy(poll_s=1.0, ready_timeout_s=90.0)

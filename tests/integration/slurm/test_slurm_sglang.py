@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.slurm import SlurmBackend
+from launcher.backends.slurm_requests import SlurmPolicy, job_requests
 from launcher.lifecycle import run_experiment
 from launcher.roles import Role, experiment_roles
 from launcher.run import prepare
 from launcher.slurm_jobs import read_record, recorded_job_ids
-from launcher.slurm_requests import SlurmPolicy, job_requests
 from services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,9 +8,9 @@ import pickle
 import pytest
 
 from launcher.backends import LaunchError
+from launcher.backends.slurm_requests import SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
 from launcher.config import load_config
 from launcher.roles import experiment_roles
-from launcher.slurm_requests import SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
 from launcher.slurm_task import RoleCommand, console_name
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from services.protocol import ExpDir
 
-from .backends.base import LaunchError
-from .config import ExperimentConfig, SlurmSection, save_resolved
-from .roles import Role
+from ..config import ExperimentConfig, SlurmSection, save_resolved
+from ..roles import Role
+from .base import LaunchError
 
 # The launcher's behaviour on SLURM is the `launcher.slurm` config section itself.
 SlurmPolicy = SlurmSection
@@ -62,7 +62,7 @@ def adopt_plan(cfg: ExperimentConfig, exp: ExpDir, plan=None):
 
     The plan decides the number of generation servers; roles read it from `<exp>/config.yaml`,
     so it is written there before the role list is built."""
-    from .plan import plan_for
+    from ..plan import plan_for
 
     plan = plan or plan_for(cfg)
     if cfg.gen.num_servers != plan.num_servers:
