@@ -24,7 +24,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
-import zmq
 
 from rollout.client import AdminClient, AdminError, parse_version, server_load
 from services.config import ControllerConfig
@@ -51,7 +50,7 @@ from services.protocol import (
     WeightsAck,
     load_keys,
     publish_service,
-    read_service,
+    serve_at_previous_address,
     setup_role_logging,
 )
 
@@ -394,16 +393,9 @@ class Controller:
                     "register_server": self.register_server, "pick_server": self.pick_server,
                     "launch_started": self.launch_started,
                     "status": self.status}
-        keys = load_keys(self.exp.keys)
-        port = self.cfg.port or _previous_port(self.exp)
-        if port:
-            try:
-                return RequestServer(keys, handlers, host=self.cfg.host, port=port)
-            except zmq.ZMQError as e:
-                if self.cfg.port:
-                    raise
-                log.info("previous port %d unavailable (%s); taking a new one", port, e)
-        return RequestServer(keys, handlers, host=self.cfg.host, port=0)
+        # A restart binds the announced port again: workers holding the address reach it at once.
+        return serve_at_previous_address(self.exp, "controller", load_keys(self.exp.keys), handlers,
+                                         host=self.cfg.host, port=self.cfg.port)
 
     async def run(self, shutdown: Shutdown) -> int:
         self.restore()
@@ -460,15 +452,6 @@ def _upgrade_last_weights(last: dict) -> dict:
 def _require_id(value: str, where: str) -> None:
     if not value or len(value) > 200:
         raise ValueError(f"{where} must be a non-empty string of at most 200 characters")
-
-
-def _previous_port(exp: ExpDir) -> int:
-    """The port of the previous controller of this experiment, to be found again at once."""
-    try:
-        address = read_service(exp, "controller")["address"]
-        return int(str(address).rsplit(":", 1)[1])
-    except (TimeoutError, KeyError, ValueError, IndexError, OSError):
-        return 0
 
 
 def run_controller(exp_root: str | Path, cfg: ControllerConfig) -> int:
