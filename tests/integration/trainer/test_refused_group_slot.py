@@ -8,12 +8,12 @@ so capacity shrank with every refusal until admission stopped and the run hung a
 """
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
 
 import pytest
+from trainer_feed import send
 
 from launcher.config import load_config, save_resolved
 from services.protocol import (
@@ -22,7 +22,6 @@ from services.protocol import (
     GroupDone,
     StatusRequest,
     SyncRequestClient,
-    TrajectorySource,
     generate_keys,
     load_keys,
     read_service,
@@ -48,7 +47,7 @@ def test_a_refused_group_releases_its_admission_slot(tmp_path, small_model_dir, 
     try:
         controller = read_service(exp, "controller", timeout_s=60)
         procs.append(_start(exp, "trainer"))
-        trainer = read_service(exp, "trainer", timeout_s=120)
+        read_service(exp, "trainer", timeout_s=120)
         client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=30)
         reply = client.request(AdmitRequest("w", max_groups=5))
         (good, v0), (bad, v1) = [(t.group_id, t.admit_version) for t in reply.tickets]
@@ -57,13 +56,7 @@ def test_a_refused_group_releases_its_admission_slot(tmp_path, small_model_dir, 
         poisoned = traj(bad, 0, group_size=2, admit_version=v1)
         poisoned.output_logprobs[0] = float("nan")
         samples += [poisoned, traj(bad, 1, group_size=2, admit_version=v1)]
-
-        async def push():
-            source = TrajectorySource(load_keys(exp.keys), trainer["trajectory_address"])
-            for t in samples:
-                await source.send(t)
-            source.close()
-        asyncio.run(push())
+        send(exp, samples)
         for gid in (good, bad):
             client.request(GroupDone("w", gid, "accepted"))
 

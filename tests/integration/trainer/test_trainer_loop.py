@@ -7,7 +7,6 @@ the controller does. Trajectories come from a real `TrajectorySource`.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -18,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_feed import send
 
 from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir, TrajectorySource, generate_keys, load_keys, read_metrics, read_service
+from services.protocol import ExpDir, generate_keys, read_metrics, read_service
 
 
 class FakeController:
@@ -75,24 +75,6 @@ def start_trainer(exp: ExpDir, python_bin, *extra) -> subprocess.Popen:
     return subprocess.Popen([python_bin, "-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def send(exp: ExpDir, trajectories, old_pid=None):
-    """Push trajectories to the trainer announced in <exp>/services/trainer.json."""
-    deadline = time.monotonic() + 60
-    while True:
-        info = read_service(exp, "trainer", timeout_s=60)
-        if info["pid"] != old_pid:
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
-    async def go():
-        src = TrajectorySource(load_keys(exp.keys), info["trajectory_address"])
-        for t in trajectories:
-            await src.send(t)
-        src.close()
-    asyncio.run(go())
 
 
 def groups(traj, specs):
