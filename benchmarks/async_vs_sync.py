@@ -96,7 +96,7 @@ def run_variant(name: str, model: Path, workdir: Path, steps: int, eval_n: int, 
            f"trainer.total_steps={steps}", f"rollout.eval_size={eval_n}", *overrides_for(name, quick),
            timeout=3600)
     summary = json.loads((exp / "summary.json").read_text())
-    steps_done = [r for r in read_metrics(ExpDir(exp), "trainer") if r.get("event") == "step"]
+    steps_done = read_metrics(ExpDir(exp), "trainer", "step")
     warm = max(0, min(WARMUP, len(steps_done) - 2))
     span = steps_done[-1]["time"] - steps_done[warm]["time"]
     measured = steps_done[warm + 1:]

@@ -15,7 +15,8 @@ from launcher.placement import pin_from_env
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
 COMMAND_MODULES = ("services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli",
-                   "launcher.run", "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli")
+                   "launcher.run", "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli",
+                   "launcher.audit")
 
 
 def _config_show(args) -> int:

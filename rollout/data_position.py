@@ -1,5 +1,7 @@
 """Where a rollout worker is in its data: a prompt is used up when its group is settled, not
-when it is admitted.
+when it is admitted. An accepted group settles when the trainer has receipted all of it (see
+services/protocol/trajectory_channel.py), not when it was pushed: what a dying trainer never
+got is generated again.
 
 A worker runs many groups at once. Saving "the next prompt to issue" would skip every prompt in
 flight when the worker dies (a crash, Ctrl-C past the drain), and saving "the first prompt

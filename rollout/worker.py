@@ -137,13 +137,19 @@ class RolloutWorker:
         return seeded
 
     async def _drain(self, timeout_s: float = 60.0) -> None:
-        """Let in-flight groups finish (they were admitted; dropping them would waste them)."""
+        """Let in-flight groups finish (they were admitted; dropping them would waste them), then
+        wait for the trainer's receipts: a group without them gives its prompt back."""
         if self.running:
             log.info("draining %d in-flight groups", len(self.running))
             done, pending = await asyncio.wait(list(self.running.values()), timeout=timeout_s)
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        unreceipted = await self.sink.wait_receipts()
+        if unreceipted:
+            log.warning("%d delivered groups have no receipt from the trainer (it stopped or died); "
+                        "their prompts will be generated again", len(unreceipted))
+            self.metrics.log(event="unreceipted", group_ids=unreceipted)
         self.sink.close()
 
     async def _grade(self, items):
@@ -155,8 +161,8 @@ class RolloutWorker:
         status, reason, timer = "failed", "", PhaseTimer()
         try:
             trajectories = await self.workflow(ctx, prompt, ticket)
-            for traj in trajectories:
-                await self.sink.send(traj)
+            # The prompt is used up once the trainer holds the whole group (its receipts).
+            await self.sink.send_group(trajectories, on_receipted=lambda: self.data.settle(index))
             status = "accepted"
             self._record_group(ticket, prompt, trajectories, timer.fields(total="seconds"))
         except RejectGroup as e:
@@ -169,7 +175,8 @@ class RolloutWorker:
         finally:
             self.running.pop(ticket.group_id, None)
             self.counts[status] += 1
-            self.data.settle(index, failed=status == "failed")
+            if status != "accepted":
+                self.data.settle(index, failed=status == "failed")
             await self._report(GroupDone(self.worker_id, ticket.group_id, status, reason[:500]))
 
     def _record_group(self, ticket: Ticket, prompt: Prompt, trajectories, timing: dict) -> None:

@@ -161,6 +161,10 @@ class ReplayBuffer:
     def n_partial(self) -> int:
         return len(self._partial)
 
+    def held_ids(self) -> list[str]:
+        """Groups here, complete or partial, not yet trained."""
+        return sorted(set(self._groups) | set(self._partial))
+
     def peek_order(self) -> list[str]:
         """Group ids in the order `take` would hand them out."""
         return [g for _, _, g in sorted(self._ready)]

@@ -1,9 +1,12 @@
 """The trainer's side of its conversation with the controller: a published version (the weight
 message of trainer.weight_sync's method) and trainer_resumed.
 
-The controller may be restarting when the trainer calls (it comes back, possibly on another
-port, and re-announces itself in `<exp>/services/controller.json`), so an unanswered request is
-retried with a fresh look at the announcement until the deadline. A refusal (an error reply) is
+The controller may be restarting when the trainer calls, or die while the trainer waits for its
+answer (it comes back on the same port and re-announces itself in
+`<exp>/services/controller.json`): the client watches the announcement while it waits and sends
+the request again to the new process (a weight announcement lost with the old one would
+otherwise hold the trainer for `ack_timeout_s`); an unreachable controller is retried until the
+deadline. A refusal (an error reply) is
 final: retrying would get the same answer, so it is logged and the trainer carries on.
 """
 from __future__ import annotations
@@ -83,8 +86,11 @@ class ControllerLink:
             raise OSError(f"{self.exp.service_file('controller')} has no 'address'")
         if self._client is None or self._client.address != address:
             self.close()
-            self._client = SyncRequestClient(self.keys, address, timeout_s=timeout_s)
+            self._client = SyncRequestClient(self.keys, address, timeout_s=timeout_s, resolve=self._announcement)
         return self._client
+
+    def _announcement(self) -> dict:
+        return read_service(self.exp, "controller")
 
     def close(self) -> None:
         if self._client is not None:

@@ -16,8 +16,8 @@ Order within a step, and why:
   5. checkpoint every `checkpoint_every` steps, and on SIGTERM.
 A crash between 4 and 5 re-trains the step after resume and republishes the same version with
 the same numbers (training is deterministic given the checkpoint). Trajectories that arrived
-after the last checkpoint are not lost: each accepted one is appended to a log (wal.py) that
-resume replays on top of the checkpoint's buffer.
+after the last checkpoint are not lost: each one is appended to a log (wal.py) that resume
+replays on top of the checkpoint's buffer, before the worker gets its receipt (intake.py).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from trainer.backend import PackedBatch, TokenOutputs, TrainBackend
 from trainer.batch import StepBatch, plan_step
 from trainer.buffer import ReplayBuffer
 from trainer.controller_link import ControllerLink
+from trainer.intake import Intake
 from trainer.loss import PPOSettings, ppo_token_loss
 from trainer.wal import TrajectoryLog, wal_path
 from trainer.wal import replay as wal_replay
@@ -88,6 +89,8 @@ class Trainer:
         self.publisher = build_publisher(self.tcfg, exp.weights, self._receiver_ranks())
         self._step_staleness: Counter = Counter()
         self._step_token_staleness: Counter = Counter()
+        self._step_dropped: list[str] = []
+        self._step_ids: dict = {}
         self._last_checkpoint = -1
         self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
         self._wal_seq = 0
@@ -95,9 +98,9 @@ class Trainer:
         if resume:
             self._resume()
         if self.rank == 0:
-            self._open_wal(replay_existing=resume)
+            wal = self._open_wal(replay_existing=resume)
             self.keys = load_keys(exp.keys)
-            self.sink = TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port)
+            self.intake = Intake(TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port), wal)
             self.controller = ControllerLink(exp, self.keys, self.shutdown, self.tcfg.ack_timeout_s)
 
     # ---- main loop ----------------------------------------------------------------------------
@@ -109,9 +112,9 @@ class Trainer:
                 self._rejoin()
             if self.rank == 0:
                 # Ready only now: rollout workers start on this, after a resume has set the present.
-                publish_service(self.exp, "trainer", {"trajectory_address": self.sink.address,
+                publish_service(self.exp, "trainer", {"trajectory_address": self.intake.sink.address,
                                                       "version": self.version})
-                log.info("trainer listening for trajectories on %s (version %d)", self.sink.address,
+                log.info("trainer listening for trajectories on %s (version %d)", self.intake.sink.address,
                          self.version)
             while self.version < self.tcfg.total_steps:
                 timer = PhaseTimer()
@@ -142,7 +145,7 @@ class Trainer:
 
     def record_step(self, record: dict) -> None:
         if self.rank == 0:
-            self.metrics.log(event="step", step=self.version, **record)
+            self.metrics.log(event="step", step=self.version, **record, **self._step_ids)
             log.info("step %d: loss %.4g clip %.3f grad_norm %.3g tokens/s %.0f", self.version, record["loss"],
                      record["clip_fraction"], record["grad_norm"], record["tokens_per_s"])
 
@@ -157,12 +160,14 @@ class Trainer:
     def _collect(self) -> StepBatch | None:
         """Receive trajectories until B usable groups are ready (rank 0); None on shutdown."""
         t = self.tcfg
+        self._step_dropped: list[str] = []
         while True:
             self._release_refused()
             result = self.buffer.take(t.groups_per_step, self.version, t.max_staleness, t.stale_policy)
             if result.dropped:  # give their admission slots back, or the run would slowly stall
-                self.controller.request(GroupsDropped([g.group_id for g in result.dropped],
-                                                      f"staler than eta={t.max_staleness}"), "groups_dropped")
+                ids = [g.group_id for g in result.dropped]
+                self._step_dropped += ids
+                self.controller.request(GroupsDropped(ids, f"staler than eta={t.max_staleness}"), "groups_dropped")
             if result.groups:
                 break
             if self.shutdown.requested:
@@ -172,22 +177,22 @@ class Trainer:
         self._step_token_staleness = Counter(self.version - g.min_output_version() for g in result.groups)
         self.staleness.update(self._step_staleness)
         self.token_staleness.update(self._step_token_staleness)
+        # Which groups this step trained and dropped: `tandem audit` follows every group by id.
+        self._step_ids = {"group_ids": [g.group_id for g in result.groups], "dropped_ids": self._step_dropped}
         return StepBatch.from_groups(result.groups)
 
     def _release_refused(self) -> None:
         """Groups the buffer refused (an invalid trajectory) will never train: give their
         admission slots back, or capacity shrinks by one per refusal until the run stalls."""
         refused = self.buffer.take_refused()
+        self._step_dropped += list(refused)
         for why, ids in _by_reason(refused).items():
             self.controller.request(GroupsDropped(ids, f"refused: {why}"[:500]), "groups_dropped")
 
     def _drain(self, first_timeout_s: float) -> None:
-        timeout = first_timeout_s
-        while (body := self.sink.recv(timeout)) is not None:
-            timeout = 0.001
+        for body in self.intake.take(first_timeout_s):
             if isinstance(body, Trajectory):
-                if self.buffer.add(body):
-                    self.wal.append(body)
+                self.buffer.add(body)
             else:
                 self.buffer.counters["rejected_not_trajectory"] += 1
                 log.warning("ignored a %s message on the trajectory socket", type(body).__name__)
@@ -349,14 +354,18 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        if self.rank == 0:
-            self._drain(first_timeout_s=0.05)  # whatever already arrived belongs in the buffer
         loop_state = None
         if self.rank == 0:
-            # Arrivals after this checkpoint go to the next log, which resume will replay.
-            loop_state = {"version": self.version, "buffer": self.buffer.state_dict(),
-                          "staleness": dict(self.staleness), "token_staleness": dict(self.token_staleness),
-                          "wal_seq": self._wal_seq + 1}
+            with self.intake.paused():
+                self._drain(first_timeout_s=0)  # whatever arrived (and was logged) joins the snapshot
+                loop_state = {"version": self.version, "buffer": self.buffer.state_dict(),
+                              "staleness": dict(self.staleness), "token_staleness": dict(self.token_staleness),
+                              "wal_seq": self._wal_seq + 1}
+                # Arrivals from now on go to the next log; resume replays it with this checkpoint
+                # (or, if this one is never written, with the previous one: see _open_wal).
+                self.intake.wal.close()
+                self._wal_seq += 1
+                self.intake.wal = TrajectoryLog(wal_path(self.exp.checkpoints, self._wal_seq), truncate=True)
         be = self.backend
         if be.sharded_checkpoint:  # Megatron: dist checkpointing, reshardable on load
             checkpoint.save(self.exp.checkpoints, self.version, self.rank, {}, loop_state,
@@ -366,24 +375,24 @@ class Trainer:
                             loop_state, self.tcfg.keep_checkpoints)
         self._last_checkpoint = self.version
         if self.rank == 0:
-            self.wal.close()
-            self._wal_seq += 1
-            self._open_wal(replay_existing=False)
+            _delete_wals(self.exp.checkpoints, below=self._wal_seq)
 
-    def _open_wal(self, replay_existing: bool) -> None:
-        """Open the trajectory log of the current checkpoint epoch (see wal.py); on resume,
-        first replay what it holds; drop the logs of older epochs."""
-        path = wal_path(self.exp.checkpoints, self._wal_seq)
-        replayed = 0
+    def _open_wal(self, replay_existing: bool) -> TrajectoryLog:
+        """The trajectory log to append to (see wal.py). On resume, first replay every log from
+        the checkpoint's on (a crash during a checkpoint leaves two) and go on appending to the
+        last; otherwise start afresh. Logs of older checkpoints are deleted."""
+        root = self.exp.checkpoints
         if replay_existing:
-            for t in wal_replay(path):
-                replayed += self.buffer.add(t)
+            replayed = 0
+            for seq in sorted(_wal_seq(p) for p in root.glob("trajectories-*.wal")):
+                if seq >= self._wal_seq:
+                    replayed += sum(self.buffer.add(t) for t in wal_replay(wal_path(root, seq)))
+                    self._wal_seq = seq
             if replayed:
-                log.info("replayed %d trajectories received after the checkpoint from %s", replayed, path)
-        self.wal = TrajectoryLog(path, truncate=not replay_existing)
-        for old in self.exp.checkpoints.glob("trajectories-*.wal"):
-            if old != path:
-                old.unlink(missing_ok=True)
+                log.info("replayed %d trajectories received after the checkpoint", replayed)
+        _delete_wals(root, below=self._wal_seq if replay_existing else float("inf"))
+        path = wal_path(root, self._wal_seq)
+        return TrajectoryLog(path, truncate=not replay_existing)
 
     def _resume(self) -> None:
         path = checkpoint.latest(self.exp.checkpoints)
@@ -412,14 +421,28 @@ class Trainer:
     def close(self) -> None:
         self.backend.close()
         if self.rank == 0:
-            self.sink.close()
-            self.wal.close()
+            # What it still holds (in the last checkpoint, or the log resume replays): delivered,
+            # not lost. What is still on the wire is taken in (and receipted) first.
+            self.intake.close()
+            self._drain(first_timeout_s=0)
+            self.metrics.log(event="exit", version=self.version, held_ids=self.buffer.held_ids())
+            self.intake.wal.close()
             self.controller.close()
             self.metrics.close()
         if dist.is_initialized():
             # Left to interpreter exit, gloo's threads can abort the process ("terminate called
             # without an active exception") after a run that otherwise finished well.
             dist.destroy_process_group()
+
+
+def _wal_seq(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
+def _delete_wals(root: Path, below: float) -> None:
+    for path in root.glob("trajectories-*.wal"):
+        if _wal_seq(path) < below:
+            path.unlink(missing_ok=True)
 
 
 def _by_reason(refused: dict[str, str]) -> dict[str, list[str]]:

@@ -30,14 +30,13 @@ from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_pr
 from .keys import CurveKeys, generate_keys, load_keys
 from .runtime import MetricsWriter, PhaseTimer, Shutdown, read_metrics, setup_role_logging
 from .service_port import serve_at_previous_address
-from .trajectory import Trajectory
+from .trajectory import Trajectory, TrajectoryReceipt
+from .trajectory_channel import TrajectorySink, TrajectorySource
 from .transport import (
     RemoteError,
     RequestClient,
     RequestServer,
     SyncRequestClient,
-    TrajectorySink,
-    TrajectorySource,
     free_port,
 )
 
@@ -47,7 +46,7 @@ __all__ = [
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "CurveKeys", "generate_keys", "load_keys",
-    "MetricsWriter", "PhaseTimer", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "RemoteError",
+    "MetricsWriter", "PhaseTimer", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
     "serve_at_previous_address",
 ]

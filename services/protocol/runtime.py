@@ -86,7 +86,8 @@ def _jsonable(x):
     return str(x)
 
 
-def read_metrics(exp: ExpDir, role: str | None = None) -> list[dict]:
+def read_metrics(exp: ExpDir, role: str | None = None, event: str | None = None) -> list[dict]:
+    """The records of `role` (all roles: None), only those of `event` if given."""
     if not exp.metrics.exists():
         return []
     out = []
@@ -95,7 +96,7 @@ def read_metrics(exp: ExpDir, role: str | None = None) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash mid-write; the rest of the stream is intact
-        if role is None or rec.get("role") == role:
+        if (role is None or rec.get("role") == role) and (event is None or rec.get("event") == event):
             out.append(rec)
     return out
 

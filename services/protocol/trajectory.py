@@ -22,3 +22,11 @@ class Trajectory:
     finish_reason: str
     task: str
     timings: dict[str, float]
+
+
+@message("trajectory_receipt")
+class TrajectoryReceipt:
+    """The trainer holds this sample durably (in its log or a checkpoint): the worker that sent
+    it may count its group delivered and its prompt used (see trajectory_channel.py)."""
+    group_id: str
+    sample_idx: int

@@ -1,4 +1,5 @@
-"""ZeroMQ transports every role uses: a request server, request clients, a trajectory channel.
+"""ZeroMQ request/reply every role uses: a request server and request clients (the trajectory
+channel is in trajectory_channel.py).
 
 All sockets are CURVE-secured with the experiment's keys (see `keys`). The server loop drains
 every ready message with NOBLOCK before yielding (the fastest asyncio shape measured on this
@@ -298,12 +299,24 @@ def _incarnation_of(announcement: str | dict):
 
 
 class SyncRequestClient:
-    """Blocking request/reply for non-asyncio callers (the trainer's main loop, CLIs)."""
+    """Blocking request/reply for non-asyncio callers (the trainer's main loop, CLIs).
 
-    def __init__(self, keys: CurveKeys, address: str, timeout_s: float = 10.0):
-        self.keys, self.address, self.timeout_s = keys, address, timeout_s
+    With `resolve` (the service's announcement, as for RequestClient) it follows a restart as
+    RequestClient does: while a request waits, it looks at the announcement every `WATCH_S` and,
+    when the service moved or restarted, reconnects and sends the same request again — a request
+    lost with the old process would otherwise wait out its whole timeout (the trainer's weight
+    announcement: `trainer.ack_timeout_s`). A live service never sees it twice."""
+
+    WATCH_S = 0.5
+
+    def __init__(self, keys: CurveKeys, address: str, timeout_s: float = 10.0,
+                 resolve: Callable[[], str | dict] | None = None):
+        self.keys, self.address, self.timeout_s, self.resolve = keys, address, timeout_s, resolve
         self._ids = itertools.count(1)
         self.sock = None
+        self._incarnation = None
+        if resolve is not None:
+            self._changed()        # remember the incarnation connected to
         self._connect()
 
     def _connect(self) -> None:
@@ -315,13 +328,31 @@ class SyncRequestClient:
         self.sock.linger = 0
         self.sock.connect(self.address)
 
+    def _changed(self) -> bool:
+        """Whether the announcement names another address or process than the last one seen."""
+        try:
+            announcement = self.resolve()
+            address, incarnation = _address_of(announcement), _incarnation_of(announcement)
+        except Exception as e:  # missing or half-written while the service restarts: look later
+            log.debug("resolve failed: %s", e)
+            return False
+        moved = (address, incarnation) != (self.address, self._incarnation)
+        self.address, self._incarnation = address, incarnation
+        return moved
+
     def request(self, body: Any, timeout_s: float | None = None) -> Any:
         req_id = next(self._ids)
-        self.sock.send(encode(body, req_id))
+        payload = encode(body, req_id)
+        self.sock.send(payload)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                break
+            if not self.sock.poll(int(min(left, self.WATCH_S) * 1000) + 1):
+                if self.resolve is not None and self._changed():
+                    log.info("service restarted or moved to %s; sending %s again", self.address,
+                             type(body).__name__)
+                    self._connect()
+                    self.sock.send(payload)
+                continue
             msg = decode(self.sock.recv())
             rid = msg.req_id
             if rid != req_id:
@@ -338,58 +369,3 @@ class SyncRequestClient:
 
     def close(self) -> None:
         self.sock.close(0)
-
-
-class TrajectorySink:
-    """PULL side (the trainer binds): decoded messages; bad frames are counted and skipped."""
-
-    def __init__(self, keys: CurveKeys, host: str = "127.0.0.1", port: int = 0, hwm: int = 1000):
-        sync, _ = contexts()
-        ensure_authenticator(sync, keys)
-        self.sock = sync.socket(zmq.PULL)
-        make_server(self.sock, keys)
-        self.sock.rcvhwm = hwm
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        self.sock.linger = 0
-        self.address = bind(self.sock, host, port)
-        self.bad_frames = 0
-
-    def recv(self, timeout_s: float) -> Any | None:
-        """One message body, or None when nothing valid arrived within `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                return None
-            msg = decode(self.sock.recv())
-            if isinstance(msg, ProtocolError):
-                self.bad_frames += 1
-                log.warning("dropped bad trajectory frame: %s", msg.message)
-                continue
-            return msg.body
-        return None
-
-    def close(self) -> None:
-        self.sock.close(0)
-
-
-class TrajectorySource:
-    """PUSH side (rollout workers connect). A full high-water mark makes `send` wait: backpressure."""
-
-    def __init__(self, keys: CurveKeys, address: str, hwm: int = 1000):
-        _, actx = contexts()
-        self.sock = actx.socket(zmq.PUSH)
-        make_client(self.sock, keys)
-        self.sock.sndhwm = hwm
-        self.sock.linger = 5000  # let queued trajectories drain on close
-        self.sock.connect(address)
-        self.address = address
-
-    async def send(self, body: Any, timeout_s: float = 60.0) -> None:
-        """Queue one message; raise TimeoutError if the trainer has not made room in time."""
-        try:
-            await asyncio.wait_for(self.sock.send(encode(body)), timeout_s)
-        except TimeoutError:
-            raise TimeoutError(f"trainer at {self.address} accepted nothing for {timeout_s:.0f}s") from None
-
-    def close(self, linger_ms: int = 5000) -> None:
-        self.sock.close(linger_ms)

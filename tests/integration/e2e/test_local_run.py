@@ -6,58 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from local_run import finish, leftovers, steps, tandem, write_config
 
 from services.protocol import ExpDir, read_metrics
-
-
-def write_config(path: Path, model: Path, name: str, **extra: str) -> Path:
-    path.write_text(f"""
-experiment: {{name: {name}, model: {model}, exp_dir: {path.parent / name}}}
-controller: {{max_staleness: 2, lease_s: 20}}
-gen: {{num_servers: 1, threads: 1, metrics_interval_s: 0.5}}
-rollout: {{dataset: "synthetic:math", n_samples: 2, max_new_tokens: 48, concurrency: 4, heartbeat_s: 1.0}}
-reward: {{task: math, num_workers: 1}}
-trainer: {{groups_per_step: 2, total_steps: 4, checkpoint_every: 1, max_tokens_per_mb: 4096}}
-""")
-    return path
-
-
-def tandem(*args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"tandem run did not finish in {timeout}s:\n{out[-4000:]}")
-    return out
-
-
-def steps(exp: ExpDir) -> list[dict]:
-    return [r for r in read_metrics(exp, "trainer") if r.get("event") == "step"]
-
-
-def leftovers(exp: ExpDir) -> list[str]:
-    """Processes whose command line names this experiment (roles started for it)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if pid.isdigit() and str(exp.root) in cmd and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmd[:160]}")
-    return found
 
 
 @pytest.mark.parametrize("eta", [0, 2])

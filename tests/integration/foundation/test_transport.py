@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgpack
@@ -147,6 +148,37 @@ def test_a_request_in_flight_when_its_service_restarts_is_sent_again_not_lost(ex
             client.close()
         asyncio.run(run())
         assert read_service(exp, "echo")["address"] == first["address"]   # the same port again
+    finally:
+        for p in (hanging, replacement):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_the_blocking_client_also_sends_again_to_a_restarted_service(exp, keys):
+    """The trainer's blocking client waiting for the controller's answer (a weight announcement)
+    when the controller dies and comes back on its port: the request is sent again to the new
+    process and answered in seconds, not after the timeout (found by the fault suite: the
+    trainer sat out `ack_timeout_s`, 600 s, after a controller kill)."""
+    import threading
+
+    hanging = subprocess.Popen([sys.executable, str(SERVER), str(exp.root), "--hang"])
+    replacement = None
+    try:
+        first = read_service(exp, "echo", timeout_s=30)
+        client = SyncRequestClient(keys, first["address"], timeout_s=60,
+                                   resolve=lambda: read_service(exp, "echo"))
+
+        def restart():
+            nonlocal replacement
+            hanging.kill()
+            hanging.wait()
+            replacement = subprocess.Popen([sys.executable, str(SERVER), str(exp.root)])
+        threading.Timer(1.0, restart).start()
+        t0 = time.monotonic()
+        reply = client.request(StatusRequest())
+        assert reply.state["served"] == 1 and time.monotonic() - t0 < 30
+        client.close()
     finally:
         for p in (hanging, replacement):
             if p is not None and p.poll() is None:

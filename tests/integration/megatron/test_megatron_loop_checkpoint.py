@@ -192,7 +192,7 @@ def test_loop_checkpoints_are_dist_checkpoints(runs):
         assert (d / "dist" / "metadata.json").exists() and (d / "dist" / "common.pt").exists()
         rank_state = torch.load(d / "rank-0.pt", weights_only=False)
         assert set(rank_state) == {"rng"}  # the model and optimizer are in dist/ only
-    assert [r["step"] for r in read_metrics(ref, "trainer")] == [1, 2]
+    assert [r["step"] for r in read_metrics(ref, "trainer", "step")] == [1, 2]
 
 
 def test_resume_at_another_layout_keeps_version_and_staleness(runs):
@@ -201,8 +201,8 @@ def test_resume_at_another_layout_keeps_version_and_staleness(runs):
     assert runs["res_resumed"] == ["1 4"]
     # the resumed job republishes its checkpoint's version (exported from the resharded model), then v2
     assert runs["res_received"] == ["1", "2"]
-    (rec,) = read_metrics(res, "trainer")
-    ref2 = read_metrics(ref, "trainer")[1]
+    (rec,) = read_metrics(res, "trainer", "step")
+    ref2 = read_metrics(ref, "trainer", "step")[1]
     assert rec["step"] == 2 and rec["version_trained"] == 1
     assert rec["staleness_hist"] == ref2["staleness_hist"] == {"0": 1, "1": 1}
     assert rec["staleness_hist_total"] == ref2["staleness_hist_total"] == {"0": 3, "1": 1}

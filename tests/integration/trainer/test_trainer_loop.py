@@ -123,7 +123,7 @@ def reference_run(tmp_path_factory, small_model_dir, traj):
 
 def test_reference_run_publishes_logs_and_checkpoints(reference_run):
     ref = reference_run
-    recs = read_metrics(ref, "trainer")
+    recs = read_metrics(ref, "trainer", "step")
     assert [r["step"] for r in recs] == [1, 2]
     # step 2 trains c (admitted at v0) and d (v1) at version 1
     assert recs[1]["staleness_hist"] == {"0": 1, "1": 1}
@@ -174,7 +174,7 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
     # each resume told the controller its version and the groups it holds: after SIGTERM a, b
     # (trained) + c (complete; d was half); after SIGKILL also d (its second half from the log)
     assert ctl.resumed == [(1, 3), (1, 4)]
-    recs = read_metrics(run, "trainer")
+    recs = read_metrics(run, "trainer", "step")
     assert [r["step"] for r in recs] == [1, 2]              # numbering continued; step 2 logged once
     assert recs[1]["staleness_hist_total"] == {"0": 3, "1": 1}   # accounting survived two restarts
     assert step_dirs(run) == ["step-1", "step-2"]
@@ -209,8 +209,8 @@ def test_two_data_parallel_ranks_match_one_rank(tmp_path, small_model_dir, traj,
             if p.poll() is None:
                 p.kill()
         ctl.close()
-    (dp,) = read_metrics(exp, "trainer")
-    one = read_metrics(reference_run, "trainer")[0]
+    (dp,) = read_metrics(exp, "trainer", "step")
+    one = read_metrics(reference_run, "trainer", "step")[0]
     for key in ("loss", "grad_norm", "valid_tokens", "entropy", "clip_fraction"):
         assert dp[key] == pytest.approx(one[key], rel=1e-4, abs=1e-7), key
     a = load_file(reference_run.weights / "v1" / "model.safetensors")
@@ -236,7 +236,7 @@ def test_broadcast_weight_sync_delivers_the_trained_tensors(tmp_path, small_mode
         finish(proc)
     finally:
         ctl.close()
-    (rec,) = read_metrics(exp, "trainer")
+    (rec,) = read_metrics(exp, "trainer", "step")
     assert rec["transfer_ok"] is True and rec["ack_ok"] is True and rec["bytes"] > 0
     assert not exp.weights.exists()
     got = torch.load(exp.root / "fake-controller" / "broadcast-v1.pt")

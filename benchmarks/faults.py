@@ -1,0 +1,167 @@
+"""Faults during a run: each injected once mid-run, and what it cost.
+
+One short `tandem run` of the tiny embedded experiment per fault (local backend, real
+processes): SIGKILL of the generation server, the controller, the reward service, a rollout
+worker, the trainer; bad input on every port; Ctrl-C of the launcher. A fault that ends the
+launch (the trainer's death, Ctrl-C) is followed by `--resume`, as a user would. For each the
+table gives the recovery time — from the fault to the first trained step holding a group
+delivered after it, i.e. generation, grading, delivery and training all flowing again — the
+longest gap between steps, and the accounting of `launcher/audit.py` over the whole run: groups
+lost, trained twice, returned (pushed but never receipted, so generated again), prompts skipped,
+stale drops. A last row checks that a non-finite setting is refused before anything starts.
+`tests/integration/test_faults.py` asserts the same; this records it (results/faults.json).
+"""
+from __future__ import annotations
+
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import cli, print_table, write_results
+from benchmarks.fault_injection import KINDS, inject
+
+CONFIG = """\
+experiment: {{name: {name}, model: {model}, exp_dir: {exp_dir}}}
+controller: {{max_staleness: 2, lease_s: 10}}
+gen: {{num_servers: 1, threads: 1, metrics_interval_s: 0.5}}
+rollout: {{dataset: "synthetic:math", n_samples: 2, max_new_tokens: 48, concurrency: 4, heartbeat_s: 1.0}}
+reward: {{task: math, num_workers: 1}}
+trainer: {{groups_per_step: 2, total_steps: {steps}, checkpoint_every: 2, max_tokens_per_mb: 4096}}
+"""
+
+
+def experiment_file(workdir: Path, model: Path, name: str, total_steps: int) -> Path:
+    path = workdir / f"{name}.yaml"
+    path.write_text(CONFIG.format(name=name, model=model, exp_dir=workdir / name, steps=total_steps))
+    return path
+
+
+def launch(cfg: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "run", str(cfg), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return -1, out
+    return proc.returncode, out
+
+
+def progress(exp_root: Path) -> tuple[list[dict], dict[str, float]]:
+    """The trainer's step records so far, and when each group was delivered."""
+    from services.protocol import ExpDir, read_metrics
+    records = read_metrics(ExpDir(exp_root))
+    steps = [r for r in records if r.get("role") == "trainer" and r.get("event") == "step"]
+    delivered = {r["group_id"]: r["time"] for r in records if r.get("role") == "rollout" and r.get("event") == "group"}
+    return steps, delivered
+
+
+def recovered_at(exp_root: Path, since: float) -> float | None:
+    """When the first step trained a group delivered after `since` (None: not yet)."""
+    steps, delivered = progress(exp_root)
+    for s in steps:
+        if s["time"] > since and any(delivered.get(g, 0.0) > since for g in s.get("group_ids", ())):
+            return s["time"]
+    return None
+
+
+def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[int, str]], total_steps: int,
+                    timeout_s: float = 600.0) -> dict:
+    """One run; each `(after_step, kind)` injected once the run has trained `after_step` steps
+    and recovered from the previous fault. A fault that ends the launch is followed by --resume."""
+    from launcher.audit import audit
+    from services.protocol import ExpDir
+
+    cfg = experiment_file(workdir, model, name, total_steps)
+    exp_root = workdir / name
+    proc, outputs, exits, injected = launch(cfg), [], [], []
+    deadline = time.monotonic() + timeout_s
+
+    def wait_for(ready, what: str) -> None:
+        while not ready():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read() if proc.stdout and proc.poll() is not None else ""
+                raise RuntimeError(f"{name}: the run ended or stalled before {what}:\n{out[-3000:]}")
+            time.sleep(0.2)
+
+    for after_step, kind in faults:
+        wait_for(lambda n=after_step: len(progress(exp_root)[0]) >= n, f"step {after_step}")
+        if injected:
+            wait_for(lambda: recovered_at(exp_root, injected[-1]["time"]) is not None,
+                     f"recovering from {injected[-1]['kind']}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name}: the run ended before {kind} could be injected; make it longer")
+        fault = {"kind": kind, "at_step": len(progress(exp_root)[0]), "time": time.time()}
+        ends_launch, fault["observed"] = inject(kind, exp_root, proc.pid)
+        injected.append(fault)
+        if ends_launch:
+            code, out = finish(proc, max(1.0, deadline - time.monotonic()))
+            exits.append(code), outputs.append(out)
+            proc = launch(cfg, "--resume")
+    code, out = finish(proc, max(1.0, deadline - time.monotonic()))
+    exits.append(code), outputs.append(out)
+    result = audit(ExpDir(exp_root))
+    for fault in injected:
+        at = recovered_at(exp_root, fault["time"])
+        fault["recovery_s"] = round(at - fault["time"], 2) if at else None
+        fault["max_step_gap_s"] = round(result.max_gap_s(after=fault["time"]), 2)
+    return {"exits": exits, "audit": result.as_dict(), "lost": result.lost, "trained_twice": result.trained_twice,
+            "faults": injected, "output_tail": outputs[-1][-2000:]}
+
+
+def nan_setting_refused(workdir: Path, model: Path) -> tuple[int, bool]:
+    """`tandem run` with `rollout.temperature=nan`: its exit code, and whether it names the key."""
+    cfg = experiment_file(workdir, model, "nan", 2)
+    code, out = finish(launch(cfg, "rollout.temperature=nan"), 120)
+    return code, "rollout.temperature" in out
+
+
+def tiny_model(workdir: Path) -> Path:
+    from rollout.tiny_model import init_tiny
+    return init_tiny(workdir / "tiny-model", seed=0)
+
+
+def main(quick: bool = False) -> None:
+    total_steps = 16 if quick else 40   # about half a second a step: room for any recovery
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory(prefix="tandem-faults-") as tmp:
+        workdir = Path(tmp)
+        model = tiny_model(workdir)
+        for kind in KINDS[:2] if quick else KINDS:
+            t0 = time.time()
+            run = run_with_faults(workdir, model, f"fault-{kind}", [(5, kind)], total_steps)
+            a, (fault,) = run["audit"], run["faults"]
+            results[kind] = {**a, "exits": run["exits"], "recovery_s": fault["recovery_s"],
+                             "max_gap_after_s": fault["max_step_gap_s"], "wall_s": round(time.time() - t0, 1)}
+            rows.append([kind, " ".join(map(str, run["exits"])), fault["recovery_s"], fault["max_step_gap_s"],
+                         a["lost"], a["trained_twice"], a["returned"], a["prompts_skipped"], a["dropped"], a["steps"]])
+        nan_exit, nan_named = nan_setting_refused(workdir, model)
+    rows.append(["rollout.temperature=nan", nan_exit, None, None, None, None, None, None, None, 0])
+    print_table(f"One fault per run at step 5 of {total_steps} (tiny model, local backend; "
+                "SIGKILL unless said otherwise)",
+                ["fault", "exit codes", "recovery s", "max step gap s", "groups lost", "trained twice",
+                 "returned", "prompts skipped", "stale drops", "steps"], rows)
+    if not quick:
+        write_results("faults", {
+            "runs": results,
+            "groups_lost_total": sum(r["lost"] for r in results.values()),
+            "trained_twice_total": sum(r["trained_twice"] for r in results.values()),
+            "prompts_skipped_total": sum(r["prompts_skipped"] for r in results.values()),
+            "max_stall_s": max(r["max_gap_after_s"] for r in results.values()),
+            "max_recovery_s": max((r["recovery_s"] or 0) for r in results.values()),
+            "nan_setting_exit": nan_exit, "nan_setting_named": nan_named})
+
+
+if __name__ == "__main__":
+    cli(main)

@@ -1,0 +1,86 @@
+"""Every group's fate in a run, from `<exp>/metrics.jsonl` and the workers' data positions.
+
+A run that survived faults is only as good as its accounting: a group a worker delivered must
+end trained, dropped (over-stale), refused (invalid), still waiting in the trainer's buffer
+when the run ended, or returned (the trainer never receipted it, so its prompt is generated
+again) — never nowhere (lost) and never twice (trained twice). The trainer's step records carry
+the ids they trained and dropped and its last record the ids it still held; the workers'
+`group` records the ids they delivered and `unreceipted` records the ids they returned; their
+data positions the prompts they gave up on. `tandem audit --exp DIR` prints it; the fault suite and `benchmarks/faults.py` assert it.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from services.protocol import ExpDir, read_metrics
+
+from .progress import run_steps
+
+
+@dataclass
+class Audit:
+    delivered: int = 0                  # groups workers reported pushed to the trainer
+    trained: int = 0
+    dropped: int = 0                    # over-stale or refused, their slots given back
+    held_at_end: int = 0                # complete or partial in the trainer's buffer at exit
+    returned: int = 0                   # never receipted by the trainer: the prompt goes out again
+    returned_but_trained: int = 0       # receipt lost, not the group: its prompt trains twice
+    lost: list[str] = field(default_factory=list)
+    trained_twice: list[str] = field(default_factory=list)
+    prompts_skipped: int = 0            # prompts workers gave up on after repeated failures
+    steps: int = 0
+    step_times: list[float] = field(default_factory=list)
+    delivered_at: dict[str, float] = field(default_factory=dict)   # group id -> when a worker delivered it
+
+    def max_gap_s(self, after: float | None = None) -> float:
+        """The longest time between consecutive trained steps (from `after`, if given)."""
+        times = [t for t in self.step_times if after is None or t >= after]
+        if after is not None:
+            before = [t for t in self.step_times if t < after]
+            times = before[-1:] + times
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "delivered": self.delivered, "trained": self.trained,
+                "dropped": self.dropped, "held_at_end": self.held_at_end, "returned": self.returned,
+                "returned_but_trained": self.returned_but_trained, "lost": len(self.lost),
+                "trained_twice": len(self.trained_twice), "prompts_skipped": self.prompts_skipped,
+                "max_step_gap_s": round(self.max_gap_s(), 2)}
+
+
+def audit(exp: ExpDir) -> Audit:
+    records = read_metrics(exp)
+    steps = run_steps([r for r in records if r.get("role") == "trainer"])
+    trained = Counter(gid for r in steps for gid in r.get("group_ids", ()))
+    dropped = {gid for r in records if r.get("role") == "trainer" for gid in r.get("dropped_ids", ())}
+    exits = [r for r in records if r.get("role") == "trainer" and r.get("event") == "exit"]
+    held = set(exits[-1].get("held_ids", ())) if exits else set()
+    rollout = [r for r in records if r.get("role") == "rollout"]
+    delivered_at = {r["group_id"]: r["time"] for r in rollout if r.get("event") == "group"}
+    returned = {gid for r in rollout if r.get("event") == "unreceipted" for gid in r["group_ids"]}
+    out = Audit(delivered=len(delivered_at), trained=len(trained), dropped=len(dropped), held_at_end=len(held),
+                returned=len(returned), returned_but_trained=len(returned & set(trained)),
+                steps=len(steps), step_times=[r["time"] for r in steps], delivered_at=delivered_at)
+    out.lost = sorted(set(delivered_at) - set(trained) - dropped - held - returned)
+    out.trained_twice = sorted(g for g, n in trained.items() if n > 1)
+    for path in exp.checkpoints.glob("rollout-*.json"):
+        out.prompts_skipped += int(json.loads(path.read_text()).get("skipped", 0))
+    return out
+
+
+def cmd_audit(args) -> int:
+    result = audit(ExpDir(args.exp))
+    print(json.dumps(result.as_dict(), indent=1))
+    if result.lost:
+        print(f"lost groups: {' '.join(result.lost[:20])}")
+    if result.trained_twice:
+        print(f"trained twice: {' '.join(result.trained_twice[:20])}")
+    return 1 if result.lost or result.trained_twice else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("audit", help="every group's fate in a run: lost, trained twice, prompts skipped")
+    p.add_argument("--exp", required=True, help="experiment directory")
+    p.set_defaults(func=cmd_audit)

@@ -1,0 +1,63 @@
+"""Faults during a real run: nothing stuck, nothing lost, nothing trained twice (issue 19).
+
+One `tandem run` of the tiny experiment (local backend, every role a real process) into which
+are injected, in turn: SIGKILL of the generation server, the controller, the reward service and
+a rollout worker; bad input on every port (peers without keys, garbage and oversized frames,
+garbage and oversized HTTP bodies); SIGKILL of the trainer and Ctrl-C of the launcher, each
+continued with `--resume`, as a user would. Each fault is injected once the run has recovered
+from the previous one. The accounting comes from the run's own records (`launcher/audit.py`:
+the ids each trainer step trained or dropped, the ids workers delivered and those the trainer
+never receipted, the trainer's buffer at exit, the workers' data positions): every delivered
+group trained, dropped, still held or returned for generation, none twice, no prompt given up;
+the staleness bound kept; no stall of the order of a timeout; nothing left running.
+`benchmarks/faults.py` runs the same faults one per run and prints the table.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from local_run import leftovers
+
+from benchmarks.faults import nan_setting_refused, run_with_faults
+from services.protocol import ExpDir
+
+pytestmark = pytest.mark.timeout(900)
+
+# Long enough a reward request or a report would wait on a dead service: a gap of this order
+# means a client waited out a timeout instead of following the restart.
+STALL_S = 60.0
+# (at the earliest after step, fault); each also waits for recovery from the one before.
+# A step takes about half a second here and a fault costs several (bad input alone takes
+# seconds to send): the run is long enough for all of them, with room to spare.
+FAULTS = [(2, "gen"), (5, "controller"), (8, "reward"), (11, "rollout"), (14, "bad-input"), (17, "trainer"),
+          (22, "ctrl-c")]
+STEPS = 160
+
+
+def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny_model_dir):
+    run = run_with_faults(tmp_path, tiny_model_dir, "faults", FAULTS, total_steps=STEPS, timeout_s=840)
+    a = run["audit"]
+    # The trainer's death ends its launch (1); Ctrl-C ends one with 130; the last resume finishes.
+    assert run["exits"] == [1, 130, 0], run["output_tail"]
+    assert a["steps"] == STEPS
+    assert run["lost"] == [] and run["trained_twice"] == [] and a["prompts_skipped"] == 0, run
+    for fault in run["faults"]:
+        assert fault["recovery_s"] is not None, fault
+        assert fault["max_step_gap_s"] < STALL_S, fault
+    seen = next(f for f in run["faults"] if f["kind"] == "bad-input")["observed"]
+    for role in ("controller", "reward", "trainer"):
+        assert seen[f"{role}: stranger"] is None, seen      # no keys: nothing gets through
+    for role in ("controller", "reward"):                   # members get an error reply, not silence
+        assert seen[f"{role}: garbage"] == "bad_frame" and seen[f"{role}: wrong shape"] == "bad_envelope", seen
+    assert seen["gen http: no key"] == 401 and seen["gen http: garbage JSON"] == 400, seen
+    assert seen["gen http: oversized body"] in (413, -1) and seen["gen http: overlong text"] == 400, seen
+    exp = ExpDir(tmp_path / "faults")
+    summary = json.loads((exp.root / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["staleness"]["max"] <= 2
+    assert leftovers(exp) == []
+
+
+def test_a_non_finite_setting_is_refused_before_anything_starts(tmp_path, tiny_model_dir):
+    code, named = nan_setting_refused(tmp_path, tiny_model_dir)
+    assert code == 2 and named
