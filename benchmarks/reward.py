@@ -1,5 +1,6 @@
 """Reward service throughput: math verdicts/s through the service (pool of 2) vs math-verify in
-one process, and the code sandbox's cost per test and tasks/s through the pool."""
+one process, and the code sandbox's cost per test and tasks/s through the pool; the cost of a
+pathological math answer, and a batch graded alone vs mixed with pathological answers."""
 from __future__ import annotations
 
 if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
@@ -48,6 +49,10 @@ def math_item(n: int) -> tuple[str, str]:
     return response.format(a=a, b=b, aa=a * a), answer.format(a=a, b=b, aa=a * a)
 
 
+# Answers whose symbolic grading takes seconds (issue 22); the answer contract refuses them.
+PATHOLOGICAL = [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{10^{10^{10}}}", r"\boxed{100000!}",
+                r"\boxed{(x+1)^{100000}}", r"\boxed{" + "{" * 200 + "1" + "}" * 200 + "}"]
+
 CODE_TESTS = {"fn_name": "f", "inputs": [[i] for i in range(20)], "outputs": [2 * i + 1 for i in range(20)]}
 CODE_RESPONSE = "```python\ndef f(x):\n    return 2 * x + 1\n```"
 
@@ -59,6 +64,27 @@ def math_direct(seconds: float) -> float:
         grade_math(*math_item(n), cfg)
         n += 1
     return n / (time.perf_counter() - t0)
+
+
+def pathological_ms(reps: int) -> float:
+    """Mean ms to grade one pathological answer in one process."""
+    cfg = RewardConfig()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for answer in PATHOLOGICAL:
+            assert not grade_math(answer, "1", cfg).correct
+    return (time.perf_counter() - t0) / (reps * len(PATHOLOGICAL)) * 1e3
+
+
+async def batch_seconds(exp: ExpDir, items: list[GradeItem]) -> float:
+    """Seconds the service takes to grade one request of `items`."""
+    c = RequestClient(load_keys(exp.keys), read_service(exp, "reward", timeout_s=60)["address"], timeout_s=300)
+    try:
+        t0 = time.perf_counter()
+        await c.request(GradeRequest(items=items, deadline_s=290))
+        return time.perf_counter() - t0
+    finally:
+        c.close()
 
 
 def code_direct(reps: int) -> tuple[float, float]:
@@ -121,6 +147,7 @@ async def client_warmup(keys, address) -> None:
 def main(quick: bool = False) -> dict:
     seconds, reps = (1.0, 3) if quick else (10.0, 30)
     direct = math_direct(seconds)
+    pathological = pathological_ms(reps)
     per_test, per_sandbox = code_direct(reps)
     root = Path(tempfile.mkdtemp(prefix="tandem-bench-reward-")) / "exp"
     proc = start_service(root, workers=2)
@@ -136,6 +163,9 @@ def main(quick: bool = False) -> dict:
         code_items = [GradeItem(task="code", response=CODE_RESPONSE, tests=CODE_TESTS)] * 4
         tasks = asyncio.run(through_service(exp, lambda: code_items, seconds, clients=2))
         isolation = read_service(exp, "reward")["isolation"]
+        alone = asyncio.run(batch_seconds(exp, math_items()))
+        bad = [GradeItem(task="math", response=a, answer="1") for a in PATHOLOGICAL] * 8
+        mixed = asyncio.run(batch_seconds(exp, math_items() + bad))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -146,11 +176,16 @@ def main(quick: bool = False) -> dict:
         [f"code ms per test (20 function-call tests per sandbox, {isolation})", per_test],
         ["code ms per 1-test task (start + limits + teardown)", per_sandbox],
         ["code tasks/s through the service (20 tests each)", tasks],
+        ["math ms per pathological answer (9^{9^{9^{9}}}, 100000!, ...)", pathological],
+        ["s for 32 answers through the service, alone", alone],
+        ["s for the same + 40 pathological answers", mixed],
         ["cpus", os.cpu_count()],
     ])
     headline = {"math_per_s_service": round(service, 1), "math_per_s_direct": round(direct, 1),
                 "code_ms_per_test": round(per_test, 2), "code_ms_per_sandbox": round(per_sandbox, 1),
-                "code_tasks_per_s": round(tasks, 1), "code_isolation": isolation}
+                "code_tasks_per_s": round(tasks, 1), "code_isolation": isolation,
+                "math_ms_per_pathological": round(pathological, 3), "batch_alone_s": round(alone, 3),
+                "batch_with_pathological_s": round(mixed, 3)}
     if not quick:
         write_results("reward", headline)
     return headline

@@ -88,7 +88,15 @@ def build_figure(exp: ExpDir):
     ax.plot(x, y, marker=".")
     ax.set_xlabel("step")
     ax.set_ylabel("trained tokens/s")
-    ax.set_title("training throughput")
+    ax.set_title("training throughput; answers the reward refused")
+    ax2 = ax.twinx()
+    for key, label in (("reward_hedged", "hedged"), ("reward_limits_hit", "stopped at a limit")):
+        x, y = _series(steps, key)
+        if any(y):
+            ax2.plot(x, y, linestyle="--", label=label)
+    ax2.set_ylabel("answers per step")
+    if ax2.lines:
+        ax2.legend(loc="upper right")
     ax = axes[2, 1]
     x, y = _series(steps, "weight_sync_s")
     ax.plot(x, y, marker=".", label="weight sync (s)")

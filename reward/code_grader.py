@@ -8,14 +8,18 @@ that name and each output the expected return value.
 """
 from __future__ import annotations
 
+import re
+
 from reward.config import RewardConfig
 from reward.extract import extract_program
-from reward.sandbox import Sandbox
+from reward.sandbox import UNISOLATED, Sandbox
 from services.protocol import Verdict, code_tests_problem
 
 _SANDBOXES: dict[str, Sandbox] = {}
 MAX_SHOWN_TESTS = 20  # per-test records kept in a verdict (the counts cover all of them)
 SHOWN = 500  # characters of the extracted program kept in a verdict
+# Test statuses of a program stopped by a limit (time, CPU, memory, output, file size, processes).
+_LIMIT = re.compile(r"time|limit|killed|MemoryError|memory", re.IGNORECASE)
 
 
 def sandbox_for(cfg: RewardConfig) -> Sandbox:
@@ -39,6 +43,8 @@ def grade_code(response: str, tests: dict, cfg: RewardConfig | None = None) -> V
     cfg = cfg or RewardConfig()
     sandbox = sandbox_for(cfg)
     base = {"task": "code", "isolation": sandbox.isolation}
+    if sandbox.isolation != "bwrap" and not cfg.allow_unisolated:
+        return Verdict(cfg.wrong_reward, False, {**base, "reason": UNISOLATED})
     problem = code_tests_problem(tests)
     if problem:
         return Verdict(cfg.wrong_reward, False, {**base, "reason": f"invalid tests: {problem}"})
@@ -48,7 +54,7 @@ def grade_code(response: str, tests: dict, cfg: RewardConfig | None = None) -> V
     result = sandbox.run(program, tests["inputs"], tests["outputs"], tests.get("fn_name"))
     total = len(tests["inputs"])
     if result.error:
-        return Verdict(cfg.wrong_reward, False, {**base, "reason": f"sandbox error: {result.error}",
+        return Verdict(cfg.wrong_reward, False, {**base, "reason": f"sandbox error: {result.error}", "limit": True,
                                                  "extracted": program[:SHOWN], "found": found, "passed": 0, "total": total,
                                                  "seconds": round(result.seconds, 3)})
     passed = sum(1 for t in result.tests if t.get("passed") is True)
@@ -56,7 +62,9 @@ def grade_code(response: str, tests: dict, cfg: RewardConfig | None = None) -> V
         passed = 0
     ok = passed == total
     first_failure = next((t["status"] for t in result.tests if not t.get("passed")), None)
+    limit = any(_LIMIT.search(str(t.get("status", ""))) for t in result.tests)
     reason = "all tests passed" if ok else f"{passed}/{total} tests passed; first failure: {first_failure}"
     return Verdict(_reward(cfg, passed, total), ok,
                    {**base, "reason": reason, "extracted": program[:SHOWN], "found": found, "passed": passed, "total": total,
+                    **({"limit": True} if limit else {}),
                     "tests": result.tests[:MAX_SHOWN_TESTS], "seconds": round(result.seconds, 3)})

@@ -1,7 +1,8 @@
 """The reward service's part of the experiment config (section `reward`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib.util
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -45,6 +46,12 @@ class RewardConfig:
     # Code: programs run as user id sandbox_uid_base + (worker pid mod 10000) when the grader
     # is root, so the process limit applies and root's files stay unreadable.
     sandbox_uid_base: int = 200000
+    # Code: packages the graded programs may import beyond the standard library (bound
+    # read-only into the sandbox as this interpreter finds them, e.g. [numpy]).
+    sandbox_packages: list[str] = field(default_factory=list)
+    # Code: grade even without bubblewrap (the program can then read the host's files and reach
+    # the network, so a policy can learn to fetch its tests); false = refuse, naming why.
+    allow_unisolated: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -60,6 +67,9 @@ class RewardConfig:
         for key in ("code_memory_mb", "code_max_processes", "code_max_file_mb", "code_max_output_bytes"):
             if getattr(self, key) < 1:
                 out.append((key, "must be >= 1"))
+        for name in self.sandbox_packages:
+            if not isinstance(name, str) or not name.isidentifier() or importlib.util.find_spec(name) is None:
+                out.append(("sandbox_packages", f"{name!r} is not a package this Python can import"))
         if self.correct_reward <= self.wrong_reward:
             out.append(("correct_reward", f"must be greater than wrong_reward ({self.wrong_reward})"))
         return out

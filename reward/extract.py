@@ -47,6 +47,19 @@ def last_boxed(text: str) -> str | None:
     return None if best is None else best[1].strip()
 
 
+def boxes(text: str) -> list[tuple[int, str]]:
+    """(position, content) of every complete `\\boxed{...}` / `\\fbox{...}`, in order."""
+    found = []
+    for cmd in _BOX_COMMANDS:
+        start = text.find(cmd + "{")
+        while start >= 0:
+            content = _braced(text, start + len(cmd))
+            if content is not None:
+                found.append((start, content.strip()))
+            start = text.find(cmd + "{", start + 1)
+    return sorted(found)
+
+
 def _braced(text: str, i: int) -> str | None:
     """The content of the brace group opening at text[i] == '{', or None if it never closes."""
     depth, j = 0, i

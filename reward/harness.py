@@ -120,12 +120,24 @@ def _read(fds, deadline, cap):
     return bufs, None
 
 
+def _is_int(token):
+    digits = token[1:] if token[:1] in ("+", "-") else token
+    return digits.isascii() and digits.isdigit()
+
+
 def _tokens_match(got, expected):
+    """Token by token; an expected integer must come back as that integer exactly (a relative
+    tolerance would pass 123456790 for 123456789, 1e18 for 10**18 + 1), only an expected
+    decimal is compared with a tolerance."""
     a, b = got.split(), expected.split()
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
         if x == y:
+            continue
+        if _is_int(y):
+            if not (_is_int(x) and int(x) == int(y)):
+                return False
             continue
         try:
             fx, fy = float(x), float(y)
@@ -251,11 +263,14 @@ def _call_child(task, start, wfd):
 
 
 def _same(a, b):
+    """`a` (returned) equals `b` (expected): floats within a tolerance, but only numbers (not
+    "0.5" or True for 0.5), and an expected int exactly (3.0 for 3, not 3.0000001)."""
     if isinstance(a, float) or isinstance(b, float):
-        try:
-            return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-6)
-        except (TypeError, ValueError):
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
             return False
+        if isinstance(b, int):
+            return a == b
+        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-6)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -369,6 +384,8 @@ def main():
     task = marshal.loads(sys.stdin.buffer.read())
     outputs = task.pop("outputs")
     os.chdir(task["workdir"])
+    if task.get("packages"):          # the allowed packages bound into the sandbox
+        sys.path.append(task["packages"])
     _limits(task)
     _drop_privileges(task.get("uid"))
     _prctl()

@@ -15,8 +15,9 @@ import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from reward.answer_contract import disagreeing_boxes, final_sentence, hedge, too_costly
 from reward.config import RewardConfig
-from reward.extract import answer_text, last_boxed
+from reward.extract import answer_text, boxes, last_boxed
 from services.protocol import Verdict
 
 # math-verify warns once that its timeouts are off; that is deliberate here.
@@ -61,8 +62,12 @@ def _gold(answer: str):
 
 def _verdict(ok: bool, cfg: RewardConfig, reason: str, extracted: str | None, **extra) -> Verdict:
     shown = None if extracted is None else extracted[:_SHOWN]
+    # Counted per step (reward_hedged, reward_limits_hit): a policy drifting into hedging or
+    # pathological answers shows on the report before it shows in the accuracy.
+    flags = {"hedged": True} if reason.startswith("hedged") else \
+        {"limit": True} if reason.startswith(("too costly", "timeout")) else {}
     return Verdict(reward=cfg.correct_reward if ok else cfg.wrong_reward, correct=ok,
-                   details={"task": "math", "reason": reason, "extracted": shown, **extra})
+                   details={"task": "math", "reason": reason, "extracted": shown, **flags, **extra})
 
 
 def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
@@ -70,8 +75,9 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     """Grade one response against the reference `answer`.
 
     The final answer is the content of the last `\\boxed{}` after `</think>`. Without a box:
-    wrong when `cfg.math_require_box`, else math-verify's extraction on the answer text (a
-    "final answer is" phrase first, then the last LaTeX or plain expression). `timeout_s` -1
+    wrong when `cfg.math_require_box`, else math-verify's extraction on the answer sentence
+    (the last sentence naming the answer, else the last sentence). A hedged or pathological
+    answer is wrong before any symbolic work (answer_contract.py). `timeout_s` -1
     means cfg.math_timeout_s, None means no in-process limit.
     """
     cfg = cfg or RewardConfig()
@@ -83,14 +89,20 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     boxed = last_boxed(text)
     if boxed is None and cfg.math_require_box:
         return _verdict(False, cfg, "no \\boxed{} answer", None, source="none")
-    source = "boxed" if boxed is not None else "fallback: last expression of the answer text"
+    source = "boxed" if boxed is not None else "fallback: the answer sentence"
+    # The answer contract (answer_contract.py): one final answer, at a bounded cost.
+    final = boxed if boxed is not None else final_sentence(text)
+    why = too_costly(final) or hedge(final, answer, prose=boxed is None) or \
+        (disagreeing_boxes(text, boxes(text), answer) if boxed is not None else None)
+    if why:
+        return _verdict(False, cfg, why, final, source=source)
     try:
         with time_limit(timeout_s):
             gold = _gold(answer)
             if not gold:
                 return _verdict(False, cfg, f"reference answer {answer[:100]!r} is not parsable", None,
                                 source=source)
-            pred = parse(f"\\boxed{{{boxed}}}" if boxed is not None else text, _EXTRACTION,
+            pred = parse(f"\\boxed{{{boxed}}}" if boxed is not None else final, _EXTRACTION,
                          parsing_timeout=None)
             if not pred:
                 return _verdict(False, cfg, "no parsable answer", boxed, source=source)

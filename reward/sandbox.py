@@ -2,12 +2,13 @@
 
 One sandbox process per task runs `reward/harness.py` with the real interpreter (`-I -S`: no
 site-packages, no user paths, ~8 ms instead of ~33 ms to start). Under bubblewrap the program
-sees the host read-only, a private /tmp whose `work/` is a fresh host temp dir (removed
-afterwards), its own PID, network, IPC and UTS namespaces (no network at all), and runs as an
-unprivileged user id when the grader is root (so the process limit applies and root's files stay
-unreadable). Without bubblewrap only the rlimits, the stripped environment, the temp dir and the
-process-group cleanup remain: network and filesystem are then NOT isolated, which is logged as a
-warning and written into every verdict (`isolation: "rlimits-only"`).
+sees a fresh root holding only the interpreter, the libraries it loads and the allowed packages
+(`sandbox_root.py`), a private /tmp whose `work/` is a fresh host temp dir (removed afterwards),
+its own PID, network, IPC and UTS namespaces (no network at all), and runs as an unprivileged
+user id when the grader is root (so the process limit applies). Without bubblewrap only the
+rlimits, the stripped environment, the temp dir and the process-group cleanup remain: the
+program can then read the host's files and reach the network, so such a sandbox grades nothing
+unless `reward.allow_unisolated` says so, and every verdict says `isolation: "rlimits-only"`.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reward.config import RewardConfig
+from reward.sandbox_root import PACKAGES_INSIDE, bwrap_root_args
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +35,13 @@ INTERPRETER = os.path.realpath(sys.executable)
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
              "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
 INSIDE_WORKDIR = "/tmp/work"
+# Why code is not graded without isolation unless reward.allow_unisolated says so.
+UNISOLATED = ("refused: no filesystem or network isolation for generated code (bubblewrap is not usable "
+              "here); a program could read its tests from the host. Install bubblewrap (`make "
+              "sandbox-deps`) or set reward.allow_unisolated: true to grade anyway")
 # Seconds the outer runner waits beyond the task's total limit (interpreter start, teardown).
 GRACE_S = 5.0
-BWRAP_FLAGS = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+BWRAP_FLAGS = ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
                "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
 
@@ -47,23 +53,6 @@ class SandboxResult:
     isolation: str
     error: str | None = None
     seconds: float = 0.0
-
-
-def _prefix_binds(prefix: str) -> list[str]:
-    """bwrap arguments that keep the interpreter readable after the uid drop.
-
-    The interpreter may live under a directory others cannot enter (pyenv in /root): hide that
-    directory behind a tmpfs and bind only the interpreter's prefix back, read-only.
-    """
-    parts = Path(prefix).parts
-    for depth in range(2, len(parts) + 1):
-        ancestor = Path(*parts[:depth])
-        if not os.stat(ancestor).st_mode & stat.S_IXOTH:
-            args = ["--perms", "0755", "--tmpfs", str(ancestor)]
-            for d in range(depth + 1, len(parts)):
-                args += ["--perms", "0755", "--dir", str(Path(*parts[:d]))]
-            return args + ["--ro-bind", prefix, prefix]
-    return []
 
 
 def _others_can_run_interpreter() -> bool:
@@ -117,7 +106,7 @@ class Sandbox:
                         if root and _others_can_run_interpreter() else None)
 
     def _bwrap_command(self, workdir: str) -> list[str]:
-        args = ["bwrap", *BWRAP_FLAGS, *_prefix_binds(sys.base_prefix),
+        args = ["bwrap", *BWRAP_FLAGS, *bwrap_root_args(self.cfg.sandbox_packages),
                 "--bind", workdir, INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR]
         for k, v in CLEAN_ENV.items():
             args += ["--setenv", k, v]
@@ -167,6 +156,7 @@ class Sandbox:
                 "test_timeout": cfg.code_test_timeout_s, "total_timeout": cfg.code_total_timeout_s,
                 "max_output": cfg.code_max_output_bytes, "uid": self.uid,
                 "workdir": INSIDE_WORKDIR if self.isolation == "bwrap" else workdir,
+                "packages": PACKAGES_INSIDE if self.isolation == "bwrap" and cfg.sandbox_packages else None,
                 "limits": {"as_bytes": cfg.code_memory_mb << 20, "fsize_bytes": cfg.code_max_file_mb << 20,
                            "nproc": self._nproc_limit()}}
         cmd = [INTERPRETER, "-I", "-S", "-c", HARNESS, "tandem-sandbox"]

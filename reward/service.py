@@ -13,6 +13,7 @@ import time
 
 from reward.config import RewardConfig
 from reward.pool import GraderPool
+from reward.sandbox import UNISOLATED
 from services.protocol import (
     ExpDir,
     GradeReply,
@@ -55,6 +56,10 @@ class RewardService:
 
     async def run(self, shutdown: Shutdown) -> int:
         await self.pool.start()
+        if self.cfg.task == "code" and self.pool.stats.isolation != "bwrap" and not self.cfg.allow_unisolated:
+            await self.pool.close()
+            log.error("code isolation %s: %s", self.pool.stats.isolation, UNISOLATED)
+            return 2
         # A restart binds the announced port again: workers holding the address reach it at once.
         self.server = serve_at_previous_address(self.exp, "reward", load_keys(self.exp.keys),
                                                 {"grade": self.grade, "status": self.status},
@@ -64,8 +69,9 @@ class RewardService:
         log.info("reward service on %s: %d grader workers, code isolation %s", self.server.address,
                  self.pool.size, self.pool.stats.isolation)
         if self.pool.stats.isolation != "bwrap":
-            log.warning("generated code runs WITHOUT bubblewrap (%s): no filesystem or network isolation; "
-                        "install bubblewrap (`make sandbox-deps`)", self.pool.stats.isolation)
+            log.warning("generated code runs WITHOUT bubblewrap (%s): no filesystem or network isolation "
+                        "(reward.allow_unisolated); install bubblewrap (`make sandbox-deps`)",
+                        self.pool.stats.isolation)
         metrics = MetricsWriter(self.exp, "reward")
         serving = asyncio.ensure_future(self.server.serve_forever())
         last = time.monotonic()

@@ -82,7 +82,9 @@ async def single_turn(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> li
         output_logprobs=np.asarray(s.output_logprobs, dtype=np.float32),
         output_versions=np.asarray(s.output_versions, dtype=np.int32),
         admit_version=ticket.admit_version, reward=float(v.reward), finish_reason=s.finish_reason,
-        task=prompt.task, timings={"generate_s": t_gen, "grade_s": t_grade, "correct": float(v.correct)},
+        task=prompt.task, timings={"generate_s": t_gen, "grade_s": t_grade, "correct": float(v.correct),
+                                   "hedged": float(bool(v.details.get("hedged"))),
+                                   "limit_hit": float(bool(v.details.get("limit")))},
     ) for i, (s, v) in enumerate(zip(samples, verdicts, strict=True))]
 
 

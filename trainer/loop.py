@@ -178,7 +178,10 @@ class Trainer:
         self.staleness.update(self._step_staleness)
         self.token_staleness.update(self._step_token_staleness)
         # Which groups this step trained and dropped: `tandem audit` follows every group by id.
-        self._step_ids = {"group_ids": [g.group_id for g in result.groups], "dropped_ids": self._step_dropped}
+        self._step_ids = {"group_ids": [g.group_id for g in result.groups], "dropped_ids": self._step_dropped,
+                          # answers the reward scored wrong for hedging, or stopped at a limit
+                          **{name: int(sum(t.timings.get(key, 0.0) for g in result.groups for t in g.samples))
+                             for name, key in (("reward_hedged", "hedged"), ("reward_limits_hit", "limit_hit"))}}
         return StepBatch.from_groups(result.groups)
 
     def _release_refused(self) -> None:

@@ -12,7 +12,7 @@ from reward.config import RewardConfig
 from reward.sandbox import Sandbox
 
 CFG = RewardConfig(code_test_timeout_s=1.0, code_total_timeout_s=6.0)
-RLIMITS = RewardConfig(code_test_timeout_s=1.0, code_total_timeout_s=6.0, sandbox="rlimits")
+RLIMITS = RewardConfig(code_test_timeout_s=1.0, code_total_timeout_s=6.0, sandbox="rlimits", allow_unisolated=True)
 STDIO = {"inputs": ["1 2\n", "10 20\n", "-1 1\n"], "outputs": ["3\n", "30", "0\n"]}
 CALL = {"fn_name": "add", "inputs": [[1, 2], [10, 20], [-1, 1]], "outputs": [3, 30, 0]}
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(CFG).isolation != "bwrap",

@@ -43,6 +43,33 @@ def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, t
         "sys_exit_before_checks": ("import sys\nsys.exit(0)\ndef f(x):\n    return x", call),
         "os_exit_before_checks": ("import os\nos._exit(0)\ndef f(x):\n    return x", call),
         "fake_report": ("import sys, os\nos.write(1, b'{\"i\": 0, \"value\": 1}\\n')\nos._exit(0)", call),
+        # The judge's state: its memory, environment and command line (the harness is pid 1 of
+        # the sandbox's namespace or the parent), and its expected outputs in them.
+        "read_harness_memory": ("import os\nfor pid in (1, os.getppid()):\n    try:\n"
+                                "        print(open(f'/proc/{pid}/mem', 'rb').read(10))\n    except OSError:\n        pass\n"
+                                "print(input())", {"inputs": ["x"], "outputs": ["expected-7781"]}),
+        "outputs_in_harness_cmdline": ("import os\ndata = b''\nfor pid in os.listdir('/proc'):\n    try:\n"
+                                       "        data += open(f'/proc/{pid}/cmdline', 'rb').read()\n    except OSError:\n        pass\n"
+                                       "print('expected-7781' if b'expected-7781' in data else 'no')",
+                                       {"inputs": [""], "outputs": ["expected-7781"]}),
+        # Comparisons: a value whose __eq__ lies, a patched builtin or gc walk in the program's
+        # process, a wrong answer for a type the judge might coerce.
+        "lying_eq": ("class Yes:\n    def __eq__(self, other):\n        return True\n"
+                     "def f(x):\n    return Yes()", call),
+        "patch_builtins": ("import builtins\nbuiltins.isinstance = lambda *a: True\n"
+                           "import gc\nfor o in gc.get_objects():\n    pass\ndef f(x):\n    return 2", call),
+        "bool_for_int": ("def f(x):\n    return True", call),
+        "str_for_int": ("def f(x):\n    return '1'", call),
+        "str_for_float": ("def f(x):\n    return '0.5'", {"fn_name": "f", "inputs": [[1]], "outputs": [0.5]}),
+        "bool_for_float": ("def f(x):\n    return True", {"fn_name": "f", "inputs": [[1]], "outputs": [1.0]}),
+        "near_int_call": ("def f(x):\n    return 123456789.0001", {"fn_name": "f", "inputs": [[1]], "outputs": [123456789]}),
+        # stdio: an integer is compared exactly, not within a relative tolerance
+        "near_int_stdio": ("print(123456790)", {"inputs": [""], "outputs": ["123456789"]}),
+        "float_for_big_int": ("print('1e18')", {"inputs": [""], "outputs": ["1000000000000000001"]}),
+        # A file written by an early test to change what a later test sees.
+        "files_across_tests": ("import os\nif os.path.exists('seen'):\n    print('ok')\nelse:\n"
+                               "    open('seen', 'w').write('1')\n    print('first')",
+                               {"inputs": ["", ""], "outputs": ["ok", "ok"]}),
     }
 
 
@@ -96,7 +123,8 @@ def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path):
     assert not host_file.exists() and not os.path.exists(VAR_TMP_FILE)
     if "read_root_only_file" in verdicts:
         reason = verdicts["read_root_only_file"].details["tests"][0]["stderr"]
-        assert "Permission denied" in reason, reason
+        # Not even there: the sandbox's root holds nothing of the host but the interpreter.
+        assert "No such file" in reason, reason
     assert not connections
     # The service is alive and its pool whole; nothing the programs started is still running.
     state = reward_service.status()

@@ -13,7 +13,9 @@ from reward_service_helpers import wait_no_sandbox_processes
 
 from services.protocol import GradeItem, GradeRequest, RemoteError, RequestClient
 
-SLOW = r"\boxed{(x+1)^{100000}}"  # sympy needs far longer than math_timeout_s (2 s) for it
+# Within the answer contract's shape limits (reward/answer_contract.py), yet sympy needs far
+# longer than math_timeout_s (2 s) to compare it: the timeout is the backstop.
+SLOW = r"\boxed{(x+y+z+1)^{40}}"
 
 
 def math_item(response: str, answer: str) -> GradeItem:

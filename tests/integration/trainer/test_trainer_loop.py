@@ -82,8 +82,11 @@ def groups(traj, specs):
     out = []
     for n, (gid, v) in enumerate(specs):
         for k in range(2):
-            out.append(traj(gid, k, group_size=2, admit_version=v, reward=5.0 if k == n % 2 else -5.0,
-                            seed=100 * n + k, out_len=4 + (n + k) % 5, prompt_len=3 + n % 3))
+            t = traj(gid, k, group_size=2, admit_version=v, reward=5.0 if k == n % 2 else -5.0,
+                     seed=100 * n + k, out_len=4 + (n + k) % 5, prompt_len=3 + n % 3)
+            # the reward's flags, as the workflow copies them from the verdicts (issue 22)
+            t.timings.update(hedged=float(gid == "b" and k == 0), limit_hit=float(gid == "c"))
+            out.append(t)
     return out
 
 
@@ -125,6 +128,9 @@ def test_reference_run_publishes_logs_and_checkpoints(reference_run):
     ref = reference_run
     recs = read_metrics(ref, "trainer", "step")
     assert [r["step"] for r in recs] == [1, 2]
+    # per step, the answers the reward refused: a hedge in b (step 1), limits in c (step 2)
+    assert [(r["reward_hedged"], r["reward_limits_hit"]) for r in recs] == [(1, 0), (0, 2)]
+    assert recs[0]["group_ids"] == ["a", "b"] and recs[1]["group_ids"] == ["c", "d"]
     # step 2 trains c (admitted at v0) and d (v1) at version 1
     assert recs[1]["staleness_hist"] == {"0": 1, "1": 1}
     assert recs[1]["staleness_hist_total"] == {"0": 3, "1": 1}

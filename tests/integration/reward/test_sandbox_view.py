@@ -1,0 +1,106 @@
+"""What a graded program can see of the host, written from the attacks (issue 22).
+
+A policy optimises whatever the reward lets through: a program that finds its tests' expected
+outputs on the host passes without solving anything. These run programs in the real sandbox
+(bubblewrap) and check what they saw, not how the sandbox is built."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from reward.code_grader import grade_code
+from reward.config import RewardConfig
+from reward.sandbox import Sandbox
+from reward.sandbox_root import shared_libraries
+
+CFG = RewardConfig(code_test_timeout_s=5.0, code_total_timeout_s=10.0)
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(CFG).isolation != "bwrap",
+                                reason="bubblewrap not installed or not permitted here")
+
+WALK = r'''
+import os, sys
+seen = []
+for root, dirs, files in os.walk("/"):
+    if root in ("/proc", "/dev") or root.startswith(("/proc/", "/dev/")):
+        dirs[:] = []
+        continue
+    seen += [os.path.join(root, f) for f in files]
+# Its verdict in one short line (the harness keeps 200 characters): the standard library is
+# there, site-packages is empty, and no file outside the prefix but the libraries on stdin.
+libraries = set(sys.stdin.read().split())
+inside = [p for p in seen if p.startswith(sys.base_prefix + "/")]
+others = [p for p in seen if not p.startswith(sys.base_prefix + "/") and p not in libraries]
+print("stdlib", any(p.endswith("/json/__init__.py") for p in inside),
+      "site-packages", sum("/site-packages/" in p for p in inside), "others", len(others), others[:3])
+'''
+
+
+def _stdout(program: str, stdin: str = "") -> str:
+    result = Sandbox(CFG).run(program, [stdin], ["unused"])
+    assert result.error is None, result.error
+    return result.tests[0]["got"]
+
+
+def test_a_program_sees_the_standard_library_and_its_libraries_and_nothing_else_of_the_host():
+    libraries = "\n".join(inside for _, inside in shared_libraries())
+    assert _stdout(WALK, libraries).strip() == "stdlib True site-packages 0 others 0 []"
+
+
+def test_searching_the_filesystem_for_the_expected_output_finds_nothing(tmp_path):
+    """The attack: the grader's tests sit in a file on the host (a dataset, an experiment
+    directory); the program looks for a JSON holding its own input and prints the answer stored
+    with it. Under `--ro-bind / /` it passed every test."""
+    marker = "7319 2468"
+    (tmp_path / "tests.json").write_text(json.dumps({"inputs": [marker + "\n"], "outputs": ["424242\n"]}))
+    (tmp_path / "tests.json").chmod(0o644)
+    tmp_path.chmod(0o755)
+    thief = r'''
+import json, os, sys
+want = sys.stdin.read()
+for root, dirs, files in os.walk("/"):
+    if root.startswith(("/proc", "/dev")):
+        dirs[:] = []
+        continue
+    for f in files:
+        try:
+            data = json.load(open(os.path.join(root, f)))
+            print(data["outputs"][data["inputs"].index(want)])
+            sys.exit(0)
+        except Exception:
+            pass
+print("not found")
+'''
+    verdict = grade_code(f"```python\n{thief}\n```", {"inputs": [marker + "\n"], "outputs": ["424242\n"]}, CFG)
+    assert not verdict.correct, verdict.details
+    assert verdict.details["tests"][0]["got"].strip() == "not found"
+
+
+def test_the_harness_source_and_the_service_code_are_not_readable():
+    probe = r'''
+import os
+for p in ["/work", "/home", "/srv", "/opt", "/var", "/etc/passwd", os.path.expanduser("~")]:
+    print(p, os.path.exists(p))
+'''
+    lines = _stdout(probe).split("\n")
+    assert all(line.endswith("False") for line in lines if line.strip() and not line.startswith("/tmp")), lines
+
+
+def test_allowed_packages_are_importable_and_no_others():
+    program = "import msgpack\nprint(msgpack.unpackb(msgpack.packb([1, 2])))"
+    blocked = Sandbox(CFG).run(program, [""], ["[1, 2]"])
+    assert blocked.tests[0]["passed"] is False and "ModuleNotFoundError" in blocked.tests[0]["stderr"]
+    cfg = RewardConfig(code_test_timeout_s=5.0, code_total_timeout_s=10.0, sandbox_packages=["msgpack"])
+    allowed = Sandbox(cfg).run(program, [""], ["[1, 2]"])
+    assert allowed.tests[0]["passed"] is True, allowed.tests
+
+
+def test_without_isolation_code_is_not_graded_unless_the_experiment_allows_it():
+    program = "```python\nprint(input())\n```"
+    tests = {"inputs": ["5\n"], "outputs": ["5\n"]}
+    refused = grade_code(program, tests, RewardConfig(sandbox="rlimits"))
+    assert not refused.correct and refused.details["reason"].startswith("refused: no filesystem"), refused.details
+    assert "reward.allow_unisolated" in refused.details["reason"]
+    allowed = grade_code(program, tests, RewardConfig(sandbox="rlimits", allow_unisolated=True))
+    assert allowed.correct and allowed.details["isolation"] == "rlimits-only"
