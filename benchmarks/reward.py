@@ -55,6 +55,7 @@ PATHOLOGICAL = [r"\boxed{9^{9^{9^{9}}}}", r"\boxed{10^{10^{10}}}", r"\boxed{1000
 
 CODE_TESTS = {"fn_name": "f", "inputs": [[i] for i in range(20)], "outputs": [2 * i + 1 for i in range(20)]}
 CODE_RESPONSE = "```python\ndef f(x):\n    return 2 * x + 1\n```"
+CODE_STDIO_RESPONSE = "```python\nx = int(input())\nprint(2 * x + 1)\n```"
 
 
 def math_direct(seconds: float) -> float:
@@ -87,19 +88,22 @@ async def batch_seconds(exp: ExpDir, items: list[GradeItem]) -> float:
         c.close()
 
 
-def code_direct(reps: int) -> tuple[float, float]:
-    """(ms per test in a 20-test task, ms for a 1-test task = start + limits + teardown)."""
+def code_direct(reps: int) -> dict[str, float]:
+    """ms per test of a 20-test task and ms per 1-test task (start + limits + teardown), for
+    function-call and stdin/stdout tests."""
     cfg = RewardConfig()
-    one = {"fn_name": "f", "inputs": [[1]], "outputs": [3]}
-    grade_code(CODE_RESPONSE, one, cfg)  # probe bubblewrap once
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        assert grade_code(CODE_RESPONSE, CODE_TESTS, cfg).correct
-    per_test = (time.perf_counter() - t0) / reps / len(CODE_TESTS["inputs"]) * 1e3
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        assert grade_code(CODE_RESPONSE, one, cfg).correct
-    return per_test, (time.perf_counter() - t0) / reps * 1e3
+    stdio = {"inputs": [f"{i}\n" for i in range(20)], "outputs": [f"{2 * i + 1}\n" for i in range(20)]}
+    cases = {"call": (CODE_RESPONSE, CODE_TESTS), "stdio": (CODE_STDIO_RESPONSE, stdio)}
+    grade_code(CODE_RESPONSE, CODE_TESTS, cfg)  # probe bubblewrap once
+    out = {}
+    for mode, (response, tests) in cases.items():
+        one = {k: v[:1] if isinstance(v, list) else v for k, v in tests.items()}
+        for name, task, per in ((f"{mode}_ms_per_test", tests, len(tests["inputs"])), (f"{mode}_ms_per_sandbox", one, 1)):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                assert grade_code(response, task, cfg).correct
+            out[name] = (time.perf_counter() - t0) / reps / per * 1e3
+    return out
 
 
 def start_service(root: Path, workers: int) -> subprocess.Popen:
@@ -148,7 +152,7 @@ def main(quick: bool = False) -> dict:
     seconds, reps = (1.0, 3) if quick else (10.0, 30)
     direct = math_direct(seconds)
     pathological = pathological_ms(reps)
-    per_test, per_sandbox = code_direct(reps)
+    code = code_direct(reps)
     root = Path(tempfile.mkdtemp(prefix="tandem-bench-reward-")) / "exp"
     proc = start_service(root, workers=2)
     try:
@@ -173,8 +177,10 @@ def main(quick: bool = False) -> dict:
         ["math verdicts/s, direct (one process)", direct],
         ["math verdicts/s, service (pool of 2)", service],
         ["service / direct", service / direct],
-        [f"code ms per test (20 function-call tests per sandbox, {isolation})", per_test],
-        ["code ms per 1-test task (start + limits + teardown)", per_sandbox],
+        [f"code ms per test (20 function-call tests per sandbox, {isolation})", code["call_ms_per_test"]],
+        ["code ms per 1-test task (start + limits + teardown)", code["call_ms_per_sandbox"]],
+        ["code ms per test (20 stdin/stdout tests per sandbox)", code["stdio_ms_per_test"]],
+        ["code ms per 1-test stdin/stdout task", code["stdio_ms_per_sandbox"]],
         ["code tasks/s through the service (20 tests each)", tasks],
         ["math ms per pathological answer (9^{9^{9^{9}}}, 100000!, ...)", pathological],
         ["s for 32 answers through the service, alone", alone],
@@ -182,7 +188,10 @@ def main(quick: bool = False) -> dict:
         ["cpus", os.cpu_count()],
     ])
     headline = {"math_per_s_service": round(service, 1), "math_per_s_direct": round(direct, 1),
-                "code_ms_per_test": round(per_test, 2), "code_ms_per_sandbox": round(per_sandbox, 1),
+                "code_ms_per_test": round(code["call_ms_per_test"], 2),
+                "code_ms_per_sandbox": round(code["call_ms_per_sandbox"], 1),
+                "code_stdio_ms_per_test": round(code["stdio_ms_per_test"], 2),
+                "code_stdio_ms_per_sandbox": round(code["stdio_ms_per_sandbox"], 1),
                 "code_tasks_per_s": round(tasks, 1), "code_isolation": isolation,
                 "math_ms_per_pathological": round(pathological, 3), "batch_alone_s": round(alone, 3),
                 "batch_with_pathological_s": round(mixed, 3)}

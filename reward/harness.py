@@ -1,16 +1,19 @@
 """The test harness that runs INSIDE the sandbox (stdlib only; started with `python -I -S`).
 
-It reads one task on stdin, applies the limits, drops to the sandbox user, then runs
-the untrusted program in forked children and judges every test itself. The child never sees
-the expected outputs (they are cleared in its copy of memory) and never holds the harness's
-report channel, so a program can fail tests but cannot report a pass: exiting early, killing
-its parent or printing fake results all end in tests without a result, which are failures.
+It reads the task (program, inputs, limits) on stdin, applies the limits, drops to the sandbox
+user, runs the untrusted program in forked children, ends every process the program started,
+and only then reads the expected outputs (the second message on stdin) and judges. No process
+of the program ever exists while an expected output is in the harness's memory, so none can
+find one in the memory it inherited or read it from the harness; and no child holds the report
+channel, so a program can fail tests but cannot report a pass: exiting early, killing its
+parent or printing fake results all end in tests without a result, which are failures.
 
-Task in and report out are `marshal` data (built in; importing json would cost ~10 ms of every
-sandbox start): report = {"tests": [{"passed", "status", ...}], "uid"} on the harness's stdout.
+Messages in are length-prefixed `marshal` data, the report out is `marshal` data (built in;
+importing json would cost ~10 ms of every sandbox start): report = {"tests": [{"passed",
+"status", ...}], "uid"} on the harness's stdout.
 """
+import _ctypes  # not `ctypes`: its Python half costs ~3.5 ms of every start
 import _signal as signal  # the C module: `signal` imports enum, ~5 ms of every start
-import ctypes
 import io
 import marshal
 import math
@@ -54,15 +57,25 @@ def _drop_privileges(uid):
     os.setuid(uid)
 
 
+class _CInt(_ctypes._SimpleCData):
+    _type_ = "i"
+
+
+class _CFunction(_ctypes.CFuncPtr):
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _CInt
+
+
+class _Libc:
+    _handle = _ctypes.dlopen(None, os.RTLD_NOW)
+
+
 def _prctl():
     """Not dumpable (same-user children cannot ptrace us or open /proc/<harness>/fd), and a
-    subreaper (orphaned descendants come back to us, so we can kill them at the end)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE 0
-        libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
-    except OSError:
-        pass
+    subreaper (orphaned descendants come back to us, so we can kill them before judging)."""
+    prctl = _CFunction(("prctl", _Libc))
+    prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE 0
+    prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 
 
 def _child_io(stdin_text, out_fd, err_fd):
@@ -154,10 +167,11 @@ def _as_text(v):
     return str(v)
 
 
-def _run_stdio(task, outputs, deadline):
+def _run_stdio(task, deadline):
+    """One forked child per test; each run's stdout is its answer."""
     results = []
     cap = task["max_output"]
-    for i, test_input in enumerate(task["inputs"]):
+    for test_input in task["inputs"]:
         if time.monotonic() >= deadline:
             results.append({"passed": False, "status": "skipped: total time limit"})
             continue
@@ -173,7 +187,6 @@ def _run_stdio(task, outputs, deadline):
                 os.close(err_r)
                 _child_io(_as_text(test_input), out_w, err_w)
                 _cpu_limit(task["test_timeout"])
-                del outputs[:]
                 exec(compile(task["program"], "<solution>", "exec"), {"__name__": "__main__"})
                 code = 0
             except SystemExit as e:
@@ -193,17 +206,9 @@ def _run_stdio(task, outputs, deadline):
         os.close(out_r)
         os.close(err_r)
         status = _status_after(pid, why)
-        got = bufs[out_r].decode(errors="replace")
-        seconds = round(time.monotonic() - t0, 4)
-        rec = {"passed": False, "status": status, "seconds": seconds}
-        if status == "ok":
-            rec["passed"] = _tokens_match(got, _as_text(outputs[i]))
-            rec["status"] = "passed" if rec["passed"] else "wrong output"
-        if not rec["passed"]:
-            rec["got"] = got[:SNIPPET]
-            rec["expected"] = _as_text(outputs[i])[:SNIPPET]
-            rec["stderr"] = bufs[err_r].decode(errors="replace")[-SNIPPET:]
-        results.append(rec)
+        results.append({"status": status, "seconds": round(time.monotonic() - t0, 4),
+                        "answer": bufs[out_r].decode(errors="replace"),
+                        "stderr": bufs[err_r].decode(errors="replace")[-SNIPPET:]})
     return results
 
 
@@ -278,7 +283,8 @@ def _same(a, b):
     return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
-def _run_call(task, outputs, deadline):
+def _run_call(task, deadline):
+    """One forked child loads the program and calls it per test (a new one after a failure)."""
     n = len(task["inputs"])
     results = [None] * n
     i = 0
@@ -293,7 +299,6 @@ def _run_call(task, outputs, deadline):
         if pid == 0:
             try:
                 os.close(r)
-                del outputs[:]
                 _call_child(task, i, w)
             except BaseException:
                 pass
@@ -339,11 +344,7 @@ def _run_call(task, outputs, deadline):
             elif "error" in rec:
                 results[i] = {"passed": False, "status": f"exception: {rec['error']}", "seconds": seconds}
             else:
-                ok = _same(rec.get("value"), outputs[i])
-                results[i] = {"passed": ok, "status": "passed" if ok else "wrong output", "seconds": seconds}
-                if not ok:
-                    results[i]["got"] = repr(rec.get("value"))[:SNIPPET]
-                    results[i]["expected"] = repr(outputs[i])[:SNIPPET]
+                results[i] = {"status": "ok", "answer": rec.get("value"), "seconds": seconds}
             i += 1
             t0 = time.monotonic()
         os.close(r)
@@ -351,8 +352,30 @@ def _run_call(task, outputs, deadline):
     return results
 
 
+def _judge(task, runs, outputs):
+    """Each run's answer against its expected output (the program is gone by now)."""
+    call = bool(task.get("fn_name"))
+    results = []
+    for run, expected in zip(runs, outputs, strict=True):
+        rec = {k: v for k, v in run.items() if k not in ("answer", "stderr")}
+        rec["passed"] = False
+        if run["status"] == "ok":
+            answer = run["answer"]
+            rec["passed"] = _same(answer, expected) if call else _tokens_match(answer, _as_text(expected))
+            rec["status"] = "passed" if rec["passed"] else "wrong output"
+        if not rec["passed"]:
+            if "answer" in run:
+                rec["got"] = (repr(run["answer"]) if call else run["answer"])[:SNIPPET]
+            rec["expected"] = (repr(expected) if call else _as_text(expected))[:SNIPPET]
+            if "stderr" in run:
+                rec["stderr"] = run["stderr"]
+        results.append(rec)
+    return results
+
+
 def _reap_descendants():
-    """Kill every process that came back to us as subreaper, then reap them."""
+    """Kill every process that came back to us as subreaper, then reap them; False if some
+    were still appearing after 50 rounds."""
     me = str(os.getpid())
     for _ in range(50):
         found = False
@@ -377,12 +400,26 @@ def _reap_descendants():
             except ChildProcessError:
                 break
         if not found:
-            return
+            return True
+    return False
+
+
+def _read_message():
+    """One length-prefixed marshal message from fd 0, read exactly: a buffered reader would
+    read ahead into the expected outputs, into memory that every test child inherits."""
+    def exact(n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(0, n - len(data))
+            if not chunk:
+                raise EOFError("the task message is truncated")
+            data += chunk
+        return data
+    return marshal.loads(exact(int.from_bytes(exact(4), "big")))
 
 
 def main():
-    task = marshal.loads(sys.stdin.buffer.read())
-    outputs = task.pop("outputs")
+    task = _read_message()
     os.chdir(task["workdir"])
     if task.get("packages"):          # the allowed packages bound into the sandbox
         sys.path.append(task["packages"])
@@ -391,10 +428,17 @@ def main():
     _prctl()
     deadline = time.monotonic() + task["total_timeout"]
     run = _run_call if task.get("fn_name") else _run_stdio
-    results = run(task, outputs, deadline)
-    _reap_descendants()
+    # The first compile() of a process costs ~1.5 ms (this interpreter's parser warming up);
+    # paid here once instead of in every forked test.
+    compile("", "<warm-up>", "exec")
+    runs = run(task, deadline)
+    if _reap_descendants():
+        results = _judge(task, runs, _read_message())
+    else:
+        results = [{"passed": False, "status": "the program's processes could not all be stopped"}] * len(runs)
     sys.stdout.buffer.write(marshal.dumps({"tests": results, "uid": os.getuid()}))
     sys.stdout.flush()
+    os._exit(0)   # nothing left to clean up: skip the interpreter's ~1 ms of finalisation
 
 
 if __name__ == "__main__":

@@ -19,6 +19,28 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(RewardC
                                 reason="bubblewrap not installed or not permitted here")
 
 
+MEMORY_SECRET = "EXPECTED-SECRET-" + "481516"     # the program searches for the prefix only
+MEMORY_SCAN = r"""
+import ctypes, re
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+found = "none"
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        start, end = (int(x, 16) for x in span.split("-"))
+        if "r" not in perms or end - start > 1 << 26:
+            continue
+        try:
+            mem.seek(start)
+            m = re.search(rb"EXPECTED-SECRET-[0-9]{6}", mem.read(end - start))
+        except (OSError, ValueError, OverflowError):
+            continue
+        if m:
+            found = m.group(0).decode()
+            break
+"""
+
+
 def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, tuple[str, dict]]:
     """name -> (program, tests); every test would pass if the hostile action succeeded."""
     ok = {"inputs": [""], "outputs": ["ok"]}
@@ -66,6 +88,11 @@ def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, t
         # stdio: an integer is compared exactly, not within a relative tolerance
         "near_int_stdio": ("print(123456790)", {"inputs": [""], "outputs": ["123456789"]}),
         "float_for_big_int": ("print('1e18')", {"inputs": [""], "outputs": ["1000000000000000001"]}),
+        # Its own memory, inherited from the harness: expected outputs it held when it forked
+        # this test (made dumpable again, so /proc/self/mem opens).
+        "scan_own_memory_stdio": (MEMORY_SCAN + "print(found)", {"inputs": ["", ""], "outputs": [MEMORY_SECRET] * 2}),
+        "scan_own_memory_call": (MEMORY_SCAN + "def f(x):\n    return found",
+                                 {"fn_name": "f", "inputs": [[1], [2]], "outputs": [MEMORY_SECRET] * 2}),
         # A file written by an early test to change what a later test sees.
         "files_across_tests": ("import os\nif os.path.exists('seen'):\n    print('ok')\nelse:\n"
                                "    open('seen', 'w').write('1')\n    print('first')",
@@ -117,6 +144,8 @@ def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path):
         assert v.reward == -5.0, name
         assert v.details["isolation"] == "bwrap", name
         assert "error" not in v.details, (name, v.details)  # graded as a failure, not a grader error
+    for name in ("scan_own_memory_stdio", "scan_own_memory_call"):   # not one test may pass
+        assert verdicts[name].details["passed"] == 0, (name, verdicts[name].details)
     assert "timeout" in verdicts["infinite_loop"].details["reason"]
     assert "output limit" in verdicts["gigabytes_of_output"].details["reason"]
     assert "no result" in verdicts["os_exit_before_checks"].details["reason"]

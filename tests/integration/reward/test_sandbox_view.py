@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from reward.code_grader import grade_code
 from reward.config import RewardConfig
 from reward.sandbox import Sandbox
-from reward.sandbox_root import shared_libraries
+from reward.sandbox_root import library_stage, shared_libraries
 
 CFG = RewardConfig(code_test_timeout_s=5.0, code_total_timeout_s=10.0)
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(CFG).isolation != "bwrap",
@@ -104,3 +105,20 @@ def test_without_isolation_code_is_not_graded_unless_the_experiment_allows_it():
     assert "reward.allow_unisolated" in refused.details["reason"]
     allowed = grade_code(program, tests, RewardConfig(sandbox="rlimits", allow_unisolated=True))
     assert allowed.correct and allowed.details["isolation"] == "rlimits-only"
+
+
+def test_libraries_are_gathered_once_per_library_set(tmp_path, monkeypatch):
+    """Binding each library alone cost a mount each (~7.6 ms of every start); they are gathered
+    once into a cache folder whose `lib*` folders are bound whole. That folder must hold exactly
+    the libraries, readable by the sandbox's user, and be reused, not rebuilt."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stage = library_stage.__wrapped__()
+    assert stage is not None and stage.startswith(str(tmp_path))
+    gathered = {str(p)[len(stage):] for p in Path(stage).rglob("*") if p.is_file()}
+    libraries = shared_libraries()
+    assert gathered == {inside for _, inside in libraries}
+    for host, inside in libraries:
+        assert Path(stage + inside).read_bytes() == Path(host).read_bytes()
+    assert all(p.stat().st_mode & 0o755 == 0o755 for p in [Path(stage), *Path(stage).rglob("*")] if p.is_dir())
+    built = Path(stage).stat().st_mtime_ns
+    assert library_stage.__wrapped__() == stage and Path(stage).stat().st_mtime_ns == built
