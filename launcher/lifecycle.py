@@ -137,6 +137,7 @@ def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress) 
         for end in backend.ended():
             name = end.role.name
             if end.role.kind == "trainer":
+                progress.update()   # the steps it recorded since the last poll, the last one included
                 if end.ok:
                     return
                 raise LaunchError(f"the trainer failed: {end.why}\n"

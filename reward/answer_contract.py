@@ -24,7 +24,8 @@ MAX_DEPTH = 30            # brackets nested deeper than this
 MAX_DIGITS = 10_000       # a number this long (a power or factorial) is not computed
 MAX_SYMBOLIC_EXPONENT = 50     # (x+1)^{999} takes seconds to compare, (x+1)^{100} half of one
 
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# 1,000 and LaTeX's 14{,}916 and 11,\! 111 are one number
+_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|,\\!\s*|,)(?=\d{3}(?!\d))")
 _BRACKETED = re.compile(r"^\s*[\[(].*,.*[\])]\s*$", re.DOTALL)   # an interval or a tuple: [2,714)
 _SEVERAL_WORDS = r"\\text\s*\{\s*or\s*\}|\bor\b|\\lor|\\pm|\\mp|\\cup|\\\{"
 _SEVERAL = re.compile(_SEVERAL_WORDS + r"|[,;]")
@@ -32,20 +33,21 @@ _SEVERAL_IN_PROSE = re.compile(_SEVERAL_WORDS)     # a sentence's commas are its
 _STATED = re.compile(r"\banswer\s*(?:is|:|=)\s*", re.IGNORECASE)
 _CONCLUDES = re.compile(r"\b(wait|actually|correct(ion|ed|ing)?|mistake|wrong|instead|rather|re-?check\w*|"
                         r"redo|finally|final|therefore|thus|hence|so|answer)\b", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"[.!?](?!\d)|\n")     # 3.5 is a number, "is 3." ends a sentence
+_SENTENCE_END = re.compile(r"[.!?](?![\d=])|\n")     # 3.5 and x != 5 go on, "is 3." ends a sentence
 _FACTORIAL = re.compile(r"(\d+)\s*!")
 
 
 def several_values(reference: str) -> bool:
-    """Whether the reference answer itself holds more than one value (roots, a set, an
-    interval, ±, "or"); then the matching multi-value forms of an answer are legitimate."""
+    """Whether the reference answer's text holds more than one value (roots, a set, an
+    interval, ±, "or"); then the matching multi-value forms of an answer are legitimate. The
+    grader also asks its parsed form (math_grader.py), which sees `\\boxed{1}\\boxed{2}` too."""
     return bool(_BRACKETED.match(reference)) or _SEVERAL.search(_THOUSANDS.sub("", reference)) is not None
 
 
-def hedge(final: str, reference: str, prose: bool = False) -> str | None:
+def hedge(final: str, several: bool, prose: bool = False) -> str | None:
     """Why `final` (the graded answer: a box's content, or with `prose` an answer sentence)
-    offers several candidates for a one-value reference."""
-    if several_values(reference):
+    offers several candidates where the reference is one value (`several` False)."""
+    if several:
         return None
     if prose:   # "So, the answer is 42": judge what follows "answer is", else only "or", ±, ...
         stated = _STATED.split(final)
@@ -56,10 +58,11 @@ def hedge(final: str, reference: str, prose: bool = False) -> str | None:
     return None if m is None else f"hedged: several candidates ({m.group(0).strip()!r}) for a one-value reference"
 
 
-def disagreeing_boxes(text: str, boxes: list[tuple[int, str]], reference: str) -> str | None:
-    """Why boxes that disagree are a hedge: the last one does not follow a conclusion or a
-    correction. `boxes`: (position, content) of every complete box of the answer text."""
-    if len(boxes) < 2 or several_values(reference):
+def disagreeing_boxes(text: str, boxes: list[tuple[int, str]], several: bool) -> str | None:
+    """Why boxes that disagree are a hedge (where the reference is one value): the last one
+    does not follow a conclusion or a correction. `boxes`: (position, content) of every complete
+    box of the answer text."""
+    if len(boxes) < 2 or several:
         return None
     (prev_at, prev), (last_at, last) = boxes[-2], boxes[-1]
     if _norm(prev) == _norm(last) or _CONCLUDES.search(text[prev_at:last_at]):
@@ -73,6 +76,16 @@ def final_sentence(text: str) -> str:
     parts = [p.strip() for p in _SENTENCE_END.split(text) if p and p.strip()]
     named = [p for p in parts if re.search(r"\banswer\b", p, re.IGNORECASE)]
     return (named or parts or [""])[-1]
+
+
+def stated_after_last_box(text: str, boxes: list[tuple[int, str]]) -> str | None:
+    """The answer sentence ("The final answer is 10,455.") that follows the last box, if one
+    does: the box was an intermediate value, the sentence states the answer."""
+    if not boxes:
+        return None
+    at, content = boxes[-1]
+    rest = text[text.find(content, at) + len(content):]
+    return final_sentence(rest) if _STATED.search(rest) else None
 
 
 def too_costly(answer: str) -> str | None:

@@ -51,7 +51,8 @@ def grade_code(response: str, tests: dict, cfg: RewardConfig | None = None) -> V
     program, found = extract_program(response)
     if program is None:
         return Verdict(cfg.wrong_reward, False, {**base, "reason": f"no program: {found}", "extracted": None})
-    result = sandbox.run(program, tests["inputs"], tests["outputs"], tests.get("fn_name"))
+    result = sandbox.run(program, tests["inputs"], tests["outputs"], tests.get("fn_name"),
+                         tests.get("convention", "tandem"))
     total = len(tests["inputs"])
     if result.error:
         return Verdict(cfg.wrong_reward, False, {**base, "reason": f"sandbox error: {result.error}", "limit": True,

@@ -24,6 +24,13 @@ import sys
 import time
 
 SNIPPET = 200
+# What LiveCodeBench's official grader (lcb_runner/evaluation/testing_util.py) gives every
+# program: these modules imported and their names in scope (`from typing import *` too), and
+# a recursion limit of 50,000. Programs written for it use `deque` or `List[int]` unimported.
+LCB_MODULES = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
+               "statistics", "itertools", "functools", "operator", "io", "sys", "json")
+LCB_PRELUDE = "".join(f"from {m} import *\n" for m in (*LCB_MODULES, "builtins", "typing")) + \
+    "".join(f"import {m}\n" for m in LCB_MODULES)
 
 
 def _limits(task):
@@ -187,7 +194,7 @@ def _run_stdio(task, deadline):
                 os.close(err_r)
                 _child_io(_as_text(test_input), out_w, err_w)
                 _cpu_limit(task["test_timeout"])
-                exec(compile(task["program"], "<solution>", "exec"), {"__name__": "__main__"})
+                exec(compile(task["program"], "<solution>", "exec"), _namespace(task, "__main__"))
                 code = 0
             except SystemExit as e:
                 code = 0 if e.code in (None, 0) else 1
@@ -243,14 +250,16 @@ def _call_child(task, start, wfd):
     null = os.open(os.devnull, os.O_WRONLY)
     _child_io(None, null, null)
     _cpu_limit(task["test_timeout"] * (len(task["inputs"]) - start + 1))
-    ns = {"__name__": "solution"}
+    ns = _namespace(task, "solution")
     try:
         exec(compile(task["program"], "<solution>", "exec"), ns)
     except BaseException as e:  # SystemExit included: exiting while loading is a failure too
         _send(wfd, {"error": f"program failed to load: {type(e).__name__}: {e}"[:SNIPPET]})
         return
     name = task["fn_name"]
-    fn = ns.get(name)
+    # LiveCodeBench calls Solution().<name> whenever the program has a `class Solution`.
+    lcb_solution = task.get("convention") == "livecodebench" and "class Solution" in task["program"]
+    fn = None if lcb_solution else ns.get(name)
     if not callable(fn) and isinstance(ns.get("Solution"), type):
         fn = getattr(ns["Solution"](), name, None)
     if not callable(fn):
@@ -352,16 +361,59 @@ def _run_call(task, deadline):
     return results
 
 
+def _lcb_same(a, b):
+    """LiveCodeBench's rule for returned values: a tuple counts as a list, then `==`."""
+    return (list(a) if isinstance(a, tuple) else a) == b
+
+
+def _lcb_lines_match(got, expected):
+    """LiveCodeBench's rule for stdout: as many lines (each stripped) as expected; a line that
+    differs as text must hold the same numbers, token for token, as exact decimals."""
+    from decimal import Decimal, InvalidOperation
+    a, b = ([line.strip() for line in t.strip().split("\n")] for t in (got, _as_text(expected)))
+    if len(a) != len(b):
+        return False
+    try:
+        return all(x == y or [Decimal(t) for t in x.split()] == [Decimal(t) for t in y.split()]
+                   for x, y in zip(a, b, strict=True))
+    except (InvalidOperation, ValueError):
+        return False
+
+
+def _prelude(task):
+    """The names a program starts with under its tests' convention, imported here once, before
+    any test forks, so that no test pays for them."""
+    if task.get("convention") != "livecodebench":
+        return {}
+    ns = {}
+    exec(LCB_PRELUDE, ns)
+    sys.setrecursionlimit(50000)
+    return ns
+
+
+def _namespace(task, name):
+    """A program's globals: its convention's names, with `from sys import *`'s stdin/stdout/stderr
+    rebound to this child's streams (the harness's would buffer output that is never flushed)."""
+    ns = {**task["namespace"], "__name__": name}
+    if "stdin" in ns:
+        ns.update(stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
+    return ns
+
+
 def _judge(task, runs, outputs):
     """Each run's answer against its expected output (the program is gone by now)."""
     call = bool(task.get("fn_name"))
+    if task.get("convention") == "livecodebench":
+        same = _lcb_same if call else _lcb_lines_match
+    else:
+        same = _same if call else (lambda got, expected: _tokens_match(got, _as_text(expected)))
     results = []
     for run, expected in zip(runs, outputs, strict=True):
         rec = {k: v for k, v in run.items() if k not in ("answer", "stderr")}
         rec["passed"] = False
         if run["status"] == "ok":
             answer = run["answer"]
-            rec["passed"] = _same(answer, expected) if call else _tokens_match(answer, _as_text(expected))
+            rec["passed"] = same(answer, expected)
             rec["status"] = "passed" if rec["passed"] else "wrong output"
         if not rec["passed"]:
             if "answer" in run:
@@ -431,6 +483,7 @@ def main():
     # The first compile() of a process costs ~1.5 ms (this interpreter's parser warming up);
     # paid here once instead of in every forked test.
     compile("", "<warm-up>", "exec")
+    task["namespace"] = _prelude(task)
     runs = run(task, deadline)
     if _reap_descendants():
         results = _judge(task, runs, _read_message())

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from reward.answer_contract import disagreeing_boxes, final_sentence, hedge, too_costly
+from reward.answer_contract import (
+    disagreeing_boxes,
+    final_sentence,
+    hedge,
+    several_values,
+    stated_after_last_box,
+    too_costly,
+)
 from reward.config import RewardConfig
 from reward.extract import answer_text, boxes, last_boxed
 from services.protocol import Verdict
@@ -74,11 +82,13 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
                timeout_s: float | None = -1.0) -> Verdict:
     """Grade one response against the reference `answer`.
 
-    The final answer is the content of the last `\\boxed{}` after `</think>`. Without a box:
-    wrong when `cfg.math_require_box`, else math-verify's extraction on the answer sentence
-    (the last sentence naming the answer, else the last sentence). A hedged or pathological
-    answer is wrong before any symbolic work (answer_contract.py). `timeout_s` -1
-    means cfg.math_timeout_s, None means no in-process limit.
+    The final answer is the content of the last `\\boxed{}` after `</think>`; where the
+    reference has several values (roots, a set of pairs) and the answer boxes each one, all the
+    boxes. Without a box: wrong when `cfg.math_require_box`, else math-verify's extraction on the
+    answer sentence (the last sentence naming the answer, else the last sentence), and failing
+    that on the whole answer text. A hedged or pathological answer is wrong before any symbolic
+    work on it (answer_contract.py). `details.source` names which rule found the answer.
+    `timeout_s` -1 means cfg.math_timeout_s, None means no in-process limit.
     """
     cfg = cfg or RewardConfig()
     if timeout_s is not None and timeout_s < 0:
@@ -89,27 +99,85 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     boxed = last_boxed(text)
     if boxed is None and cfg.math_require_box:
         return _verdict(False, cfg, "no \\boxed{} answer", None, source="none")
-    source = "boxed" if boxed is not None else "fallback: the answer sentence"
-    # The answer contract (answer_contract.py): one final answer, at a bounded cost.
-    final = boxed if boxed is not None else final_sentence(text)
-    why = too_costly(final) or hedge(final, answer, prose=boxed is None) or \
-        (disagreeing_boxes(text, boxes(text), answer) if boxed is not None else None)
+    found = boxes(text)
+    # "... \\boxed{255} for the first half ... The final answer is 10,455.": the sentence answers.
+    stated = None if boxed is None or cfg.math_require_box else stated_after_last_box(text, found)
+    if stated:
+        boxed, final, source = None, stated, "the answer sentence after the last box"
+    elif boxed is not None:
+        final, source = boxed, "boxed"
+    else:
+        final, source = final_sentence(text), "fallback: the answer sentence"
+    # The answer contract (answer_contract.py), part one: a bounded cost, checked before any
+    # symbolic work on the answer (the reference is trusted data).
+    why = too_costly(final) or next((w for _, b in found if (w := too_costly(b))), None)
     if why:
         return _verdict(False, cfg, why, final, source=source)
     try:
         with time_limit(timeout_s):
             gold = _gold(answer)
             if not gold:
-                return _verdict(False, cfg, f"reference answer {answer[:100]!r} is not parsable", None,
-                                source=source)
-            pred = parse(f"\\boxed{{{boxed}}}" if boxed is not None else final, _EXTRACTION,
-                         parsing_timeout=None)
+                return _verdict(False, cfg, f"reference answer {answer[:100]!r} is not parsable", None)
+            # Part two: one final answer where the reference is one value.
+            several = several_values(answer) or _several(gold)
+            why = hedge(final, several, prose=boxed is None) or \
+                (disagreeing_boxes(text, found, several) if boxed is not None else None)
+            if why:
+                return _verdict(False, cfg, why, final, source=source)
+            pred, source = _prediction(text, boxed, final, found, several, source)
             if not pred:
-                return _verdict(False, cfg, "no parsable answer", boxed, source=source)
+                return _verdict(False, cfg, "no parsable answer", final, source=source)
             extracted = str(pred[-1])
-            ok = verify(gold, pred, timeout_seconds=None)
+            # An inequality answers an interval (math-verify's set-relation comparison); only
+            # where the reference has several values, so `x = 5` stays an answer to 5 as before.
+            ok = verify(gold, pred, timeout_seconds=None) or \
+                (several and verify(gold, _relations_or(pred, final), allow_set_relation_comp=True, timeout_seconds=None))
     except MathTimeout:
-        return _verdict(False, cfg, f"timeout: grading took over {timeout_s:g}s", boxed, source=source)
+        return _verdict(False, cfg, f"timeout: grading took over {timeout_s:g}s", final)
     except RecursionError:
-        return _verdict(False, cfg, "answer too deeply nested to parse", boxed, source=source)
+        return _verdict(False, cfg, "answer too deeply nested to parse", final)
     return _verdict(ok, cfg, "correct" if ok else "wrong answer", extracted, source=source)
+
+
+def _several(gold) -> bool:
+    """Whether the parsed reference holds several values: a set of more than one, an interval
+    or union, a relation (`1 <= |z| <= 3/2`)."""
+    from sympy import FiniteSet, Set
+    from sympy.logic.boolalg import Boolean
+    return any((isinstance(g, Set) and not (isinstance(g, FiniteSet) and len(g) == 1)) or isinstance(g, Boolean)
+               for g in gold if not isinstance(g, str))
+
+
+_NUMBER_AND_UNIT = re.compile(r"\s*\\(?:text|textbf|mathrm)\s*\{\s*(-?\d+(?:\.\d+)?)\s*[A-Za-z][A-Za-z .]*\}\s*")
+_OR = re.compile(r"\bor\b|\\lor|\\vee")
+
+
+def _relations_or(pred: list, final: str) -> list:
+    """`x < -1 or x > 1` as the union of its solution sets, so it meets an interval reference
+    (math-verify reads the alternatives as a set of relations, which equals no interval)."""
+    from sympy import FiniteSet, Union
+    from sympy.core.relational import Relational
+    head = pred[0] if pred else None
+    if not (isinstance(head, FiniteSet) and _OR.search(final) and all(isinstance(r, Relational) for r in head)
+            and len(set().union(*(r.free_symbols for r in head))) == 1):
+        return pred
+    return [Union(*(r.as_set() for r in head)), *pred[1:]]
+
+
+def _prediction(text: str, boxed: str | None, final: str, found: list, several: bool,
+                source: str) -> tuple[list, str]:
+    """The parsed answer and the rule that found it (`details.source`; `source` names the
+    sentence an unboxed `final` is)."""
+    if boxed is not None and several and len(found) > 1:
+        # math-verify's own handling of several boxes: together they are the answer's set.
+        return parse(text, _EXTRACTION, parsing_timeout=None), "boxes: every box (the reference has several values)"
+    if boxed is not None:
+        unit = _NUMBER_AND_UNIT.fullmatch(boxed)
+        if unit:   # \\text{5 cm}: math-verify reads the whole text as a word
+            return parse(f"\\boxed{{{unit.group(1)}}}", _EXTRACTION, parsing_timeout=None), \
+                "boxed: a number and its unit in one \\text{}"
+        return parse(f"\\boxed{{{boxed}}}", _EXTRACTION, parsing_timeout=None), "boxed"
+    pred = parse(final, _EXTRACTION, parsing_timeout=None)
+    if pred:
+        return pred, source
+    return parse(text, _EXTRACTION, parsing_timeout=None), "fallback: math-verify's extraction of the answer text"

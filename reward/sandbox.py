@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 HARNESS = (Path(__file__).parent / "harness.py").read_text()
 # The harness goes in compiled (compiling its source costs ~2.7 ms of every start), as base64
 # on the command line (the sandbox shows nothing of this checkout); the same interpreter runs it.
-_HARNESS_CODE = binascii.b2a_base64(marshal.dumps(compile(HARNESS, "reward/harness.py", "exec")),
+# `dont_inherit`: this module's `from __future__ import annotations` would otherwise pass to
+# the harness and from it to every program it compiles (`List[int]` unimported would then load).
+_HARNESS_CODE = binascii.b2a_base64(marshal.dumps(compile(HARNESS, "reward/harness.py", "exec", dont_inherit=True)),
                                     newline=False).decode()
 _BOOT = ("import binascii, marshal, sys; "
          "exec(marshal.loads(binascii.a2b_base64(sys.argv[1])), {'__name__': '__main__'})")
@@ -157,14 +159,16 @@ class Sandbox:
             return f"bwrap exited {r.returncode}: {r.stderr.decode(errors='replace')[-300:].strip()}"
         return None
 
-    def run(self, program: str, inputs: list, outputs: list, fn_name: str | None = None) -> SandboxResult:
-        """Run `program` on every test; never raises for anything the program does."""
+    def run(self, program: str, inputs: list, outputs: list, fn_name: str | None = None,
+            convention: str = "tandem") -> SandboxResult:
+        """Run `program` on every test, judged by `convention` (the tests' benchmark: its implicit
+        imports and comparison rules, `docs/reward.md`); never raises for anything the program does."""
         cfg = self.cfg
         t0 = time.monotonic()
         workdir = tempfile.mkdtemp(prefix="tandem-sbx-")  # 0700, ours
         if self.uid is not None:
             os.chown(workdir, self.uid, self.uid)  # the program's user owns its working dir
-        task = {"program": program, "inputs": inputs, "fn_name": fn_name,
+        task = {"program": program, "inputs": inputs, "fn_name": fn_name, "convention": convention,
                 "test_timeout": cfg.code_test_timeout_s, "total_timeout": cfg.code_total_timeout_s,
                 "max_output": cfg.code_max_output_bytes, "uid": self.uid,
                 "workdir": INSIDE_WORKDIR if self.isolation == "bwrap" else workdir,

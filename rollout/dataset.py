@@ -2,7 +2,7 @@
 
 Math rows follow DeepScaleR (`{problem | prompt, answer}`); code rows follow DeepCoder
 (`{problem | prompt, tests}`, tests in the APPS/TACO `input_output` convention, possibly as a
-JSON string). A row missing a field is reported with its file and line; the loader stops only
+JSON string) or LiveCodeBench (`livecodebench.py`, graded by that benchmark's rules). A row missing a field is reported with its file and line; the loader stops only
 if no usable row is left, so one bad line does not sink a 40K-row data set.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollout.livecodebench import LiveCodeBenchRowError, is_livecodebench_row, livecodebench_prompt
 from services.protocol import code_tests_problem
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,15 @@ class Prompt:
 def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if task == "code" and is_livecodebench_row(row):
+        try:
+            rid, text, tests = livecodebench_prompt(row)
+        except LiveCodeBenchRowError as e:
+            raise DatasetError(f"{where}: LiveCodeBench row: {e}") from None
+        problem = code_tests_problem(tests)
+        if problem:
+            raise DatasetError(f"{where}: LiveCodeBench row: {problem}")
+        return Prompt(rid or where, text, task, {"tests": tests})
     text = row.get("problem", row.get("prompt", row.get("question")))
     if not isinstance(text, str) or not text.strip():
         raise DatasetError(f"{where}: missing 'problem' (or 'prompt') text")

@@ -130,10 +130,15 @@ class Trainer:
                 # Publishing + the controller's pause/update/continue of every server.
                 with timer.phase("weight_sync"):
                     record.update(self._publish())
-                if self.tcfg.checkpoint_every and self.version % self.tcfg.checkpoint_every == 0:
-                    with timer.phase("checkpoint"):
-                        self.save_checkpoint()
                 self.record_step(record | timer.fields(total="step_s"))
+                # After its step's record: killed in between, the step is redone from the previous
+                # checkpoint and recorded again; the other order could leave a checkpoint standing
+                # for a step that no record (and so no audit) ever shows.
+                if self.tcfg.checkpoint_every and self.version % self.tcfg.checkpoint_every == 0:
+                    t0 = time.perf_counter()
+                    self.save_checkpoint()
+                    if self.metrics:
+                        self.metrics.log(event="checkpoint", step=self.version, checkpoint_s=time.perf_counter() - t0)
                 if self._stop_requested():
                     break
             self._wait_pending_ack()

@@ -34,9 +34,14 @@ class GradeReply:
     verdicts: list[Verdict]
 
 
+# Whose rules judge a code task's tests (implicit imports, how outputs compare): Tandem's own,
+# or a benchmark's official grader's (docs/reward.md, "Conventions").
+CODE_CONVENTIONS = ("tandem", "livecodebench")
+
+
 def code_tests_problem(tests) -> str | None:
     """What is wrong with a code task's `tests` (the APPS/TACO `input_output` convention:
-    `{"inputs", "outputs", "fn_name"?}`), or None when they can be graded. The data loader refuses
+    `{"inputs", "outputs", "fn_name"?, "convention"?}`), or None when they can be graded. The data loader refuses
     such rows and the grader such items, by the same rule."""
     if not isinstance(tests, dict):
         return f"tests must be a map with inputs/outputs, got {type(tests).__name__}"
@@ -52,7 +57,9 @@ def code_tests_problem(tests) -> str | None:
         return f"tests.fn_name must be a Python identifier, got {fn_name!r}"
     if fn_name is None and not all(isinstance(x, (str, list)) for x in inputs + outputs):
         return "stdin/stdout tests need text (or lists of lines) as inputs and outputs"
-    unknown = set(tests) - {"inputs", "outputs", "fn_name"}
+    if tests.get("convention", "tandem") not in CODE_CONVENTIONS:
+        return f"tests.convention must be one of {list(CODE_CONVENTIONS)}, got {tests['convention']!r}"
+    unknown = set(tests) - {"inputs", "outputs", "fn_name", "convention"}
     if unknown:
         return f"tests has unknown key(s) {sorted(unknown)}"
     return None
