@@ -49,8 +49,8 @@ def main(quick: bool = False) -> dict:
     if sandbox.isolation != "bwrap":
         raise SystemExit("bubblewrap is not usable here: nothing to measure")
     with mock.patch.object(sandbox_root, "library_stage", lambda prefix: None):
-        per_library = sandbox_root.bwrap_root_args([])
-    gathered = sandbox_root.bwrap_root_args([])
+        per_library = sandbox_root.bwrap_root_args.__wrapped__()   # past the cache of the gathered form
+    gathered = sandbox_root.bwrap_root_args()
     work = tempfile.mkdtemp(prefix="tandem-bench-sandbox-")
     inside = ["--bind", work, "/tmp/work"]
     commands = {

@@ -34,17 +34,8 @@ def last_boxed(text: str) -> str | None:
     Only the last one counts: earlier boxes are intermediate results, and handing them all to
     the verifier would turn the answer into a set.
     """
-    best: tuple[int, str] | None = None
-    for cmd in _BOX_COMMANDS:
-        start = text.rfind(cmd + "{")
-        while start >= 0:
-            content = _braced(text, start + len(cmd))
-            if content is not None:
-                if best is None or start > best[0]:
-                    best = (start, content)
-                break
-            start = text.rfind(cmd + "{", 0, start)
-    return None if best is None else best[1].strip()
+    found = boxes(text)
+    return found[-1][1] if found else None
 
 
 def boxes(text: str) -> list[tuple[int, str]]:

@@ -25,7 +25,7 @@ from reward.answer_contract import (
     too_costly,
 )
 from reward.config import RewardConfig
-from reward.extract import answer_text, boxes, last_boxed
+from reward.extract import answer_text, boxes
 from services.protocol import Verdict
 
 # math-verify warns once that its timeouts are off; that is deliberate here.
@@ -96,10 +96,10 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     text = answer_text(response)
     if text is None:
         return _verdict(False, cfg, "no answer: <think> block never closed", None)
-    boxed = last_boxed(text)
+    found = boxes(text)
+    boxed = found[-1][1] if found else None     # the last box (extract.last_boxed)
     if boxed is None and cfg.math_require_box:
         return _verdict(False, cfg, "no \\boxed{} answer", None, source="none")
-    found = boxes(text)
     # "... \\boxed{255} for the first half ... The final answer is 10,455.": the sentence answers.
     stated = None if boxed is None or cfg.math_require_box else stated_after_last_box(text, found)
     if stated:

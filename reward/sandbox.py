@@ -120,7 +120,7 @@ class Sandbox:
                         if root and _others_can_run_interpreter() else None)
 
     def _bwrap_command(self, workdir: str) -> list[str]:
-        args = ["bwrap", *BWRAP_FLAGS, *bwrap_root_args(self.cfg.sandbox_packages),
+        args = ["bwrap", *BWRAP_FLAGS, *bwrap_root_args(tuple(self.cfg.sandbox_packages)),
                 "--bind", workdir, INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR]
         for k, v in CLEAN_ENV.items():
             args += ["--setenv", k, v]

@@ -120,8 +120,10 @@ def package_binds(names: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def bwrap_root_args(packages: list[str], prefix: str = sys.base_prefix) -> list[str]:
-    """bwrap arguments for the fresh root described above."""
+@functools.cache
+def bwrap_root_args(packages: tuple[str, ...] = (), prefix: str = sys.base_prefix) -> tuple[str, ...]:
+    """bwrap arguments for the fresh root described above; the same for every task of a
+    process, so built (and any warning logged) once."""
     stage = library_stage(prefix)
     libraries = shared_libraries(prefix) if stage is None else \
         [(os.path.join(stage, top), "/" + top) for top in sorted(os.listdir(stage))]
@@ -138,4 +140,4 @@ def bwrap_root_args(packages: list[str], prefix: str = sys.base_prefix) -> list[
     args += [arg for host, inside in binds for arg in ("--ro-bind", host, inside)]
     for site in glob.glob(os.path.join(prefix, "lib", "python*", "site-packages")):
         args += ["--tmpfs", site]
-    return args + [arg for host, inside in try_binds for arg in ("--ro-bind-try", host, inside)]
+    return tuple(args + [arg for host, inside in try_binds for arg in ("--ro-bind-try", host, inside)])

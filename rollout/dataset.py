@@ -2,8 +2,9 @@
 
 Math rows follow DeepScaleR (`{problem | prompt, answer}`); code rows follow DeepCoder
 (`{problem | prompt, tests}`, tests in the APPS/TACO `input_output` convention, possibly as a
-JSON string) or LiveCodeBench (`livecodebench.py`, graded by that benchmark's rules). A row missing a field is reported with its file and line; the loader stops only
-if no usable row is left, so one bad line does not sink a 40K-row data set.
+JSON string) or LiveCodeBench (`livecodebench.py`, graded by that benchmark's rules). A row
+missing a field is reported with its file and line; the loader stops only if no usable row is
+left, so one bad line does not sink a 40K-row data set.
 """
 from __future__ import annotations
 
@@ -40,10 +41,7 @@ def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
             rid, text, tests = livecodebench_prompt(row)
         except LiveCodeBenchRowError as e:
             raise DatasetError(f"{where}: LiveCodeBench row: {e}") from None
-        problem = code_tests_problem(tests)
-        if problem:
-            raise DatasetError(f"{where}: LiveCodeBench row: {problem}")
-        return Prompt(rid or where, text, task, {"tests": tests})
+        return _code_prompt(rid or where, text, tests, f"{where}: LiveCodeBench row")
     text = row.get("problem", row.get("prompt", row.get("question")))
     if not isinstance(text, str) or not text.strip():
         raise DatasetError(f"{where}: missing 'problem' (or 'prompt') text")
@@ -64,11 +62,15 @@ def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
             tests = {"inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests]}
         except (KeyError, TypeError):
             raise DatasetError(f"{where}: 'tests' list items need 'input' and 'output'") from None
+    return _code_prompt(rid, text, tests, f"{where}: code row")
+
+
+def _code_prompt(rid: str, text: str, tests, where: str) -> Prompt:
     # The grader's own rule: a row it could not grade would only ever earn the wrong-answer reward.
     problem = code_tests_problem(tests)
     if problem:
-        raise DatasetError(f"{where}: code row: {problem}")
-    return Prompt(rid, text, task, {"tests": tests})
+        raise DatasetError(f"{where}: {problem}")
+    return Prompt(rid, text, "code", {"tests": tests})
 
 
 def load_jsonl(path: str | Path, task: str) -> list[Prompt]:
