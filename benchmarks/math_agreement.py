@@ -14,7 +14,7 @@ lists the cases where one agrees and the other does not.
 
 The second set is `tests/reward/math_corpus.jsonl`: responses shaped like a reasoning model's
 (a `<think>` block, several boxes, answers in prose, hedges, units, intervals, chatter after the
-answer), each labelled with what a careful human grader would say.
+answer, option letters and percents asked for, graded with the problem's text), each labelled with what a careful human grader would say.
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def sdist_tests() -> Path:
     return tests
 
 
-def labelled_cases(tests: Path) -> list[tuple[str, str, str, bool]]:
-    """(where, gold, prediction, expected) of every 3-field parametrized case."""
+def labelled_cases(tests: Path) -> list[tuple[str, str, str, bool, str]]:
+    """(where, gold, prediction, expected, question) of every 3-field parametrized case (none has a question)."""
     out = []
     for path in sorted(tests.glob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -74,13 +74,13 @@ def labelled_cases(tests: Path) -> list[tuple[str, str, str, bool]]:
                     gold, pred, expected = ast.literal_eval(element)
                 except ValueError:
                     continue  # built by code (an f-string), not a literal: left out
-                out.append((f"{path.name}:{node.lineno}#{i}", gold, pred, bool(expected)))
+                out.append((f"{path.name}:{node.lineno}#{i}", gold, pred, bool(expected), ""))
     return out
 
 
-def corpus_cases() -> list[tuple[str, str, str, bool]]:
+def corpus_cases() -> list[tuple[str, str, str, bool, str]]:
     rows = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
-    return [(r["id"], r["answer"], r["response"], r["correct"]) for r in rows]
+    return [(r["id"], r["answer"], r["response"], r["correct"], r.get("question", "")) for r in rows]
 
 
 def plain_math_verify(gold: str, pred: str) -> bool:
@@ -90,13 +90,13 @@ def plain_math_verify(gold: str, pred: str) -> bool:
         return False
 
 
-def agreement(cases: list[tuple[str, str, str, bool]]) -> dict:
+def agreement(cases: list[tuple[str, str, str, bool, str]]) -> dict:
     cfg = RewardConfig()
     agree = {"plain": 0, "tandem": 0}
     only = {"plain": [], "tandem": []}
-    for where, gold, pred, expected in cases:
+    for where, gold, pred, expected, question in cases:
         plain = plain_math_verify(gold, pred)
-        verdict = grade_math(pred, gold, cfg)
+        verdict = grade_math(pred, gold, cfg, question=question)
         agree["plain"] += plain == expected
         agree["tandem"] += verdict.correct == expected
         if (plain == expected) != (verdict.correct == expected):

@@ -26,6 +26,7 @@ from reward.answer_contract import (
 )
 from reward.config import RewardConfig
 from reward.extract import answer_text, boxes
+from reward.question_forms import asks_percent, has_percent, option_named, options, without_percent
 from services.protocol import Verdict
 
 # math-verify warns once that its timeouts are off; that is deliberate here.
@@ -79,7 +80,7 @@ def _verdict(ok: bool, cfg: RewardConfig, reason: str, extracted: str | None, **
 
 
 def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
-               timeout_s: float | None = -1.0) -> Verdict:
+               timeout_s: float | None = -1.0, question: str = "") -> Verdict:
     """Grade one response against the reference `answer`.
 
     The final answer is the content of the last `\\boxed{}` after `</think>`; where the
@@ -88,6 +89,8 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     answer sentence (the last sentence naming the answer, else the last sentence), and failing
     that on the whole answer text. A hedged or pathological answer is wrong before any symbolic
     work on it (answer_contract.py). `details.source` names which rule found the answer.
+    With the `question`, an option letter and its value answer alike, and where a percent is
+    asked a bare decimal does not pass for it (question_forms.py).
     `timeout_s` -1 means cfg.math_timeout_s, None means no in-process limit.
     """
     cfg = cfg or RewardConfig()
@@ -108,6 +111,7 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
         final, source = boxed, "boxed"
     else:
         final, source = final_sentence(text), "fallback: the answer sentence"
+    answer, final, boxed, read = _read_with_question(question, answer, final, boxed)
     # The answer contract (answer_contract.py), part one: a bounded cost, checked before any
     # symbolic work on the answer (the reference is trusted data).
     why = too_costly(final) or next((w for _, b in found if (w := too_costly(b))), None)
@@ -125,6 +129,7 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
             if why:
                 return _verdict(False, cfg, why, final, source=source)
             pred, source = _prediction(text, boxed, final, found, several, source)
+            source += read
             if not pred:
                 return _verdict(False, cfg, "no parsable answer", final, source=source)
             extracted = str(pred[-1])
@@ -132,11 +137,45 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
             # where the reference has several values, so `x = 5` stays an answer to 5 as before.
             ok = verify(gold, pred, timeout_seconds=None) or \
                 (several and verify(gold, _relations_or(pred, final), allow_set_relation_comp=True, timeout_seconds=None))
+            if not ok and (decimal := _decimal_comma(answer)):
+                # `1,22`: the values 1 and 22 in an English data set, 1.22 in a European one
+                # (math-verify's only reading). Either is accepted; the answer is one number.
+                ok = verify(decimal, pred, timeout_seconds=None)
+                source += "; the reference read with a decimal comma" if ok else ""
     except MathTimeout:
         return _verdict(False, cfg, f"timeout: grading took over {timeout_s:g}s", final)
     except RecursionError:
         return _verdict(False, cfg, "answer too deeply nested to parse", final)
     return _verdict(ok, cfg, "correct" if ok else "wrong answer", extracted, source=source)
+
+
+_DECIMAL_COMMA = re.compile(r"\s*\$?\s*(-?\d+),(\d{1,2})\s*\$?\s*")
+
+
+def _decimal_comma(answer: str) -> list | None:
+    """The reference `1,22` as the number 1.22 (one comma, one or two digits after it, no
+    space: `1,000` is a thousand and `1, 22` a list either way)."""
+    got = _DECIMAL_COMMA.fullmatch(answer)
+    return parse(f"${got.group(1)}.{got.group(2)}$", _EXTRACTION, parsing_timeout=None) if got else None
+
+
+def _read_with_question(question: str, answer: str, final: str, boxed: str | None
+                        ) -> tuple[str, str, str | None, str]:
+    """The reference and the answer as the question frames them, both options read as their
+    values (question_forms.py), and what was read that way (for `details.source`)."""
+    notes = []
+    listed = options(question) if question else {}
+    if letter := option_named(final, listed):
+        final = listed[letter]
+        boxed = final if boxed is not None else None
+        notes.append(f"the answer's option ({letter}) by its value")
+    if wanted := option_named(answer, listed):
+        answer = listed[wanted]
+        notes.append(f"the reference's option ({wanted}) by its value")
+    if question and asks_percent(question) and not has_percent(final) and has_percent(answer):
+        answer = without_percent(answer)
+        notes.append("a percent asked for (the reference's number, not its fraction)")
+    return answer, final, boxed, "".join(f"; {n}" for n in notes)
 
 
 def _several(gold) -> bool:

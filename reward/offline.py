@@ -69,7 +69,8 @@ def read_rows(task: str, path: Path) -> tuple[list[dict], list[str]]:
 
 def _item(task: str, row: dict) -> GradeItem:
     if task == "math":
-        return GradeItem(task="math", response=row["response"], answer=str(row["answer"]))
+        return GradeItem(task="math", response=row["response"], answer=str(row["answer"]),
+                        question=str(next((row[k] for k in ("question", "problem", "prompt") if row.get(k)), "")))
     return GradeItem(task="code", response=row["response"], tests=row["tests"])
 
 

@@ -156,7 +156,7 @@ class GraderPool:
         limit = self.hard_limit_s(item.task)
         try:
             await worker.send({"id": job.id, "task": item.task, "response": item.response,
-                               "answer": item.answer, "tests": item.tests})
+                               "answer": item.answer, "tests": item.tests, "question": item.question})
             reply = await asyncio.wait_for(worker.recv(), limit)
         except TimeoutError:
             verdict = error_verdict(self.cfg, item.task, f"grader hung: killed after {limit:.0f}s")

@@ -40,7 +40,7 @@ def grade_item(cfg: RewardConfig, job: dict) -> dict:
     if job.get("task") == "code":
         v = grade_code(job.get("response", ""), job.get("tests"), cfg)
     else:
-        v = grade_math(job.get("response", ""), job.get("answer", ""), cfg)
+        v = grade_math(job.get("response", ""), job.get("answer", ""), cfg, question=job.get("question") or "")
     return {"reward": v.reward, "correct": v.correct, "details": v.details}
 
 

@@ -58,7 +58,7 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
 
 def grade_item(prompt: Prompt, response: str) -> GradeItem:
     if prompt.task == "math":
-        return GradeItem(task="math", response=response, answer=prompt.reference["answer"])
+        return GradeItem(task="math", response=response, answer=prompt.reference["answer"], question=prompt.text)
     return GradeItem(task="code", response=response, tests=prompt.reference["tests"])
 
 

@@ -8,11 +8,13 @@ from .codec import message
 
 @message("grade_item")
 class GradeItem:
-    """One response to grade. Math: `answer`; code: `tests` in the APPS/TACO convention."""
+    """One response to grade. Math: `answer`, and the problem's text as `question` (options
+    and percents asked for); code: `tests` in the APPS/TACO convention."""
     task: Literal["math", "code"]
     response: str
     answer: str = ""
     tests: dict | None = None
+    question: str = ""
 
 
 @message("grade")

@@ -181,3 +181,24 @@ def test_sigterm_stops_the_service_and_its_workers(tmp_path):
     while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in workers)
+
+
+def test_the_question_reaches_the_grader(reward_service):
+    """Options and a percent asked for are read from `GradeItem.question` inside the service's
+    worker processes, as in the grader called directly."""
+    options = r"Which is prime? $\textbf{(A) }4\qquad\textbf{(B) }7$"
+    items = [GradeItem(task="math", response=r"\boxed{7}", answer="B", question=options),
+             GradeItem(task="math", response=r"\boxed{7}", answer="B"),
+             GradeItem(task="math", response=r"\boxed{0.25}", answer=r"25\%", question="What percent of 8 is 2?"),
+             GradeItem(task="math", response=r"\boxed{0.25}", answer=r"25\%")]
+
+    async def main():
+        client = RequestClient(reward_service.keys, reward_service.address, timeout_s=60)
+        try:
+            return (await client.request(GradeRequest(items=items, deadline_s=50))).verdicts
+        finally:
+            client.close()
+
+    verdicts = asyncio.run(main())
+    assert [v.correct for v in verdicts] == [True, False, False, True]
+    assert "option (B)" in verdicts[0].details["source"]

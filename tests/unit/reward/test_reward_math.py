@@ -113,3 +113,14 @@ def test_extract_program_order():
     assert extract_program("def f(x): return x")[0] == "def f(x): return x"
     assert extract_program("<think>```python\nA\n```")[0] is None
     assert extract_program("<think>```python\nA\n```</think>")[0] is None
+
+
+def test_a_reference_with_a_decimal_comma_reads_both_ways():
+    """`1,22` is 1 and 22 in an English data set and 1.22 in a European one (math-verify's
+    own labelled case); a thousands comma and a spaced list keep their one reading."""
+    decimal = grade_math(r"\boxed{1.22}", "1,22", CFG)
+    assert decimal.correct and "decimal comma" in decimal.details["source"]
+    assert grade_math(r"\boxed{22, 1}", "1,22", CFG).correct
+    assert not grade_math(r"\boxed{1.23}", "1,22", CFG).correct
+    assert not grade_math(r"\boxed{1.22}", "1, 22", CFG).correct
+    assert not grade_math(r"\boxed{1.0}", "1,000", CFG).correct
