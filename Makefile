@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox-deps test test-fast bench lint docs clean train-math train-code
+.PHONY: install sandbox-deps browser-deps test test-fast bench lint docs clean train-math train-code
 
 install: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
-	@$(MAKE) --no-print-directory sandbox-deps
+	@$(MAKE) --no-print-directory sandbox-deps browser-deps
 	@touch $(STAMP)
 
 # Best effort: bubblewrap isolates generated code in the reward sandbox. Without root + apt
@@ -27,6 +27,16 @@ sandbox-deps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap; } >/dev/null 2>&1 \
 	    || echo "warning: could not install bubblewrap; the code sandbox will use rlimits only"; \
 	else echo "note: no bubblewrap and no root+apt; the code sandbox will use rlimits only"; fi
+
+# Best effort: headless Chromium opens the HTML run report in a test (a screenshot that must
+# show the figure). Without it that one test is skipped, saying why.
+browser-deps:
+	@if command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium-headless-shell (the report's browser test)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium-headless-shell; } >/dev/null 2>&1 \
+	    || echo "warning: could not install chromium-headless-shell; the report's browser test will be skipped"; \
+	else echo "note: no headless Chromium and no root+apt; the report's browser test will be skipped"; fi
 
 # Everything: tests/unit and tests/integration (real processes, HTTP, the local SLURM cluster
 # when root can start it). The CI command.

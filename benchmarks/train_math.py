@@ -1,4 +1,5 @@
-"""`make train-math` as a benchmark: its wall time and held-out accuracy before and after RL.
+"""`make train-math` as a benchmark: its wall time and held-out accuracy before and after RL
+(`measure("code")` is `make train-code`, benchmarks/train_code.py).
 
 Runs exactly what the Makefile target runs — the cached warm-up (`tandem sft --task math`,
 trained once into .cache/) and `tandem run configs/math-tiny.yaml` (200 steps, eta 2, the
@@ -22,7 +23,6 @@ from pathlib import Path
 from benchmarks.common import cli, print_table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs/math-tiny.yaml"
 
 
 def _tandem(*args: str) -> None:
@@ -33,17 +33,23 @@ def _tandem(*args: str) -> None:
 
 
 def main(quick: bool = False) -> dict:
-    with tempfile.TemporaryDirectory(prefix="tandem-train-math-") as tmp:
+    return measure("math", quick)
+
+
+def measure(task: str, quick: bool = False) -> dict:
+    """`make train-<task>` in a scratch directory: its summary's headline figures."""
+    config = ROOT / f"configs/{task}-tiny.yaml"
+    with tempfile.TemporaryDirectory(prefix=f"tandem-train-{task}-") as tmp:
         exp = Path(tmp) / "run"
         if quick:
             model = Path(tmp) / "tiny"
             _tandem("model", "init-tiny", str(model))
             overrides = ["trainer.total_steps=3", "rollout.eval_size=8", "trainer.checkpoint_every=0"]
         else:
-            model = ROOT / ".cache" / "tiny-math-sft"
-            _tandem("sft", "--task", "math", "--out", str(model))
+            model = ROOT / ".cache" / f"tiny-{task}-sft"
+            _tandem("sft", "--task", task, "--out", str(model))
             overrides = []
-        _tandem("run", str(CONFIG), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
+        _tandem("run", str(config), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
         summary = json.loads((exp / "summary.json").read_text())
     ev = summary["eval"]
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
@@ -55,12 +61,12 @@ def main(quick: bool = False) -> dict:
                 "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
                 "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
                 "staleness_max": summary["staleness"]["max"]}
-    print_table("make train-math (configs/math-tiny.yaml)", ["steps", "wall s", "held-out before",
+    print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["steps", "wall s", "held-out before",
                 "held-out after", "n", "trajectories/s"],
                 [[headline["steps"], headline["wall_s"], ev["before"], ev["after"], ev["n"],
                   headline["trajectories_per_s"]]])
     if not quick:
-        write_results("train_math", headline)
+        write_results(f"train_{task}", headline)
     return headline
 
 

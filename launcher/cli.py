@@ -20,7 +20,14 @@ COMMAND_MODULES = ("services.cli", "rollout.cli", "rollout.worker_cli", "reward.
 
 
 def _config_show(args) -> int:
-    print(to_yaml(load_config(args.file, args.overrides)), end="")
+    applied: dict = {}
+    cfg = load_config(args.file, args.overrides, applied=applied)
+    # Where the objective's keys came from: the trainer.algorithm preset, or set explicitly.
+    kept = [k for k, (how, _) in applied.items() if how == "explicit"]
+    print(f"# trainer.algorithm: {cfg.trainer.algorithm} (docs/algorithms.md); "
+          f"{len(applied) - len(kept)} keys from the preset"
+          + (f", set explicitly (kept): {', '.join(kept)}" if kept else ""))
+    print(to_yaml(cfg), end="")
     return 0
 
 

@@ -29,7 +29,9 @@ from launcher.simulate.config import SimulateConfig
 from reward.config import RewardConfig
 from rollout.config import GenConfig, RolloutConfig
 from services.config import ControllerConfig
+from services.protocol.trackers import WandbConfig, tracker_problems
 from trainer.config import TrainerConfig
+from trainer.presets import PRESETS, preset_values
 
 
 @dataclass
@@ -43,6 +45,13 @@ class ExperimentSection:
     seed: int = 1
     # Hugging Face model directory the run starts from (generation servers and trainer).
     model: str = MISSING
+    # Where metrics go: jsonl (<exp>/metrics.jsonl, always written), tensorboard (<exp>/tb/),
+    # wandb (see experiment.wandb); the trainer's rank 0 feeds them from metrics.jsonl.
+    trackers: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def problems(self) -> list[tuple[str, str]]:
+        return tracker_problems(self.trackers, self.wandb)
 
 
 @dataclass
@@ -269,11 +278,57 @@ def _where(path: Path | None, key: str) -> str:
     return f"{path}:{line}: {key}" if line else f"{path}: {key}"
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
-    """Load, merge, interpolate and validate an experiment; raise ConfigError on any mistake."""
+def _dotted_keys(node, prefix: str = "") -> set[str]:
+    """Every key a YAML mapping sets, dotted ("trainer.optim.lr"), parents included."""
+    out = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            out.add(key)
+            out |= _dotted_keys(v, key + ".")
+    return out
+
+
+def _apply_algorithm(cfg: DictConfig, explicit: set[str], src: Path | None, applied: dict | None) -> DictConfig:
+    """Set the `trainer.algorithm` preset's keys (trainer/presets.py) that neither the file nor
+    an override set explicitly: an explicit key always wins. Unknown names are left to the
+    section's validation. `applied` (if given) receives {key: value} set and {key: None} kept."""
+    try:
+        algorithm = OmegaConf.select(cfg, "trainer.algorithm")
+    except OmegaConfBaseException:
+        return cfg
+    if algorithm not in PRESETS:
+        return cfg
+
+    def get(key):
+        return OmegaConf.select(cfg, key)
+    try:
+        values = preset_values(algorithm, get)
+        for key, value in values.items():
+            if key in explicit:
+                if applied is not None:
+                    applied[key] = ("explicit", get(key))
+                continue
+            OmegaConf.update(cfg, key, value, merge=False)
+            if applied is not None:
+                applied[key] = ("preset", value)
+    except OmegaConfBaseException as e:
+        key, msg = _explain(e, OmegaConf.structured(ExperimentConfig))
+        raise ConfigError(f"{_where(src, 'trainer.algorithm')}: preset {algorithm!r}: {key}: {msg}") from None
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
+                applied: dict | None = None) -> ExperimentConfig:
+    """Load, merge, interpolate and validate an experiment; raise ConfigError on any mistake.
+
+    Order: dataclass defaults, the YAML file, the overrides, then the `trainer.algorithm`
+    preset for every key of it that neither the file nor an override set (`applied`, if given,
+    is filled with {key: ("preset" | "explicit", value)})."""
     schema = OmegaConf.structured(ExperimentConfig)
     cfg = schema
     src = Path(path) if path is not None else None
+    explicit: set[str] = set()
     if src is not None:
         try:
             raw = yaml.safe_load(src.read_text())
@@ -297,6 +352,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ex
         except OmegaConfBaseException as e:
             key, msg = _explain(e, schema)
             raise ConfigError(f"{_where(src, key)}: {msg}") from None
+        explicit |= _dotted_keys(raw)
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override '{ov}': expected key=value")
@@ -305,6 +361,8 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ex
         except OmegaConfBaseException as e:
             key, msg = _explain(e, schema)
             raise ConfigError(f"override '{ov}': {key}: {msg}") from None
+        explicit.add(ov.split("=", 1)[0].strip())
+    cfg = _apply_algorithm(cfg, explicit, src, applied)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         where = f"{src}: " if src else ""

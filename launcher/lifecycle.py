@@ -29,6 +29,7 @@ from services.protocol import (
     load_keys,
     read_service,
 )
+from services.protocol.trackers import finish_trackers, tracker_hints
 
 from .backends import Backend, Ended, LaunchError
 from .config import ConfigError, ExperimentConfig
@@ -107,6 +108,10 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         if evaluating:
             print("evaluating the trained policy ...", flush=True)
             evals["after"] = evaluate(backend, exp, "after")
+        try:   # the trainer's tracker follower has stopped; what was logged since goes now
+            finish_trackers(cfg, exp)
+        except Exception as e:  # a tracker problem must not turn a finished run into a failure
+            log.warning("could not forward the last records to the trackers: %s", e)
         summary = summarize(exp, evals, wall_s=time.time() - t0)
         print(json.dumps({k: summary[k] for k in ("steps", "eval", "wall_s")}, indent=1), flush=True)
         try:
@@ -114,6 +119,8 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
             print(f"report: {page} ({png})", flush=True)
         except Exception as e:  # a plotting problem must not turn a finished run into a failure
             log.warning("could not write the report: %s", e)
+        for hint in tracker_hints(cfg.experiment.trackers, cfg.experiment.wandb, exp.root):
+            print(hint, flush=True)
         status = "finished"
         return 0
     except KeyboardInterrupt:

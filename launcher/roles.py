@@ -113,7 +113,8 @@ def gen_roles(cfg: ExperimentConfig, exp: ExpDir, host: str, pick_port: Callable
 
 def eval_role(exp: ExpDir, tag: str) -> Role:
     """Greedy accuracy of the policy the generation servers hold now, into eval-<tag>.json."""
-    return Role(f"eval-{tag}", tandem_argv("eval", "--exp", str(exp.root), "--out", str(eval_output(exp, tag))),
+    return Role(f"eval-{tag}", tandem_argv("eval", "--exp", str(exp.root), "--out", str(eval_output(exp, tag)),
+                                              "--tag", tag),
                 kind="eval")
 
 

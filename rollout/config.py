@@ -37,6 +37,11 @@ class RolloutConfig:
     eval_size: int = 0
     # Held-out data file; empty = fresh synthetic problems never drawn for training.
     eval_dataset: str = ""
+    # Policy versions between held-out evaluations during training (0 = none): rollout worker
+    # 0 scores the same problems greedily beside its episodes; `eval` records, the report's curve.
+    eval_every: int = 0
+    # Held-out problems per evaluation during training (0 = eval_size).
+    eval_every_size: int = 0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -56,6 +61,10 @@ class RolloutConfig:
             out.append(("dataset", f"must be a .jsonl file or synthetic:math|code, got {self.dataset!r}"))
         if self.max_attempts < 1:
             out.append(("max_attempts", "must be >= 1"))
+        if self.eval_every < 0 or self.eval_every_size < 0:
+            out.append(("eval_every" if self.eval_every < 0 else "eval_every_size", "must be >= 0"))
+        elif self.eval_every and not (self.eval_every_size or self.eval_size):
+            out.append(("eval_every", "needs held-out problems: set eval_size or eval_every_size"))
         return out
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout.livecodebench import LiveCodeBenchRowError, is_livecodebench_row, livecodebench_prompt
+from rollout.synthetic import generate as generate_synthetic
 from services.protocol import code_tests_problem
 
 log = logging.getLogger(__name__)
@@ -133,3 +134,13 @@ class PromptStream:
         """The prompt at `index` of the endless seeded order (the same on every call)."""
         epoch, i = divmod(index, len(self.prompts))
         return self.prompts[self._order_for(epoch)[i]]
+
+
+def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
+    """`synthetic:<task>` or a JSONL file, as Prompts."""
+    if dataset.startswith("synthetic:"):
+        kind = dataset.split(":", 1)[1]
+        rows = generate_synthetic(kind, size, seed)
+        key = "answer" if kind == "math" else "tests"
+        return [Prompt(r["id"], r.get("prompt") or r["problem"], kind, {key: r[key]}) for r in rows]
+    return load_jsonl(dataset, task)

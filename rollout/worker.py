@@ -34,21 +34,11 @@ from services.protocol import (
 )
 
 from .data_position import DataPosition
-from .dataset import Prompt, PromptStream, load_jsonl
-from .synthetic import generate as synthetic_rows
+from .dataset import Prompt, PromptStream, load_prompts
+from .heldout_curve import HeldOutCurve
 from .workflow import EpisodeContext, RejectGroup, load_workflow
 
 log = logging.getLogger(__name__)
-
-
-def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
-    """`synthetic:<task>` or a JSONL file, as Prompts."""
-    if dataset.startswith("synthetic:"):
-        kind = dataset.split(":", 1)[1]
-        rows = synthetic_rows(kind, size, seed)
-        key = "answer" if kind == "math" else "tests"
-        return [Prompt(r["id"], r.get("prompt") or r["problem"], kind, {key: r[key]}) for r in rows]
-    return load_jsonl(dataset, task)
 
 
 class RolloutWorker:
@@ -96,6 +86,9 @@ class RolloutWorker:
             sampling_params={"temperature": self.rc.temperature, "top_p": self.rc.top_p,
                              "top_k": self.rc.top_k, "max_new_tokens": self.rc.max_new_tokens})
         heartbeat = asyncio.ensure_future(self._heartbeat())
+        # Worker 0 alone scores the held-out curve (rollout.eval_every), beside its episodes.
+        curve = HeldOutCurve(self.cfg, self.generator, self.reward, tokenizer, self.metrics, self.version) \
+            if self.rank == 0 and self.rc.eval_every else None
         last_report = time.time()
         try:
             while not self.shutdown.requested:
@@ -110,6 +103,8 @@ class RolloutWorker:
                     await asyncio.sleep(1.0)
                     continue
                 self.version = reply.version
+                if curve:
+                    curve.poll(self.version)
                 for ticket in reply.tickets:
                     index = self.data.issue()
                     task = asyncio.ensure_future(self._episode(ctx, index, stream.at(index), ticket))
@@ -121,6 +116,8 @@ class RolloutWorker:
                     last_report = time.time()
         finally:
             heartbeat.cancel()
+            if curve:
+                await curve.close()
             await self._drain()
         return 0
 

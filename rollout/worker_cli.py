@@ -1,16 +1,18 @@
 """`tandem rollout --exp DIR [--rank R]` (a rollout worker) and `tandem eval --exp DIR --out F`
-(greedy accuracy of the policy the generation servers hold now, on held-out problems)."""
+(greedy accuracy of the policy the generation servers hold now, on held-out problems; with
+`--checkpoint vN`, of a trainer checkpoint on a server of its own: rollout/checkpoint_eval.py)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
 from services.protocol import (
     ExpDir,
-    GradeRequest,
+    MetricsWriter,
     PickServer,
     RequestClient,
     Shutdown,
@@ -84,51 +86,33 @@ def cmd_rollout(args) -> int:
     return asyncio.run(main())
 
 
-def held_out_prompts(cfg, n: int):
-    """Problems never drawn for training: a separate synthetic seed, or `rollout.eval_dataset`."""
-    from rollout.worker import load_prompts
-    if cfg.rollout.eval_dataset:
-        return load_prompts(cfg.rollout.eval_dataset, cfg.reward.task, n, cfg.experiment.seed)[:n]
-    train = {p.text for p in load_prompts(cfg.rollout.dataset, cfg.reward.task, cfg.rollout.synthetic_size,
-                                          cfg.experiment.seed)}
-    pool = load_prompts(cfg.rollout.dataset, cfg.reward.task, 4 * n, cfg.experiment.seed + 10_000)
-    return [p for p in pool if p.text not in train][:n]
-
-
 async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
-    from transformers import AutoTokenizer
-
-    from rollout.workflow import chat_prompt_ids, grade_item
+    from rollout.evaluation import evaluate_prompts, held_out_prompts
 
     keys, _, generator = _services(exp, "eval")
     reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30), timeout_s=300)
-    tok = AutoTokenizer.from_pretrained(cfg.experiment.model)
-    prompts = held_out_prompts(cfg, n)
-    greedy = {"temperature": 0.0, "top_k": 1, "max_new_tokens": cfg.rollout.max_new_tokens}
-    sem = asyncio.Semaphore(64)
-    t0 = time.time()
-
-    async def one(i, p):
-        async with sem:
-            res = await generator.generate(chat_prompt_ids(tok, p.text), greedy, f"eval/{i}")
-            return tok.decode(res.output_ids, skip_special_tokens=True), min(res.output_versions or [0])
-
-    outs = await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
-    verdicts = []
-    for k in range(0, len(prompts), 64):
-        items = [grade_item(p, o[0]) for p, o in zip(prompts[k:k + 64], outs[k:k + 64], strict=True)]
-        verdicts += (await reward.request(GradeRequest(items=items, deadline_s=300))).verdicts
-    await generator.close()
-    correct = sum(v.correct for v in verdicts)
-    return {"accuracy": correct / max(1, len(prompts)), "n": len(prompts), "correct": correct,
-            "version": min((o[1] for o in outs), default=0), "seconds": round(time.time() - t0, 1)}
+    try:
+        return await evaluate_prompts(cfg, held_out_prompts(cfg, n), generator, reward)
+    finally:
+        await generator.close()
 
 
 def cmd_eval(args) -> int:
+    if args.checkpoint:
+        from rollout.checkpoint_eval import cmd_eval_checkpoint
+        return cmd_eval_checkpoint(args)
+    if not args.out:
+        print("tandem eval: --out is required without --checkpoint", file=sys.stderr)
+        return 2
     exp = ExpDir(args.exp)
     setup_role_logging(exp, "eval", 0)
     result = asyncio.run(evaluate(args.cfg, exp, args.n or args.cfg.rollout.eval_size))
     write_json_atomic(Path(args.out), result)
+    if args.tag:   # the run's before/after figures: also a record, for the report and trackers
+        from rollout.evaluation import eval_record
+        writer = MetricsWriter(exp, "eval")
+        writer.log(**eval_record(result, tag=args.tag))
+        writer.close()
     print(json.dumps(result))
     return 0
 
@@ -138,8 +122,19 @@ def register(sub) -> None:
     p.add_argument("--exp", required=True, help="experiment directory")
     p.add_argument("--rank", type=int, default=0)
     p.set_defaults(func=cmd_rollout)
-    p = sub.add_parser("eval", help="greedy accuracy of the served policy on held-out problems")
+    p = sub.add_parser("eval", help="greedy accuracy on held-out problems: of the policy the run's servers "
+                                     "hold now, or of a checkpoint (--checkpoint)")
     p.add_argument("--exp", required=True, help="experiment directory")
-    p.add_argument("--out", required=True, help="JSON file for the result")
-    p.add_argument("--n", type=int, default=0, help="problems (default: rollout.eval_size)")
+    p.add_argument("--out", default=None, help="JSON file for the result (with --checkpoint: default "
+                                               "<exp>/eval-v<N>.json)")
+    p.add_argument("--tag", default="", help="without --checkpoint: also log the result as an `eval` record "
+                                             "of metrics.jsonl with this tag (the launcher's before/after)")
+    p.add_argument("--n", type=int, default=0, help="problems (default: rollout.eval_size; with --checkpoint, "
+                                                    "else 100)")
+    p.add_argument("--checkpoint", default=None, metavar="vN|N|latest",
+                   help="evaluate this trainer checkpoint (<exp>/checkpoints/step-N) on a generation server of "
+                        "its own, through its OpenAI-compatible API")
+    p.add_argument("--threads", type=int, default=0, help="with --checkpoint: torch threads of its server")
+    p.add_argument("--answers", default=None, help="with --checkpoint: also write every problem, response and "
+                                                   "verdict to this JSONL file")
     p.set_defaults(func=cmd_eval)

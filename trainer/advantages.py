@@ -7,6 +7,17 @@ Normalisation over the global batch then fixes the scale, so the learning rate m
 thing whatever the reward values. Because the advantage is constant within a sequence, the
 token-level mean and std are the length-weighted mean and std over sequences: computed here
 once per sequence, broadcast to tokens by the caller.
+
+The variants (docs/algorithms.md), for sample i of group g with n samples and reward r_i:
+
+    group mean (GRPO, default)   b_i = (1/n) sum_{j in g} r_j
+    leave-one-out (RLOO)         b_i = (1/(n-1)) sum_{j in g, j != i} r_j     (n = 1: b_i = r_i)
+    normalisation "batch"        A = (a - mean) / std over all output tokens of the batch (default)
+    normalisation "group"        A_i = a_i / (std_g + eps), std_g the sample standard deviation
+                                 (ddof 1) of the group's rewards (GRPO, DeepSeekMath); a group of
+                                 one sample is not scaled
+    no normalisation             A = r - b (Dr. GRPO: the std division biases towards groups
+                                 that are almost all right or all wrong)
 """
 from __future__ import annotations
 
@@ -16,26 +27,38 @@ import numpy as np
 
 
 def sequence_advantages(rewards: Sequence[float], group_ids: Sequence[str], output_lens: Sequence[int],
-                        group_baseline: bool = True, normalize: bool = True, eps: float = 1e-5
-                        ) -> np.ndarray:
+                        group_baseline: bool = True, normalize: bool = True, eps: float = 1e-5,
+                        leave_one_out: bool = False, norm_scope: str = "batch") -> np.ndarray:
     """Per-sequence advantage (float64); every output token of sequence i gets result[i].
 
     group_baseline: subtract the mean reward of the sequence's group (all its samples).
     normalize: then subtract the mean and divide by the std (population) over all output
     tokens of the batch; a batch with zero spread is only centred (no division by ~0).
+    leave_one_out: the baseline excludes the sample itself (RLOO; only with group_baseline).
+    norm_scope: "batch" (above) or "group": divide by the group's reward std (ddof 1) + eps.
     """
     r = np.asarray(rewards, dtype=np.float64)
     lens = np.asarray(output_lens, dtype=np.float64)
     if not (len(r) == len(group_ids) == len(lens)):
         raise ValueError(f"rewards ({len(r)}), group_ids ({len(group_ids)}) and output_lens "
                          f"({len(lens)}) must have one entry per sequence")
+    if norm_scope not in ("batch", "group"):
+        raise ValueError(f"norm_scope must be 'batch' or 'group', got {norm_scope!r}")
     adv = r.copy()
-    if group_baseline:
-        keys = {g: k for k, g in enumerate(dict.fromkeys(group_ids))}
-        idx = np.array([keys[g] for g in group_ids], dtype=np.int64)
-        sums = np.bincount(idx, weights=r, minlength=len(keys))
-        counts = np.bincount(idx, minlength=len(keys))
+    keys = {g: k for k, g in enumerate(dict.fromkeys(group_ids))}
+    idx = np.array([keys[g] for g in group_ids], dtype=np.int64)
+    sums = np.bincount(idx, weights=r, minlength=len(keys))
+    counts = np.bincount(idx, minlength=len(keys))
+    if group_baseline and leave_one_out:
+        others = np.maximum(counts[idx] - 1, 1)
+        adv = np.where(counts[idx] > 1, r - (sums[idx] - r) / others, 0.0)
+    elif group_baseline:
         adv = r - (sums / counts)[idx]
+    if normalize and norm_scope == "group":
+        means = sums / counts
+        sq = np.bincount(idx, weights=(r - means[idx]) ** 2, minlength=len(keys))
+        std = np.sqrt(sq / np.maximum(counts - 1, 1))
+        return np.where(counts[idx] > 1, adv / (std[idx] + eps), adv)
     if normalize and lens.sum() > 0:
         mean = float((adv * lens).sum() / lens.sum())
         var = float((((adv - mean) ** 2) * lens).sum() / lens.sum())

@@ -93,6 +93,9 @@ class TrainBackend(ABC):
     # Data-parallel coordinates: micro-batches are split over dp_size groups of ranks.
     dp_rank: int = 0
     dp_size: int = 1
+    # True: train_step's `outputs.entropy` carries a gradient (an entropy bonus in the loss);
+    # False (default): detached.
+    entropy_grad: bool = False
 
     @abstractmethod
     def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False
@@ -102,6 +105,12 @@ class TrainBackend(ABC):
         Called with this rank's micro-batches only; with pipeline parallelism every stage
         must return the same tensors (broadcast from the last stage).
         """
+
+    def forward_ref_logprobs(self, mb: PackedBatch, temperature: float) -> TokenOutputs:
+        """Log-probs under the *initial* policy (experiment.model), no grad: for a KL penalty to
+        it. Optional: a backend that keeps no frozen copy of the initial weights refuses."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no copy of the initial policy: a KL "
+                                  f"penalty (trainer.kl_coef > 0) is not available on this backend")
 
     @abstractmethod
     def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:

@@ -16,6 +16,7 @@ from trainer.advantages import sequence_advantages
 from trainer.backend import PackedBatch
 from trainer.buffer import Group
 from trainer.microbatch import allocate_for_ranks, pack
+from trainer.shaping import keep_samples, overlong_penalty
 
 
 @dataclass
@@ -29,6 +30,8 @@ class StepBatch:
     rewards: list[float] = field(default_factory=list)
     admit_versions: list[int] = field(default_factory=list)
     n_groups: int = 0
+    # "stop" (EOS) or "length" (truncated at max_new_tokens), per sequence.
+    finish_reasons: list[str] = field(default_factory=list)
 
     @classmethod
     def from_groups(cls, groups: list[Group]) -> StepBatch:
@@ -42,6 +45,7 @@ class StepBatch:
                 b.versions.append(np.asarray(t.output_versions, np.int64))
                 b.rewards.append(float(t.reward))
                 b.admit_versions.append(int(g.admit_version))
+                b.finish_reasons.append(str(t.finish_reason))
         return b
 
     def __len__(self) -> int:
@@ -65,9 +69,23 @@ class StepPlan:
     # Sequences left out because prompt + output exceeds max_tokens_per_mb.
     too_long: int
     advantages: np.ndarray
+    # Data shaping of the step (shaping.py): mean overlong penalty, samples masked as truncated.
+    shaping: dict = field(default_factory=dict)
 
 
-def sequence_tensors(batch: StepBatch, i: int, advantage: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+@dataclass
+class Shaping:
+    """How rewards and samples are shaped before advantages (trainer keys of the same names)."""
+    leave_one_out: bool = False
+    norm_scope: str = "batch"
+    overlong_buffer: int = 0
+    overlong_max_len: int = 0
+    overlong_penalty: float = 1.0
+    mask_truncated: bool = False
+
+
+def sequence_tensors(batch: StepBatch, i: int, advantage: float, keep: bool | None = None
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Tokens of sequence i and its per-token fields, aligned with the tokens (see backend.py)."""
     p, o = batch.prompt_ids[i], batch.output_ids[i]
     n_p, n_o = len(p), len(o)
@@ -80,13 +98,23 @@ def sequence_tensors(batch: StepBatch, i: int, advantage: float) -> tuple[np.nda
     adv[n_p:] = advantage
     versions = np.full(n_p + n_o, -1, dtype=np.int64)
     versions[n_p:] = batch.versions[i]
-    return ids, {"loss_mask": mask, "behav_logp": behav, "advantages": adv, "versions": versions}
+    fields = {"loss_mask": mask, "behav_logp": behav, "advantages": adv, "versions": versions}
+    if keep is not None:  # masked samples keep their tokens in the denominators, with zero loss
+        fields["sample_mask"] = np.full(n_p + n_o, keep, dtype=bool)
+    return ids, fields
 
 
 def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: int, dp_rank: int,
-              group_baseline: bool, normalize: bool) -> StepPlan:
-    adv = sequence_advantages(batch.rewards, batch.group_ids, [len(o) for o in batch.output_ids],
-                              group_baseline=group_baseline, normalize=normalize)
+              group_baseline: bool, normalize: bool, shaping: Shaping | None = None) -> StepPlan:
+    sh = shaping or Shaping()
+    lens = [len(o) for o in batch.output_ids]
+    rewards, penalty = batch.rewards, None
+    if sh.overlong_buffer > 0:
+        penalty = overlong_penalty(lens, sh.overlong_max_len, sh.overlong_buffer, sh.overlong_penalty)
+        rewards = (np.asarray(batch.rewards, np.float64) + penalty).tolist()
+    adv = sequence_advantages(rewards, batch.group_ids, lens, group_baseline=group_baseline,
+                              normalize=normalize, leave_one_out=sh.leave_one_out, norm_scope=sh.norm_scope)
+    keep = keep_samples(batch.finish_reasons, True) if sh.mask_truncated else None
     # Minibatches of whole groups, in order.
     order = list(dict.fromkeys(batch.group_ids))
     per_mb = max(1, -(-len(order) // n_minibatches))
@@ -105,9 +133,13 @@ def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: in
         mbs = []
         for local in ranks[dp_rank]:
             idx = [seqs[k] for k in local]
-            tensors = [sequence_tensors(batch, i, float(adv[i])) for i in idx]
+            tensors = [sequence_tensors(batch, i, float(adv[i]), None if keep is None else bool(keep[i]))
+                       for i in idx]
             names = tensors[0][1].keys() if tensors else []
             mbs.append(pack([t[0] for t in tensors], {n: [t[1][n] for t in tensors] for n in names}, idx))
         n_valid = sum(len(batch.output_ids[i]) for i in seqs)
         plans.append(MinibatchPlan(mbs, n_valid, len(seqs)))
-    return StepPlan(plans, too_long, adv)
+    shaped = {"overlong_penalty_mean": float(penalty.mean()) if penalty is not None and len(penalty) else 0.0,
+              "truncated_samples": int(len(keep) - keep.sum()) if keep is not None else
+              sum(r != "stop" for r in batch.finish_reasons)}
+    return StepPlan(plans, too_long, adv, shaped)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from omegaconf import II
 
 from trainer.megatron.config import MegatronConfig
+from trainer.presets import objective_problems
 from trainer.weights import METHODS as WEIGHT_SYNC_METHODS
 
 
@@ -33,18 +34,68 @@ class TrainerConfig:
     total_steps: int = 100
     # Optimizer updates per global step; each takes groups_per_step / ppo_n_minibatches groups.
     ppo_n_minibatches: int = 1
+    # The objective's recipe (docs/algorithms.md): areal (decoupled PPO, the defaults below), grpo,
+    # dapo, dr_grpo, gspo or tis set every objective and data-shaping key below (and
+    # rollout.filter_all_equal); a key set in the experiment file or on the command line wins.
+    algorithm: str = "areal"
     # PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip].
     eps_clip: float = 0.2
+    # Asymmetric clip: [1 - eps_clip_low, 1 + eps_clip_high] (DAPO's clip-higher); null = eps_clip.
+    eps_clip_low: float | None = None
+    # Upper side of the asymmetric clip (DAPO: 0.28); null = eps_clip.
+    eps_clip_high: float | None = None
+    # Dual clip (c > 1): for A < 0 the objective is at least c * A; null = off.
+    dual_clip_c: float | None = None
     # Decoupled PPO (proximal policy recomputed at the start of each step, behaviour importance
     # weight); false = standard PPO against the behaviour log-probs from the generation server.
     use_decoupled_loss: bool = True
-    # Tokens whose behaviour importance weight exp(prox - behav) exceeds this are masked out of
-    # the loss (they still count in the token average); null = no cap.
+    # Proximal log-probs: recompute (a no-grad forward at the step's start parameters), loglinear
+    # (interpolated by version between the behaviour and the current log-probs: no extra forward),
+    # behaviour (prox = behaviour: standard PPO, as use_decoupled_loss: false).
+    proximal: str = "recompute"
+    # Behaviour weight w = exp(prox - behav): cap-mask (w > behav_imp_weight_cap masked), truncate
+    # (w = min(w, behav_imp_weight_cap): TIS), mask (w outside [behav_imp_weight_low,
+    # behav_imp_weight_cap] masked: MIS, IcePop). Masked tokens still count in the averages.
+    behav_weight: str = "cap-mask"
+    # Upper bound of the behaviour weight (cap-mask, truncate, mask); null = no cap (cap-mask only).
     behav_imp_weight_cap: float | None = None
+    # Lower bound of the behaviour weight (mask only).
+    behav_imp_weight_low: float = 0.0
+    # token: one weight per token; seq-mean: the geometric mean of the sequence's token weights;
+    # seq-product: their product (the sequence's likelihood ratio), for every token of it.
+    behav_weight_level: str = "token"
+    # token: r = exp(logp - prox) per token (PPO); sequence: GSPO's length-normalised sequence ratio.
+    ratio_level: str = "token"
+    # token-mean: over the minibatch's valid tokens; seq-mean-token-sum: token sums averaged over
+    # sequences; seq-mean-token-mean: per-sequence token means averaged over sequences.
+    loss_agg: str = "token-mean"
+    # seq-mean-token-sum only: divide each token sum by this constant (Dr. GRPO: max_new_tokens).
+    loss_agg_norm: float | None = None
     # Subtract the mean reward of the prompt group from each sample's reward (GRPO-style).
     group_baseline: bool = True
+    # With group_baseline: the baseline of a sample is the mean of the *other* samples (RLOO).
+    leave_one_out: bool = False
     # Normalise advantages to mean 0, std 1 over the valid tokens of the global batch.
     normalize_advantages: bool = True
+    # batch: normalise over the global batch (above); group: divide by the std of the prompt
+    # group's rewards (GRPO). normalize_advantages: false = no normalisation (Dr. GRPO).
+    adv_norm_scope: str = "batch"
+    # KL penalty to the initial policy (torch backend: a frozen copy of experiment.model), added
+    # as kl_coef * KL estimate (k1, k2 or k3), aggregated like the loss; 0 = off.
+    kl_coef: float = 0.0
+    # k1 = logp - ref, k2 = (ref - logp)^2 / 2, k3 = exp(ref - logp) - 1 - (ref - logp) (GRPO's).
+    kl_estimator: str = "k3"
+    # Entropy bonus: entropy_coef * entropy (aggregated like the loss) is subtracted; 0 = off.
+    entropy_coef: float = 0.0
+    # DAPO's soft overlong penalty: outputs longer than overlong_max_len - overlong_buffer tokens
+    # lose up to overlong_penalty reward, linearly; 0 = off.
+    overlong_buffer: int = 0
+    # L_max of the overlong penalty: outputs of this length get the full penalty.
+    overlong_max_len: int = II("rollout.max_new_tokens")
+    # Reward lost at overlong_max_len tokens (DAPO: 1 for rewards of +-1).
+    overlong_penalty: float = 1.0
+    # Mask samples that hit the length limit without EOS (finish_reason "length") out of the loss.
+    mask_truncated: bool = False
     # Token budget of one packed micro-batch; a sequence longer than this is dropped and counted.
     max_tokens_per_mb: int = 8192
     # Softmax temperature applied to the logits, log_softmax(logits / T), as the generation server.
@@ -136,4 +187,5 @@ class TrainerConfig:
         if self.optim.warmup_steps < 0:
             out.append(("optim.warmup_steps", "must be >= 0"))
         out += [(f"megatron.{k}", m) for k, m in self.megatron.problems()]
+        out += objective_problems(self)
         return out

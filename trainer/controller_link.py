@@ -20,6 +20,8 @@ from services.protocol import (
     Ok,
     RemoteError,
     Shutdown,
+    StatusReply,
+    StatusRequest,
     SyncRequestClient,
     WeightsAck,
     read_service,
@@ -34,9 +36,10 @@ class ControllerLink:
         self.exp, self.keys, self.shutdown, self.timeout_s = exp, keys, shutdown, timeout_s
         self._client: SyncRequestClient | None = None
 
-    def request(self, body, what: str):
-        """The controller's reply body; None when it refused (logged) or never answered."""
-        deadline = time.monotonic() + self.timeout_s
+    def request(self, body, what: str, timeout_s: float | None = None):
+        """The controller's reply body; None when it refused (logged) or never answered (within
+        `timeout_s`, default the link's ack timeout)."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while (left := deadline - time.monotonic()) > 0:
             try:
                 return self._connect(timeout_s=min(left, 30.0)).request(body, timeout_s=left)
@@ -78,6 +81,14 @@ class ControllerLink:
                       "continuing", ready.version, self.timeout_s)
             out["ack_ok"] = False
         return out
+
+    def rejected_groups(self, timeout_s: float = 5.0) -> int | None:
+        """The admission ledger's count of groups their workflow rejected (RejectGroup: dynamic
+        sampling's all-equal groups) since the run began; None if the controller does not say."""
+        reply = self.request(StatusRequest(), "status", timeout_s=timeout_s)
+        if isinstance(reply, StatusReply) and isinstance(reply.state.get("rejected"), int):
+            return reply.state["rejected"]
+        return None
 
     def _connect(self, timeout_s: float) -> SyncRequestClient:
         info = read_service(self.exp, "controller", timeout_s=timeout_s)

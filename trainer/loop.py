@@ -43,21 +43,23 @@ from services.protocol import (
     load_keys,
     publish_service,
 )
+from services.protocol.trackers import TrackerFollower, start_trackers
 from trainer import build_backend, checkpoint
-from trainer.backend import PackedBatch, TokenOutputs, TrainBackend
+from trainer import objective_step as objective
+from trainer.backend import TrainBackend
 from trainer.batch import StepBatch, plan_step
 from trainer.buffer import ReplayBuffer
 from trainer.controller_link import ControllerLink
 from trainer.intake import Intake
-from trainer.loss import PPOSettings, ppo_token_loss
 from trainer.wal import TrajectoryLog, wal_path
 from trainer.wal import replay as wal_replay
 from trainer.weights import BackgroundCall, build_publisher
 
 log = logging.getLogger(__name__)
 
-STAT_SUMS = ("loss", "clipped", "imp_weight_sum", "capped", "ratio_sum", "valid", "entropy_sum")
-STAT_MAXES = ("imp_weight_max",)
+STAT_SUMS = ("loss", "clipped", "imp_weight_sum", "capped", "ratio_sum", "valid", "entropy_sum",
+             *objective.EXTRA_SUMS)
+STAT_MAXES = ("imp_weight_max", *objective.EXTRA_MAXES)
 
 
 def init_distributed() -> None:
@@ -83,8 +85,9 @@ class Trainer:
         self.staleness = Counter()          # step - admit_version of every trained group
         self.token_staleness = Counter()    # step - min(output_versions) of every trained group
         self.shutdown = Shutdown()
-        self.settings = PPOSettings(self.tcfg.eps_clip, self.tcfg.use_decoupled_loss,
-                                    self.tcfg.behav_imp_weight_cap)
+        self.settings = objective.settings_from_config(self.tcfg)
+        self.backend.entropy_grad = self.settings.entropy_coef > 0
+        self._rejected_seen = 0             # the controller's count of rejected groups, last step
         self._pending_ack: BackgroundCall | None = None
         self.publisher = build_publisher(self.tcfg, exp.weights, self._receiver_ranks())
         self._step_staleness: Counter = Counter()
@@ -93,6 +96,7 @@ class Trainer:
         self._step_ids: dict = {}
         self._last_checkpoint = -1
         self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
+        self.trackers: TrackerFollower | None = None   # TensorBoard/W&B, fed from metrics.jsonl
         self._wal_seq = 0
         self._resumed = resume
         if resume:
@@ -108,6 +112,8 @@ class Trainer:
         if install_signals:
             self.shutdown.install()
         try:
+            if self.rank == 0:   # one process writes the trackers; its thread never blocks this one
+                self.trackers = start_trackers(self.cfg, self.exp)
             if self._resumed:
                 self._rejoin()
             if self.rank == 0:
@@ -145,7 +151,11 @@ class Trainer:
             if self._last_checkpoint != self.version or self._stop_requested():
                 self.save_checkpoint()
         finally:
-            self.close()
+            try:
+                self.close()
+            finally:
+                if self.trackers:   # after the last records: forward them, flush, close
+                    self.trackers.stop()
         return 0
 
     def record_step(self, record: dict) -> None:
@@ -184,10 +194,22 @@ class Trainer:
         self.token_staleness.update(self._step_token_staleness)
         # Which groups this step trained and dropped: `tandem audit` follows every group by id.
         self._step_ids = {"group_ids": [g.group_id for g in result.groups], "dropped_ids": self._step_dropped,
+                          # groups rejected by their workflow (dynamic sampling) since the last step
+                          "dynamic_filtered_groups": self._rejected_since_last_step(),
                           # answers the reward scored wrong for hedging, or stopped at a limit
                           **{name: int(sum(t.timings.get(key, 0.0) for g in result.groups for t in g.samples))
                              for name, key in (("reward_hedged", "hedged"), ("reward_limits_hit", "limit_hit"))}}
         return StepBatch.from_groups(result.groups)
+
+    def _rejected_since_last_step(self) -> int | None:
+        """Groups never sent to the trainer because their workflow rejected them (rollout.
+        filter_all_equal): the controller's admission ledger counts them (their slots were
+        released, so admission replaced them); the step records the increase. None if unknown."""
+        total = self.controller.rejected_groups()
+        if total is None:
+            return None
+        delta, self._rejected_seen = max(0, total - self._rejected_seen), total
+        return delta
 
     def _release_refused(self) -> None:
         """Groups the buffer refused (an invalid trajectory) will never train: give their
@@ -214,21 +236,19 @@ class Trainer:
 
     # ---- one global step ----------------------------------------------------------------------
     def train_step(self, batch: StepBatch) -> dict:
-        """Proximal recompute + ppo_n_minibatches updates on every rank; returns the metrics."""
+        """Proximal recompute (unless skipped) + ppo_n_minibatches updates on every rank; returns
+        the metrics."""
         t, be = self.tcfg, self.backend
         t0 = time.perf_counter()
         plan = plan_step(batch, t.ppo_n_minibatches, t.max_tokens_per_mb, be.dp_size, be.dp_rank,
-                         t.group_baseline, t.normalize_advantages)
-        if t.use_decoupled_loss:
-            for mp in plan.minibatches:
-                for mb in mp.micro_batches:
-                    if mb.n_tokens:
-                        mb.fields["prox_logp"] = be.forward_logprobs(mb, t.temperature).logp
+                         t.group_baseline, t.normalize_advantages, objective.shaping_from_config(t))
+        objective.start_of_step(plan, be, t.temperature, self.settings)
         t1 = time.perf_counter()
         totals = dict.fromkeys(STAT_SUMS, 0.0) | dict.fromkeys(STAT_MAXES, 0.0)
         grad_norms, skipped = [], 0
-        for mp in plan.minibatches:
-            result = be.train_step(mp.micro_batches, self._loss_fn(mp.n_valid), t.temperature)
+        for i, mp in enumerate(plan.minibatches):
+            loss_fn = objective.make_loss_fn(self.settings, mp, i, len(plan.minibatches), self.version)
+            result = be.train_step(mp.micro_batches, loss_fn, t.temperature)
             grad_norms.append(result.grad_norm)
             skipped += not result.applied
             for k, v in result.stats.items():
@@ -264,19 +284,8 @@ class Trainer:
             "buffer_ready": self.buffer.n_ready if self.rank == 0 else 0,
             "buffer_partial": self.buffer.n_partial if self.rank == 0 else 0,
             **({f"buffer_{k}": v for k, v in self.buffer.counters.items()} if self.rank == 0 else {}),
+            **objective.step_metrics(totals, len(plan.minibatches), self.settings), **plan.shaping,
         }
-
-    def _loss_fn(self, n_valid: int):
-        settings = self.settings
-
-        def loss_fn(mb: PackedBatch, out: TokenOutputs):
-            f = mb.fields
-            loss, stats = ppo_token_loss(out.logp, f["behav_logp"], f.get("prox_logp"), f["advantages"],
-                                         f["loss_mask"], settings, n_valid)
-            if out.entropy is not None:
-                stats["entropy_sum"] = float((out.entropy * f["loss_mask"]).sum())
-            return loss, stats
-        return loss_fn
 
     def _reduce_stats(self, totals: dict) -> dict:
         if not dist.is_initialized():
@@ -368,7 +377,7 @@ class Trainer:
                 self._drain(first_timeout_s=0)  # whatever arrived (and was logged) joins the snapshot
                 loop_state = {"version": self.version, "buffer": self.buffer.state_dict(),
                               "staleness": dict(self.staleness), "token_staleness": dict(self.token_staleness),
-                              "wal_seq": self._wal_seq + 1}
+                              "wal_seq": self._wal_seq + 1, "rejected_seen": self._rejected_seen}
                 # Arrivals from now on go to the next log; resume replays it with this checkpoint
                 # (or, if this one is never written, with the previous one: see _open_wal).
                 self.intake.wal.close()
@@ -422,6 +431,7 @@ class Trainer:
             self.buffer.load_state_dict(loop_state["buffer"])
             self.staleness = Counter(loop_state["staleness"])
             self.token_staleness = Counter(loop_state["token_staleness"])
+            self._rejected_seen = int(loop_state.get("rejected_seen", 0))
         self._last_checkpoint = self.version
         log.info("resumed from %s: version %d, %d groups ready, %d partial", path, self.version,
                  self.buffer.n_ready, self.buffer.n_partial)

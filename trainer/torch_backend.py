@@ -81,11 +81,12 @@ def packed_attention_implementation() -> str:
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
-                   temperature: float, with_entropy: bool) -> TokenOutputs:
+                   temperature: float, with_entropy: bool, entropy_grad: bool = False) -> TokenOutputs:
     """log_softmax(logits / T) of each next token, shifted to the token's own position.
 
     logits[j] predicts input_ids[j + 1]; the result at position i is that prediction for i
-    (0 at the first position of every sequence, which nothing predicts).
+    (0 at the first position of every sequence, which nothing predicts). The entropy is
+    detached unless `entropy_grad` (an entropy bonus: it then keeps a [tokens, vocab] graph).
     """
     n = input_ids.numel()
     dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -99,7 +100,11 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: to
     # The row before a sequence start predicted the next sequence's first token: not a prediction.
     out = out.index_fill(0, starts, 0.0)
     entropy = None
-    if with_entropy:
+    if with_entropy and entropy_grad:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = torch.cat([torch.zeros(1, dtype=dt, device=logits.device), ent[:-1]])[:n]
+        entropy = entropy.index_fill(0, starts, 0.0)
+    elif with_entropy:
         with torch.no_grad():
             ent = -(logp_all.exp() * logp_all).sum(-1)
             entropy = torch.zeros(n, dtype=dt, device=logits.device)
@@ -146,7 +151,9 @@ class TorchBackend(TrainBackend):
                                                            lambda s: min(1.0, (s + 1) / warm))
 
     # ---- forward ------------------------------------------------------------------------------
-    def _forward(self, mb: PackedBatch, temperature: float, with_entropy: bool) -> TokenOutputs:
+    def _forward(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None) -> TokenOutputs:
+        model = model if model is not None else self.model
+        grad = self.entropy_grad and torch.is_grad_enabled()
         ids = mb.input_ids.to(self.device)
         if mb.n_tokens == 0:
             z = torch.zeros(0, device=self.device)
@@ -155,16 +162,16 @@ class TorchBackend(TrainBackend):
             pos = mb.position_ids.to(self.device)
             cu = mb.cu_seqlens.to(self.device, torch.int32)
             longest = max(mb.seqlens())
-            logits = self.model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
-                                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
-                                max_length_k=longest).logits[0]
-            return token_logprobs(logits, ids, mb.cu_seqlens, temperature, with_entropy)
+            logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
+                           cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
+                           max_length_k=longest).logits[0]
+            return token_logprobs(logits, ids, mb.cu_seqlens, temperature, with_entropy, grad)
         parts = []
         cu = mb.cu_seqlens.tolist()
         for a, b in zip(cu[:-1], cu[1:], strict=True):
-            logits = self.model(input_ids=ids[None, a:b], use_cache=False).logits[0]
+            logits = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
             parts.append(token_logprobs(logits, ids[a:b], torch.tensor([0, b - a]), temperature,
-                                        with_entropy))
+                                        with_entropy, grad))
         return TokenOutputs(logp=torch.cat([p.logp for p in parts]),
                             entropy=torch.cat([p.entropy for p in parts]) if with_entropy else None)
 
@@ -173,6 +180,19 @@ class TorchBackend(TrainBackend):
                          ) -> TokenOutputs:
         out = self._forward(mb, temperature, with_entropy)
         return TokenOutputs(logp=out.logp.cpu(), entropy=None if out.entropy is None else out.entropy.cpu())
+
+    @torch.no_grad()
+    def forward_ref_logprobs(self, mb: PackedBatch, temperature: float) -> TokenOutputs:
+        """The initial policy: a frozen copy of experiment.model, loaded on first use (one more
+        model in memory, and one more forward per step, for a KL penalty)."""
+        if getattr(self, "_ref_model", None) is None:
+            from transformers import AutoModelForCausalLM
+            self._ref_model = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=next(self.model.parameters()).dtype,
+                attn_implementation=self.model.config._attn_implementation).to(self.device)
+            self._ref_model.eval().requires_grad_(False)
+        out = self._forward(mb, temperature, False, model=self._ref_model)
+        return TokenOutputs(logp=out.logp.cpu())
 
     # ---- update -------------------------------------------------------------------------------
     def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:

@@ -53,6 +53,9 @@ class Request:
     pending: int | None = None           # last sampled token, not yet in the KV cache
     # weight version changes while this request was held (-> meta_info.weight_versions)
     version_changes: list[VersionChange] = field(default_factory=list)
+    # Streaming (the OpenAI-compatible routes): called on the engine thread with each sampled
+    # token and its log-prob, before the finish check, so every token precedes `on_done`.
+    on_token: Callable[[int, float], None] | None = None
 
 
 class Engine:
@@ -335,6 +338,11 @@ class Engine:
         r.output_ids.append(token)
         r.output_logprobs.append(logprob)
         self.stats["generated_tokens"] += 1
+        if r.on_token is not None:
+            try:
+                r.on_token(token, logprob)
+            except Exception:
+                log.exception("streaming a token of %s failed", r.rid)
         p = r.params
         reason = None
         if len(r.output_ids) >= p.max_new_tokens:

@@ -4,8 +4,9 @@ The HTTP layer owns the admission gate: while generation is paused, or an update
 change is waiting for in-flight requests to drain, new `/generate` calls wait here (as in
 SGLang, whose tokenizer manager holds them on its pause condition and model-update lock)
 instead of reaching the engine. Weight updates are serialised by one lock. The routes live in
-`control_routes` (pause, abort, flush, weights, session) and `info_routes` (health, readiness,
-loads, model and server information); `auth` decides who may call them.
+`control_routes` (pause, abort, flush, weights, session), `info_routes` (health, readiness,
+loads, model and server information) and `openai_routes` (`/v1/models`, `/v1/completions`,
+`/v1/chat/completions`); `auth` decides who may call them.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .auth import AuthLevel
 from .control_routes import ControlRoutes
 from .engine import Engine, Request
 from .info_routes import InfoRoutes
+from .openai_routes import OpenAIRoutes
 from .requests import parse_generate, read_json, text_to_input_ids
 from .sampling import BadRequest
 
@@ -48,6 +50,10 @@ ROUTES: list[tuple[tuple[str, ...], str, str, AuthLevel]] = [
     (("POST",), "/end_weight_update", "end_weight_update", _A),
     (("POST",), "/update_weights_from_distributed", "update_from_distributed", _A),
     (("POST",), "/update_weight_version", "update_weight_version", _A),
+    # The OpenAI-compatible API (openai_routes): NORMAL, as in the release.
+    (("GET",), "/v1/models", "models", _N),
+    (("POST",), "/v1/completions", "completions", _N),
+    (("POST",), "/v1/chat/completions", "chat_completions", _N),
 ]
 
 
@@ -57,7 +63,7 @@ def error_body(message: str, code: int = 400) -> dict:
             "param": None, "code": code, "error": {"message": message}}
 
 
-class GenServer(ControlRoutes, InfoRoutes):
+class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes):
     def __init__(self, engine: Engine, *, api_key: str | None = None, admin_api_key: str | None = None,
                  server_args: dict | None = None):
         self.engine = engine

@@ -164,7 +164,8 @@ class MegatronBackend(TrainBackend):
     def _outputs(self, mb: PackedBatch, logits: torch.Tensor, temperature: float,
                  with_entropy: bool) -> TokenOutputs:
         logits = logits[0, :, : self.shape.vocab_size].float()
-        return token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy)
+        return token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy,
+                              self.entropy_grad and torch.is_grad_enabled())
 
     def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool) -> list:
         return run_micro_batches(self._module(), mbs, self._stage_forward, on_last,

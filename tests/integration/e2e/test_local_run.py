@@ -18,7 +18,9 @@ from services.protocol import ExpDir, read_metrics
 def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta):
     cfg = write_config(tmp_path / "exp.yaml", tiny_model_dir, f"eta{eta}")
     # Long enough answers that a weight update lands while some are being generated.
-    out = finish(tandem("run", cfg, f"controller.max_staleness={eta}", "rollout.max_new_tokens=192"))
+    # eta=2 also draws the held-out curve: 8 problems before, every 2 versions, and after.
+    curve = ["rollout.eval_size=8", "rollout.eval_every=2"] if eta else []
+    out = finish(tandem("run", cfg, f"controller.max_staleness={eta}", "rollout.max_new_tokens=192", *curve))
     exp = ExpDir(tmp_path / f"eta{eta}")
     assert "step 4/4" in out, out[-3000:]
     summary = json.loads((exp.root / "summary.json").read_text())
@@ -44,6 +46,11 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta):
     assert all(len(g["output_tokens"]) == 2 and g["prompt_tokens"] > 0 for g in groups)
     assert (exp.weights / "v4").is_dir()
     assert (exp.report / "report.png").stat().st_size > 10_000 and (exp.report / "report.html").exists()
+    if eta:   # rollout worker 0 scored the held-out problems during the run, as versions passed 2
+        evals = read_metrics(exp, "rollout", "eval")
+        assert evals and all(e["step"] % 2 == 0 and 0 < e["step"] <= 4 and e["eval_n"] == 8 for e in evals), evals
+        assert all(0 <= e["eval_accuracy"] <= 1 and e["version_min"] <= e["version_max"] for e in evals)
+        assert summary["eval"]["before"] is not None and summary["eval"]["after"] is not None
     assert summary["throughput"]["trajectories_per_s"] > 0 and summary["weight_sync"]["mean_s"] > 0
     assert leftovers(exp) == []
 

@@ -3,7 +3,8 @@ process admits one experiment's key): answers weights_on_disk / weights_broadcas
 
     python fake_controller.py EXP_DIR HOLD_VERSIONS   (e.g. "1,2" or "")
 
-Appends every received version to <exp>/fake-controller/received (trainer_resumed messages to
+Answers `status` with the ledger counter the trainer reads each step (`rejected`, from the
+file <exp>/fake-controller/rejected, 0 without it). Appends every received version to <exp>/fake-controller/received (trainer_resumed messages to
 .../resumed as "version groups_held"); the ack of a held version
 waits until the file <exp>/fake-controller/release-<version> exists. For weights_broadcast it
 joins the weight group as rank 1 with the shared rendezvous (`services.protocol.weight_group`,
@@ -20,6 +21,7 @@ from services.protocol import (
     ExpDir,
     Ok,
     RequestServer,
+    StatusReply,
     WeightsAck,
     WeightsBroadcast,
     load_keys,
@@ -45,8 +47,12 @@ async def main(exp: ExpDir, hold: set[int]) -> None:
             f.write(f"{body.version} {body.groups_held}\n")
         return Ok(detail="rebased")
 
+    async def on_status(_body):
+        f = state / "rejected"
+        return StatusReply(state={"role": "controller", "rejected": int(f.read_text()) if f.exists() else 0})
+
     server = RequestServer(load_keys(exp.keys), {"weights_on_disk": on_ready, "weights_broadcast": on_ready,
-                                                 "trainer_resumed": on_resumed})
+                                                 "trainer_resumed": on_resumed, "status": on_status})
     publish_service(exp, "controller", {"address": server.address})
     await server.serve_forever()
 

@@ -44,6 +44,9 @@ class FakeController:
         f = self.state / "resumed"
         return [tuple(map(int, line.split())) for line in f.read_text().splitlines()] if f.exists() else []
 
+    def set_rejected(self, n: int):
+        (self.state / "rejected").write_text(str(n))
+
     def release(self, version: int):
         (self.state / f"release-{version}").touch()
 
@@ -114,6 +117,7 @@ def reference_run(tmp_path_factory, small_model_dir, traj):
     python_bin = sys.executable
     ref = make_exp(tmp_path_factory.mktemp("ref"), "ref", small_model_dir)
     ctl = FakeController(ref, python_bin)
+    ctl.set_rejected(3)   # groups the workflows rejected (dynamic sampling), as the ledger counts them
     try:
         proc = start_trainer(ref, python_bin)
         send(ref, groups(traj, SPECS))
@@ -131,6 +135,7 @@ def test_reference_run_publishes_logs_and_checkpoints(reference_run):
     # per step, the answers the reward refused: a hedge in b (step 1), limits in c (step 2)
     assert [(r["reward_hedged"], r["reward_limits_hit"]) for r in recs] == [(1, 0), (0, 2)]
     assert recs[0]["group_ids"] == ["a", "b"] and recs[1]["group_ids"] == ["c", "d"]
+    assert [r["dynamic_filtered_groups"] for r in recs] == [3, 0]   # per step, from the ledger's total
     # step 2 trains c (admitted at v0) and d (v1) at version 1
     assert recs[1]["staleness_hist"] == {"0": 1, "1": 1}
     assert recs[1]["staleness_hist_total"] == {"0": 3, "1": 1}
@@ -146,6 +151,7 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
     data = groups(traj, SPECS)
     run = make_exp(tmp_path, "run", small_model_dir)
     ctl = FakeController(run, python_bin, hold={2})
+    ctl.set_rejected(3)
     try:
         # 1. Everything but the second sample of d; step 1 runs, then the trainer waits for d.
         proc = start_trainer(run, python_bin)
@@ -182,6 +188,7 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
     assert ctl.resumed == [(1, 3), (1, 4)]
     recs = read_metrics(run, "trainer", "step")
     assert [r["step"] for r in recs] == [1, 2]              # numbering continued; step 2 logged once
+    assert [r["dynamic_filtered_groups"] for r in recs] == [3, 0]   # the count seen survived too
     assert recs[1]["staleness_hist_total"] == {"0": 3, "1": 1}   # accounting survived two restarts
     assert step_dirs(run) == ["step-1", "step-2"]
     for v in (1, 2):

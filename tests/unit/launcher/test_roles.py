@@ -44,7 +44,7 @@ def test_resume_reaches_the_trainer_only(exp):
 
 def test_evaluation_role_writes_where_the_summary_reads(exp):
     role = eval_role(exp, "before")
-    assert role.kind == "eval" and _args(role)[-2:] == ["--out", str(exp.root / "eval-before.json")]
+    assert role.kind == "eval" and _args(role)[-4:] == ["--out", str(exp.root / "eval-before.json"), "--tag", "before"]
 
 
 def test_a_role_is_ready_when_it_writes_its_announcement_again(exp):

@@ -1,0 +1,164 @@
+"""The AReaL paper's staleness ablation (its Table 2 and Figure 5) in miniature.
+
+The claim: with the behaviour policy as the proximal one ("naive PPO"), accuracy falls as the
+staleness bound eta grows; with the decoupled objective, eta up to about 8 costs nothing. Here
+each objective runs at eta in {0, 2, 8} with two seeds, from the same warmed-up tiny model, for
+the same number of trained steps, scored greedily on the same held-out problems before and
+after. Generation must really outrun training for the bound to matter: on this machine the
+trainer is the slower pool of `configs/math-tiny.yaml` (generation and training on disjoint
+CPUs), so the controller keeps eta steps of groups in flight and the trainer meets them late;
+each cell reports the staleness its trained groups actually had. Then `recompute` against
+`loglinear` proximal log-probs at eta=8: step time and accuracy.
+
+Writes benchmarks/results/staleness_ablation.json (`cells`, one per run) and
+staleness_ablation.png (accuracy after RL against eta, one line per objective, ± 1 s.e.).
+"""
+from __future__ import annotations
+
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import RESULTS, cli, print_table, write_results
+from services.protocol import ExpDir, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs/math-tiny.yaml"
+ETAS = (0, 2, 8)
+SEEDS = (1, 2)
+STEPS = 100
+EVAL_N = 400
+WARMUP = 5     # steps left out of the step time: the pipeline fills, first passes are cold
+OBJECTIVES = {  # name -> overrides
+    "naive": ["trainer.proximal=behaviour"],
+    "decoupled": ["trainer.proximal=recompute"],
+    "decoupled_loglinear": ["trainer.proximal=loglinear"],
+}
+# Every run: no held-out curve (the before/after figures are the measure), no checkpoints.
+COMMON = ["rollout.eval_every=0", "trainer.checkpoint_every=0"]
+
+
+def tandem(*args: str, timeout: float = 3600) -> None:
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tandem {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+
+
+def plan(quick: bool) -> list[tuple[str, int, int]]:
+    """(objective, eta, seed) of every run, the grid first, then loglinear at eta=8."""
+    if quick:
+        return [("naive", 2, 1), ("decoupled", 2, 1), ("decoupled_loglinear", 2, 1)]
+    grid = [(o, eta, s) for eta in ETAS for o in ("naive", "decoupled") for s in SEEDS]
+    return grid + [("decoupled_loglinear", 8, s) for s in SEEDS]
+
+
+def run_cell(objective: str, eta: int, seed: int, model: Path, workdir: Path, steps: int, eval_n: int,
+             extra: list[str]) -> dict:
+    exp = workdir / f"{objective}-eta{eta}-seed{seed}"
+    t0 = time.time()
+    tandem("run", str(CONFIG), f"experiment.model={model}", f"experiment.exp_dir={exp}",
+           f"experiment.seed={seed}", f"controller.max_staleness={eta}", f"trainer.total_steps={steps}",
+           f"rollout.eval_size={eval_n}", *COMMON, *OBJECTIVES[objective], *extra)
+    summary = json.loads((exp / "summary.json").read_text())
+    trained = read_metrics(ExpDir(exp), "trainer", "step")
+    hist = {int(k): v for k, v in trained[-1]["staleness_hist_total"].items()}
+    tokens = {int(k): v for k, v in trained[-1].get("token_staleness_hist_total", {}).items()}
+    measured = trained[WARMUP:] or trained
+    span = measured[-1]["time"] - measured[0]["time"]
+    ev = summary["eval"]
+    n = ev["n"] or 1
+    return {"objective": objective, "eta": eta, "seed": seed,
+            "acc_before": ev["before"], "acc_after": ev["after"],
+            "acc_se": math.sqrt(ev["after"] * (1 - ev["after"]) / n) if ev["after"] is not None else None,
+            "eval_n": ev["n"],
+            "mean_staleness": sum(k * v for k, v in hist.items()) / max(1, sum(hist.values())),
+            "max_staleness": max(hist, default=0),
+            "max_token_staleness": max(tokens, default=0),
+            "share_at_eta": hist.get(eta, 0) / max(1, sum(hist.values())),
+            "traj_per_s": sum(r.get("n_seqs", 0) for r in measured[1:]) / span if span else None,
+            "step_s": sum(r.get("step_s", 0) for r in measured) / len(measured),
+            "prox_s": sum(r.get("prox_s", 0) for r in measured) / len(measured),
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def _mean_se(cells: list[dict]) -> tuple[float, float]:
+    """Mean accuracy over seeds and its standard error (each seed's binomial s.e., combined)."""
+    accs = [c["acc_after"] for c in cells]
+    mean = sum(accs) / len(accs)
+    return mean, math.sqrt(sum(c["acc_se"] ** 2 for c in cells)) / len(cells)
+
+
+def plot(cells: list[dict], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for objective, colour in (("naive", "tab:gray"), ("decoupled", "tab:red")):
+        etas = sorted({c["eta"] for c in cells if c["objective"] == objective})
+        pts = [_mean_se([c for c in cells if c["objective"] == objective and c["eta"] == e]) for e in etas]
+        ax.errorbar(etas, [100 * m for m, _ in pts], yerr=[100 * s for _, s in pts], marker="o", capsize=4,
+                    color=colour, label=f"{objective} PPO")
+    before = [c["acc_before"] for c in cells if c["acc_before"] is not None]
+    if before:
+        ax.axhline(100 * sum(before) / len(before), color="black", linestyle=":", label="before RL")
+    ax.set_xlabel("staleness bound eta")
+    ax.set_ylabel("held-out accuracy after RL (%)")
+    ax.set_xticks(sorted({c["eta"] for c in cells}))
+    ax.set_title(f"staleness ablation ({cells[0]['eval_n']} held-out problems, mean of seeds ± 1 s.e.)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+
+
+def main(quick: bool = False) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tandem-staleness-") as tmp:
+        workdir = Path(tmp)
+        if quick:
+            model = workdir / "tiny"
+            tandem("model", "init-tiny", str(model))
+            steps, eval_n = 3, 8
+            extra = ["trainer.groups_per_step=4", "rollout.n_samples=4", "rollout.max_new_tokens=32"]
+        else:
+            model = ROOT / ".cache" / "tiny-math-sft"
+            tandem("sft", "--task", "math", "--out", str(model))
+            steps, eval_n, extra = STEPS, EVAL_N, []
+        cells = []
+        for objective, eta, seed in plan(quick):
+            cell = run_cell(objective, eta, seed, model, workdir, steps, eval_n, extra)
+            print(f"{objective} eta={eta} seed={seed}: {cell['acc_before']:.3f} -> {cell['acc_after']:.3f}, "
+                  f"staleness mean {cell['mean_staleness']:.2f} max {cell['max_staleness']}, "
+                  f"{cell['step_s']:.2f} s/step ({cell['wall_s']:.0f} s)", flush=True)
+            cells.append(cell)
+    print_table("staleness ablation: every run", ["objective", "eta", "seed", "before", "after", "± s.e.",
+                "staleness mean", "max", "at eta", "traj/s", "s/step", "prox s"],
+                [[c["objective"], c["eta"], c["seed"], c["acc_before"], c["acc_after"], c["acc_se"],
+                  c["mean_staleness"], c["max_staleness"], c["share_at_eta"], c["traj_per_s"], c["step_s"],
+                  c["prox_s"]] for c in cells])
+    rows, summary = [], {}
+    for objective in OBJECTIVES:
+        for eta in ETAS:
+            group = [c for c in cells if c["objective"] == objective and c["eta"] == eta]
+            if group:
+                mean, se = _mean_se(group)
+                step_s = sum(c["step_s"] for c in group) / len(group)
+                rows.append([objective, eta, len(group), mean, se, step_s])
+                summary[f"{objective}_eta{eta}_acc_after"] = round(mean, 4)
+                summary[f"{objective}_eta{eta}_step_s"] = round(step_s, 3)
+    print_table("staleness ablation: mean over seeds", ["objective", "eta", "seeds", "after", "± s.e.", "s/step"], rows)
+    headline = {"steps": steps, "eval_n": eval_n, **summary, "cells": cells}
+    if not quick:
+        plot(cells, RESULTS / "staleness_ablation.png")
+        write_results("staleness_ablation", headline)
+    return headline
+
+
+if __name__ == "__main__":
+    cli(main)

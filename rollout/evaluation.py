@@ -1,0 +1,81 @@
+"""Greedy accuracy on held-out problems: the one measure behind `tandem eval`, the figures
+before and after a run, and the held-out curve during it (`rollout.eval_every`).
+
+The held-out problems never overlap training (a separate synthetic seed with training's texts
+removed, or `rollout.eval_dataset`), and the same `n` problems are scored every time, so points
+of the curve differ by the policy only.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from services.protocol import GradeRequest
+
+from .dataset import load_prompts
+
+GRADE_BATCH = 64
+
+
+def held_out_prompts(cfg, n: int):
+    """Problems never drawn for training: a separate synthetic seed, or `rollout.eval_dataset`."""
+    if cfg.rollout.eval_dataset:
+        return load_prompts(cfg.rollout.eval_dataset, cfg.reward.task, n, cfg.experiment.seed)[:n]
+    train = {p.text for p in load_prompts(cfg.rollout.dataset, cfg.reward.task, cfg.rollout.synthetic_size,
+                                          cfg.experiment.seed)}
+    pool = load_prompts(cfg.rollout.dataset, cfg.reward.task, 4 * n, cfg.experiment.seed + 10_000)
+    return [p for p in pool if p.text not in train][:n]
+
+
+def eval_record(result: dict, **extra) -> dict:
+    """The `eval` record of metrics.jsonl for a result of `evaluate_prompts`: its x is the
+    policy version that wrote the answers (the oldest, if several did)."""
+    return {"event": "eval", "step": result["version"], "eval_accuracy": result["accuracy"],
+            "eval_se": result["se"], "eval_n": result["n"], "eval_correct": result["correct"],
+            "version_min": result["version"], "version_max": result["version_max"],
+            "seconds": result["seconds"], **extra}
+
+
+def standard_error(correct: int, n: int) -> float:
+    """Of an accuracy measured on n problems (binomial): sqrt(p (1 - p) / n)."""
+    if n <= 0:
+        return 0.0
+    p = correct / n
+    return math.sqrt(p * (1 - p) / n)
+
+
+async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, concurrency: int = 64,
+                           deadline_s: float = 300.0) -> dict:
+    """Greedy answers of the served policy to `prompts`, graded by the reward service.
+
+    `generator` is a GenerationClient, `reward` a RequestClient of the reward service (whose
+    timeout must exceed `deadline_s`, the grading time allowed per batch). The
+    policy may change while the answers are generated (weights reach the servers mid-run):
+    `version_min` and `version_max` are the oldest and newest policy versions that wrote any
+    answer's tokens."""
+    from transformers import AutoTokenizer
+
+    from rollout.workflow import chat_prompt_ids, grade_item
+
+    tok = tokenizer or AutoTokenizer.from_pretrained(cfg.experiment.model)
+    greedy = {"temperature": 0.0, "top_k": 1, "max_new_tokens": cfg.rollout.max_new_tokens}
+    sem = asyncio.Semaphore(concurrency)
+    t0 = time.time()
+
+    async def one(i, p):
+        async with sem:
+            res = await generator.generate(chat_prompt_ids(tok, p.text), greedy, f"eval/{i}")
+            versions = list(res.output_versions or [0])
+            return tok.decode(res.output_ids, skip_special_tokens=True), min(versions), max(versions)
+
+    outs = await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
+    verdicts = []
+    for k in range(0, len(prompts), GRADE_BATCH):
+        items = [grade_item(p, o[0]) for p, o in zip(prompts[k:k + GRADE_BATCH], outs[k:k + GRADE_BATCH], strict=True)]
+        verdicts += (await reward.request(GradeRequest(items=items, deadline_s=deadline_s))).verdicts
+    correct = sum(v.correct for v in verdicts)
+    return {"accuracy": correct / max(1, len(prompts)), "n": len(prompts), "correct": correct,
+            "se": round(standard_error(correct, len(prompts)), 4),
+            "version": min((o[1] for o in outs), default=0), "version_max": max((o[2] for o in outs), default=0),
+            "seconds": round(time.time() - t0, 1)}
