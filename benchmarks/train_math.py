@@ -5,8 +5,10 @@ Runs exactly what the Makefile target runs — the cached warm-up (`tandem sft -
 trained once into .cache/) and `tandem run configs/math-tiny.yaml` (200 steps, eta 2, the
 shipped defaults, CPU placement on) — in a scratch directory, and keeps the run's
 `summary.json` figures: wall seconds, held-out greedy accuracy before and after (n = 500) with
-their standard errors, trajectories/s and the staleness reached. `--quick` runs 3 steps of an
-untrained model to check the mechanics and writes nothing.
+their standard errors, the held-out curve of the run (`rollout.eval_every`), trajectories/s,
+the staleness reached and what the run left for TensorBoard and W&B; the run's report is copied
+to `benchmarks/results/train_<task>_report.png`. `--quick` runs 3 steps of an untrained model
+to check the mechanics and writes nothing.
 """
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.p
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import cli, print_table, write_results
+from benchmarks.common import RESULTS, cli, print_table, write_results
+from services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +55,13 @@ def measure(task: str, quick: bool = False) -> dict:
             overrides = []
         _tandem("run", str(config), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
         summary = json.loads((exp / "summary.json").read_text())
+        curve = [{"step": r["step"], "accuracy": r["eval_accuracy"], "se": r["eval_se"], "tag": r.get("tag")}
+                 for r in read_metrics(ExpDir(exp), event="eval")]
+        # What the run left for the user's trackers (the config names TensorBoard and W&B).
+        trackers = {"tensorboard_event_files": len(list((exp / "tb").glob("events.out.tfevents.*"))),
+                    "wandb_offline_runs": len(list((exp / "wandb").glob("offline-run-*")))}
+        if not quick:   # the run's report, beside its figures (docs/running.md shows it)
+            shutil.copy(exp / "report" / "report.png", RESULTS / f"train_{task}_report.png")
     ev = summary["eval"]
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
           for k in ("before", "after")}
@@ -60,7 +71,7 @@ def measure(task: str, quick: bool = False) -> dict:
                 if ev["before"] is not None and ev["after"] is not None else None,
                 "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
                 "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
-                "staleness_max": summary["staleness"]["max"]}
+                "staleness_max": summary["staleness"]["max"], "held_out_curve": curve, **trackers}
     print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["steps", "wall s", "held-out before",
                 "held-out after", "n", "trajectories/s"],
                 [[headline["steps"], headline["wall_s"], ev["before"], ev["after"], ev["n"],

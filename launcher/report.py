@@ -213,6 +213,9 @@ def _panel_mismatch(ax, steps):
 def _panel_filtered(ax, steps):
     x, y = _series(steps, "dynamic_filtered_groups")
     ax.bar(x, y, color="tab:olive")
+    if not any(y):
+        ax.text(0.5, 0.5, "none dropped (rollout.filter_all_equal is off, or every group had a spread)",
+                transform=ax.transAxes, ha="center", va="center", color="gray")
     ax.set_xlabel("step")
     ax.set_ylabel("groups")
     ax.set_title("groups dropped by dynamic sampling (all rewards equal)")

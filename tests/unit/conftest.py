@@ -26,6 +26,14 @@ import pytest
 
 NETWORK_FAMILIES = {socket.AF_INET, socket.AF_INET6, getattr(socket, "AF_UNIX", -1)}
 
+# matplotlib builds its font cache on first import, asking `fc-list` (a process) where
+# fontconfig is installed: on a fresh machine the report's unit tests would be refused for
+# the library's one-off set-up, not for anything they do. Build it here, before any guard.
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.font_manager  # noqa: E402,F401
+
 
 class UnitTierViolation(RuntimeError):
     """A unit test tried to start a process or open a network socket."""
