@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox-deps browser-deps test test-fast bench lint docs clean train-math train-code
+.PHONY: install sandbox-deps browser-deps test test-fast bench lint docs clean train-math train-code train-code-agent
 
 install: $(STAMP)
 
@@ -62,6 +62,11 @@ train-math: install
 train-code: install
 	$(VENV)/bin/tandem sft --task code --out .cache/tiny-code-sft
 	$(VENV)/bin/tandem run $(or $(EXP),configs/code-tiny.yaml) experiment.exp_dir=runs/code-$(RUN_ID) $(ARGS)
+
+# Multi-turn: programs revised from execution feedback on the visible examples (rollout/code_feedback.py).
+train-code-agent: install
+	$(VENV)/bin/tandem sft --task code-agent --out .cache/tiny-code-agent-sft
+	$(VENV)/bin/tandem run $(or $(EXP),configs/code-agent-tiny.yaml) experiment.exp_dir=runs/code-agent-$(RUN_ID) $(ARGS)
 
 lint: install
 	$(PY) -m ruff check .

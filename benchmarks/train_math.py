@@ -42,7 +42,7 @@ def main(quick: bool = False) -> dict:
 
 def measure(task: str, quick: bool = False) -> dict:
     """`make train-<task>` in a scratch directory: its summary's headline figures."""
-    config = ROOT / f"configs/{task}-tiny.yaml"
+    config, name = ROOT / f"configs/{task}-tiny.yaml", task.replace("-", "_")
     with tempfile.TemporaryDirectory(prefix=f"tandem-train-{task}-") as tmp:
         exp = Path(tmp) / "run"
         if quick:
@@ -55,29 +55,37 @@ def measure(task: str, quick: bool = False) -> dict:
             overrides = []
         _tandem("run", str(config), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
         summary = json.loads((exp / "summary.json").read_text())
-        curve = [{"step": r["step"], "accuracy": r["eval_accuracy"], "se": r["eval_se"], "tag": r.get("tag")}
+        curve = [{"step": r["step"], "accuracy": r["eval_accuracy"], "se": r["eval_se"], "tag": r.get("tag"),
+                  **({"first_turn_accuracy": r["eval_first_turn_accuracy"]} if "eval_first_turn_accuracy" in r else {})}
                  for r in read_metrics(ExpDir(exp), event="eval")]
         # What the run left for the user's trackers (the config names TensorBoard and W&B).
         trackers = {"tensorboard_event_files": len(list((exp / "tb").glob("events.out.tfevents.*"))),
                     "wandb_offline_runs": len(list((exp / "wandb").glob("offline-run-*")))}
         if not quick:   # the run's report, beside its figures (docs/running.md shows it)
-            shutil.copy(exp / "report" / "report.png", RESULTS / f"train_{task}_report.png")
+            shutil.copy(exp / "report" / "report.png", RESULTS / f"train_{name}_report.png")
     ev = summary["eval"]
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
           for k in ("before", "after")}
-    headline = {"steps": summary["steps"], "wall_s": summary["wall_s"], "eval_n": ev["n"],
+    turns = {f"{k}_accuracy": ev[k] for k in ("first_turn_before", "first_turn_after") if k in ev}
+    rl_s = summary.get("rl_s")
+    headline = {"steps": summary["steps"], "wall_s": summary["wall_s"], "rl_s": rl_s,
+                "rl_s_per_step": round(rl_s / summary["steps"], 2) if rl_s and summary["steps"] else None,
+                "eval_n": ev["n"],
                 "accuracy_before": ev["before"], "accuracy_after": ev["after"],
                 "accuracy_gain_points": round(100 * (ev["after"] - ev["before"]), 1)
                 if ev["before"] is not None and ev["after"] is not None else None,
                 "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
                 "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
-                "staleness_max": summary["staleness"]["max"], "held_out_curve": curve, **trackers}
-    print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["steps", "wall s", "held-out before",
+                "staleness_max": summary["staleness"]["max"], "held_out_curve": curve, **turns, **trackers}
+    print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["steps", "wall s", "RL s", "held-out before",
                 "held-out after", "n", "trajectories/s"],
-                [[headline["steps"], headline["wall_s"], ev["before"], ev["after"], ev["n"],
+                [[headline["steps"], headline["wall_s"], headline["rl_s"], ev["before"], ev["after"], ev["n"],
                   headline["trajectories_per_s"]]])
+    if turns:
+        print_table("first turn (before feedback), same problems", ["before", "after"],
+                    [[turns["first_turn_before_accuracy"], turns["first_turn_after_accuracy"]]])
     if not quick:
-        write_results(f"train_{task}", headline)
+        write_results(f"train_{name}", headline)
     return headline
 
 

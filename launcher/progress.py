@@ -106,13 +106,19 @@ def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
     summary = {
         "steps": len(steps),
         "eval": {"before": before and before["accuracy"], "after": after and after["accuracy"],
-                 "n": (after or before or {}).get("n", 0)},
+                 "n": (after or before or {}).get("n", 0),
+                 # multi-turn workflows: the pass rate of the first turn, before feedback
+                 **({"first_turn_before": before and before.get("first_turn_accuracy"),
+                     "first_turn_after": after and after.get("first_turn_accuracy")}
+                    if "first_turn_accuracy" in (after or before or {}) else {})},
         "staleness": {"max": max(hist) if hist else None, "histogram": {str(k): hist[k] for k in sorted(hist)}},
         "throughput": {"trajectories_per_s": trained_trajs / span if span else None,
                        "tokens_per_s": trained_tokens / span if span else None},
         "weight_sync": {"mean_s": sum(sync) / len(sync) if sync else None,
                         "fraction_of_step": (sum(sync) / sum(step_s)) if sync and step_s and sum(step_s) else None},
         "wall_s": round(wall_s, 1),
+        # seconds of RL: from the start of the first training step to the end of the last
+        "rl_s": round(steps[-1]["time"] - first + steps[0].get("step_s", 0.0), 1) if steps else None,
     }
     write_json_atomic(exp.root / "summary.json", summary)
     return summary

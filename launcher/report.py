@@ -55,7 +55,9 @@ def held_out_points(exp: ExpDir, records: list[dict], last_step: int) -> list[di
     `rollout.eval_every` versions during it, after it), and for a run whose before/after
     evaluations left only their files (`eval-<tag>.json`), those at step 0 and the last step."""
     points = [{"step": r["step"], "accuracy": r["eval_accuracy"], "se": r.get("eval_se", 0.0),
-               "n": r.get("eval_n", 0), "source": r.get("tag") or "during"}
+               "n": r.get("eval_n", 0), "source": r.get("tag") or "during",
+               # multi-turn runs: the first turn's pass rate, before any feedback
+               **({"first_turn": r["eval_first_turn_accuracy"]} if "eval_first_turn_accuracy" in r else {})}
               for r in records if r.get("event") == "eval" and "eval_accuracy" in r]
     for tag, step in (("before", 0), ("after", last_step)):
         if any(p["source"] == tag for p in points):
@@ -94,6 +96,10 @@ def _panel_accuracy(ax, steps, groups, held_out):
         ax.errorbar([p["step"] for p in held_out], [100 * p["accuracy"] for p in held_out],
                     yerr=[100 * p["se"] for p in held_out], color="tab:red", marker="o", capsize=3,
                     linewidth=2, label=f"held-out, greedy (n={held_out[-1]['n']}; ± 1 s.e.)")
+        first = [p for p in held_out if "first_turn" in p]
+        if first:
+            ax.plot([p["step"] for p in first], [100 * p["first_turn"] for p in first], color="tab:red",
+                    linestyle="--", marker=".", label="held-out, first turn (before feedback)")
     if groups and steps:  # each group's sample accuracy at the step current when it finished
         times = [r["time"] for r in steps]
         by_step: dict[int, list[float]] = {}

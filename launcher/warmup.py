@@ -1,4 +1,7 @@
-"""`tandem sft --task math|code --out DIR`: the tiny model, warmed up on solved synthetic tasks.
+"""`tandem sft --task math|code|code-agent --out DIR`: the tiny model, warmed up on solved
+synthetic tasks (`code-agent`: half of the rows are revision conversations, a wrong program,
+the feedback the multi-turn episode gives and the right program, so RL starts from a model
+that knows the feedback format).
 
 The embedded default runs start RL from this model. It composes pieces of other packages (the
 tiny model and the synthetic tasks from `rollout`, the SFT loop from `trainer`) and caches the
@@ -54,10 +57,18 @@ def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n:
             return done
     base = Path(tempfile.mkdtemp(prefix="tandem-tiny-"))
     init_tiny(base, seed=seed)
-    rows = list(generate(task, 50_000, seed=seed))
-    if task == "code":
+    kind = "code" if task == "code-agent" else task
+    rows = list(generate(kind, 50_000, seed=seed))
+    if kind == "code":
         rows = [{"prompt": r["problem"], "solution": r["solution"]} for r in rows]
-    held_out = list(generate(task, eval_n, seed=seed + 10_000))
+    if task == "code-agent":
+        import random
+
+        from rollout.code_feedback import describe_failure
+        from rollout.synthetic import code_revision
+        rng = random.Random(f"code-agent-{seed}")
+        rows = rows[:25_000] + [code_revision(rng, describe_failure) for _ in range(25_000)]
+    held_out = list(generate(kind, eval_n, seed=seed + 10_000))
     max_new = 96 if task == "math" else 48
     accuracy = _boxed_accuracy if task == "math" else _code_accuracy
 
@@ -80,8 +91,8 @@ def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n:
 
 
 def cmd_sft(args) -> int:
-    if args.task not in ("math", "code"):
-        print(f"tandem sft: --task must be math or code, got {args.task!r}", file=sys.stderr)
+    if args.task not in ("math", "code", "code-agent"):
+        print(f"tandem sft: --task must be math, code or code-agent, got {args.task!r}", file=sys.stderr)
         return 2
     warm_up(args.task, Path(args.out), args.steps, args.seconds, args.seed, args.eval_n, args.force)
     return 0
@@ -89,7 +100,7 @@ def cmd_sft(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("sft", help="warm up the tiny model on solved synthetic tasks (cached)")
-    p.add_argument("--task", required=True, help="math or code")
+    p.add_argument("--task", required=True, help="math, code, or code-agent (with revision conversations)")
     p.add_argument("--out", required=True, help="output Hugging Face directory")
     # Steps, not seconds, so the cached model is the same on a busy machine as on an idle one.
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (batch 64)")

@@ -23,8 +23,15 @@ class RolloutConfig:
     num_workers: int = 1
     # Episodes a worker runs concurrently.
     concurrency: int = 64
-    # The episode function, `module:function` (see rollout/workflow.py).
+    # The episode function, `module:function` (see rollout/workflow.py); multi-turn code with
+    # execution feedback: `rollout.code_feedback:code_with_feedback`.
     workflow: str = "rollout.workflow:single_turn"
+    # Multi-turn workflows (e.g. rollout.code_feedback:code_with_feedback): model turns per
+    # sample, the factor a correct final answer's reward takes per turn after the first, and
+    # the characters of environment feedback shown per turn.
+    max_turns: int = 3
+    turn_discount: float = 1.0
+    feedback_chars: int = 300
     # Drop groups whose samples all got the same reward (no learning signal), DAPO-style.
     filter_all_equal: bool = False
     # Attempts for one generation request before the group is failed.
@@ -59,6 +66,12 @@ class RolloutConfig:
             out.append(("workflow", f"must look like 'module:function', got {self.workflow!r}"))
         if not self.dataset.startswith("synthetic:") and not self.dataset.endswith((".jsonl", ".json")):
             out.append(("dataset", f"must be a .jsonl file or synthetic:math|code, got {self.dataset!r}"))
+        if self.max_turns < 1:
+            out.append(("max_turns", "must be >= 1"))
+        if not (0 < self.turn_discount <= 1):
+            out.append(("turn_discount", "must be in (0, 1]"))
+        if self.feedback_chars < 20:
+            out.append(("feedback_chars", "must be >= 20"))
         if self.max_attempts < 1:
             out.append(("max_attempts", "must be >= 1"))
         if self.eval_every < 0 or self.eval_every_size < 0:

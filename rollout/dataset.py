@@ -14,7 +14,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollout.livecodebench import LiveCodeBenchRowError, is_livecodebench_row, livecodebench_prompt
+from rollout.livecodebench import (
+    LiveCodeBenchRowError,
+    is_livecodebench_row,
+    livecodebench_prompt,
+    public_cases,
+)
 from rollout.synthetic import generate as generate_synthetic
 from services.protocol import code_tests_problem
 
@@ -40,9 +45,13 @@ def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
     if task == "code" and is_livecodebench_row(row):
         try:
             rid, text, tests = livecodebench_prompt(row)
+            n_public = len(public_cases(row))
         except LiveCodeBenchRowError as e:
             raise DatasetError(f"{where}: LiveCodeBench row: {e}") from None
-        return _code_prompt(rid or where, text, tests, f"{where}: LiveCodeBench row")
+        # Its public cases are shown in the problem text: a multi-turn episode's visible tests.
+        visible = {**tests, "inputs": tests["inputs"][:n_public], "outputs": tests["outputs"][:n_public]} \
+            if n_public else None
+        return _code_prompt(rid or where, text, tests, f"{where}: LiveCodeBench row", visible)
     text = row.get("problem", row.get("prompt", row.get("question")))
     if not isinstance(text, str) or not text.strip():
         raise DatasetError(f"{where}: missing 'problem' (or 'prompt') text")
@@ -63,15 +72,21 @@ def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
             tests = {"inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests]}
         except (KeyError, TypeError):
             raise DatasetError(f"{where}: 'tests' list items need 'input' and 'output'") from None
-    return _code_prompt(rid, text, tests, f"{where}: code row")
+    return _code_prompt(rid, text, tests, f"{where}: code row", row.get("visible_tests"))
 
 
-def _code_prompt(rid: str, text: str, tests, where: str) -> Prompt:
+def _code_prompt(rid: str, text: str, tests, where: str, visible=None) -> Prompt:
     # The grader's own rule: a row it could not grade would only ever earn the wrong-answer reward.
     problem = code_tests_problem(tests)
     if problem:
         raise DatasetError(f"{where}: {problem}")
-    return Prompt(rid, text, "code", {"tests": tests})
+    if visible is None:
+        return Prompt(rid, text, "code", {"tests": tests})
+    # The tests a multi-turn episode runs for feedback (rollout/code_feedback.py).
+    problem = code_tests_problem(visible)
+    if problem:
+        raise DatasetError(f"{where}: visible_tests: {problem}")
+    return Prompt(rid, text, "code", {"tests": tests, "visible_tests": visible})
 
 
 def load_jsonl(path: str | Path, task: str) -> list[Prompt]:
@@ -141,6 +156,8 @@ def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
     if dataset.startswith("synthetic:"):
         kind = dataset.split(":", 1)[1]
         rows = generate_synthetic(kind, size, seed)
-        key = "answer" if kind == "math" else "tests"
-        return [Prompt(r["id"], r.get("prompt") or r["problem"], kind, {key: r[key]}) for r in rows]
+        if kind == "math":
+            return [Prompt(r["id"], r["prompt"], kind, {"answer": r["answer"]}) for r in rows]
+        return [Prompt(r["id"], r["problem"], kind, {"tests": r["tests"], "visible_tests": r["visible_tests"]})
+                for r in rows]
     return load_jsonl(dataset, task)

@@ -31,10 +31,11 @@ def held_out_prompts(cfg, n: int):
 def eval_record(result: dict, **extra) -> dict:
     """The `eval` record of metrics.jsonl for a result of `evaluate_prompts`: its x is the
     policy version that wrote the answers (the oldest, if several did)."""
+    turns = {f"eval_{k}": result[k] for k in ("first_turn_accuracy", "first_turn_se", "turns_mean") if k in result}
     return {"event": "eval", "step": result["version"], "eval_accuracy": result["accuracy"],
             "eval_se": result["se"], "eval_n": result["n"], "eval_correct": result["correct"],
             "version_min": result["version"], "version_max": result["version_max"],
-            "seconds": result["seconds"], **extra}
+            "seconds": result["seconds"], **turns, **extra}
 
 
 def standard_error(correct: int, n: int) -> float:
@@ -56,12 +57,14 @@ async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, conc
     answer's tokens."""
     from transformers import AutoTokenizer
 
-    from rollout.workflow import chat_prompt_ids, grade_item
+    from rollout.workflow import DEFAULT_WORKFLOW, chat_prompt_ids, grade_item
 
     tok = tokenizer or AutoTokenizer.from_pretrained(cfg.experiment.model)
     greedy = {"temperature": 0.0, "top_k": 1, "max_new_tokens": cfg.rollout.max_new_tokens}
     sem = asyncio.Semaphore(concurrency)
     t0 = time.time()
+    if cfg.rollout.workflow != DEFAULT_WORKFLOW:
+        return await _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy, sem, deadline_s)
 
     async def one(i, p):
         async with sem:
@@ -78,4 +81,38 @@ async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, conc
     return {"accuracy": correct / max(1, len(prompts)), "n": len(prompts), "correct": correct,
             "se": round(standard_error(correct, len(prompts)), 4),
             "version": min((o[1] for o in outs), default=0), "version_max": max((o[2] for o in outs), default=0),
+            "seconds": round(time.time() - t0, 1)}
+
+
+async def _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy: dict, sem, deadline_s: float) -> dict:
+    """A custom (e.g. multi-turn) workflow scored as it trains: one greedy episode per problem,
+    correct when the workflow's own verdict says so. Workflows that record `first_turn_correct`
+    (rollout/code_feedback.py) also get the pass rate of their first turn, on the same problems."""
+    from rollout.workflow import EpisodeContext, load_workflow
+    from services.protocol import Ticket
+
+    rc, t0 = cfg.rollout, time.time()
+    workflow = load_workflow(rc.workflow)
+
+    async def grade(items):
+        return (await reward.request(GradeRequest(items=items, deadline_s=deadline_s))).verdicts
+
+    ctx = EpisodeContext(generate=generator.generate, grade=grade, tokenizer=tok, n_samples=1,
+                         sampling_params=greedy, max_turns=rc.max_turns, turn_discount=rc.turn_discount,
+                         feedback_chars=rc.feedback_chars)
+
+    async def one(i, p):
+        async with sem:
+            return (await workflow(ctx, p, Ticket(group_id=f"eval/{i}", admit_version=0)))[0]
+
+    samples = await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
+    n = len(prompts)
+    correct = int(sum(t.timings.get("correct", 0.0) for t in samples))
+    first = int(sum(t.timings.get("first_turn_correct", t.timings.get("correct", 0.0)) for t in samples))
+    versions = [(int(t.output_versions.min()), int(t.output_versions.max())) for t in samples if len(t.output_versions)]
+    return {"accuracy": correct / max(1, n), "n": n, "correct": correct,
+            "se": round(standard_error(correct, n), 4),
+            "first_turn_accuracy": first / max(1, n), "first_turn_se": round(standard_error(first, n), 4),
+            "turns_mean": sum(t.timings.get("turns", 1.0) for t in samples) / max(1, n),
+            "version": min((v[0] for v in versions), default=0), "version_max": max((v[1] for v in versions), default=0),
             "seconds": round(time.time() - t0, 1)}

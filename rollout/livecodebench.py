@@ -59,6 +59,12 @@ def _cases(raw, which: str) -> list[dict]:
                                     f"({type(e).__name__}: {e})") from None
 
 
+def public_cases(row: dict) -> list:
+    """The row's public test cases (its problem statement shows them); they come first in the
+    tests of `livecodebench_prompt`."""
+    return _cases(row.get("public_test_cases"), "public_test_cases")
+
+
 def livecodebench_prompt(row: dict) -> tuple[str, str, dict]:
     """(id, problem text, tests) of one row; LiveCodeBenchRowError says what is wrong."""
     metadata = row.get("metadata") or {}
@@ -67,7 +73,7 @@ def livecodebench_prompt(row: dict) -> tuple[str, str, dict]:
             metadata = json.loads(metadata)
         except json.JSONDecodeError:
             raise LiveCodeBenchRowError("metadata is not JSON") from None
-    cases = _cases(row.get("public_test_cases"), "public_test_cases") + \
+    cases = public_cases(row) + \
         _cases(row.get("private_test_cases"), "private_test_cases")
     if not all(isinstance(c, dict) and isinstance(c.get("input"), str) and isinstance(c.get("output"), str)
                for c in cases):

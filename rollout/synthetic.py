@@ -49,18 +49,46 @@ CODE_TEMPLATES = [
 ]
 
 
+def _point_tests(fn, a, b, points) -> dict:
+    return {"fn_name": "f", "inputs": [[x] for x in points], "outputs": [fn(a, b, x) for x in points]}
+
+
 def code_problem(rng: random.Random) -> dict:
-    """"f(1)=3, f(2)=5, f(4)=9" → `def f(x): return 2*x+1`, graded on hidden points."""
+    """"f(1)=3, f(2)=5, f(4)=9" → `def f(x): return 2*x+1`. The three points of the text are the
+    visible tests (a multi-turn episode's feedback runs them); the reward's tests add eight
+    points never shown."""
     template, fn = rng.choice(CODE_TEMPLATES)
     a, b = rng.randint(2, 9), rng.randint(1, 9)
     shown = sorted(rng.sample(range(0, 8), 3))
     hidden = [x for x in range(-3, 11) if x not in shown][:8]
     problem = ", ".join(f"f({x})={fn(a, b, x)}" for x in shown)
     source = template.format(a=a, b=b)
-    points = shown + hidden
     return {"problem": problem, "solution": f"```python\n{source}\n```",
-            "tests": {"fn_name": "f", "inputs": [[x] for x in points],
-                      "outputs": [fn(a, b, x) for x in points]}}
+            "tests": _point_tests(fn, a, b, shown + hidden), "visible_tests": _point_tests(fn, a, b, shown),
+            "params": [CODE_TEMPLATES.index((template, fn)), a, b]}
+
+
+def code_revision(rng: random.Random, describe_failure) -> dict:
+    """A warm-up conversation for the multi-turn code episode: a wrong first program (a nearby
+    constant or another family), the feedback the episode would give on the first visible point
+    it fails, then the right program. `describe_failure(fn_name, args, got, expected)` is the
+    episode's own feedback text, so the warm-up teaches exactly the format RL will show."""
+    row = code_problem(rng)
+    k, a, b = row["params"]
+    template, fn = CODE_TEMPLATES[k]
+    shown = [args[0] for args in row["visible_tests"]["inputs"]]
+    while True:
+        k2 = k if rng.random() < 0.6 else rng.randrange(len(CODE_TEMPLATES))
+        a2, b2 = max(2, a + rng.choice([-2, -1, 0, 1, 2])), max(1, b + rng.choice([-3, -2, -1, 1, 2, 3]))
+        wrong_t, wrong_fn = CODE_TEMPLATES[k2]
+        miss = next((x for x in shown if wrong_fn(a2, b2, x) != fn(a, b, x)), None)
+        if miss is not None:
+            break
+    wrong = f"```python\n{wrong_t.format(a=a2, b=b2)}\n```"
+    feedback = describe_failure("f", [miss], repr(wrong_fn(a2, b2, miss)), fn(a, b, miss))
+    return {"prompt": [{"role": "user", "content": row["problem"]}, {"role": "assistant", "content": wrong},
+                       {"role": "user", "content": feedback}],
+            "solution": row["solution"]}
 
 
 GENERATORS = {"math": math_problem, "code": code_problem}

@@ -83,6 +83,7 @@ class RolloutWorker:
         ctx = EpisodeContext(
             generate=self._seeded(self.generator.generate), grade=self._grade, tokenizer=tokenizer,
             n_samples=self.rc.n_samples, filter_all_equal=self.rc.filter_all_equal,
+            max_turns=self.rc.max_turns, turn_discount=self.rc.turn_discount, feedback_chars=self.rc.feedback_chars,
             sampling_params={"temperature": self.rc.temperature, "top_p": self.rc.top_p,
                              "top_k": self.rc.top_k, "max_new_tokens": self.rc.max_new_tokens})
         heartbeat = asyncio.ensure_future(self._heartbeat())

@@ -42,18 +42,54 @@ class EpisodeContext:
     n_samples: int
     sampling_params: dict
     filter_all_equal: bool = False
+    # Multi-turn workflows (rollout/code_feedback.py): turns per sample, the factor a correct
+    # answer's reward is multiplied by per extra turn, characters of feedback shown per turn.
+    max_turns: int = 1
+    turn_discount: float = 1.0
+    feedback_chars: int = 300
 
 
 Workflow = Callable[[EpisodeContext, Prompt, Ticket], Awaitable[list[Trajectory]]]
+DEFAULT_WORKFLOW = "rollout.workflow:single_turn"
 
 
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """The prompt as token ids through the tokenizer's chat template (what the model was tuned on)."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                        add_generation_prompt=True)
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
     if not isinstance(ids, list):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def chat_prompt_ids(tokenizer, text: str | list[dict]) -> list[int]:
+    """The prompt as token ids through the tokenizer's chat template (what the model was tuned on):
+    one user message, or a whole conversation (a list of `{role, content}`) to be continued."""
+    messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
+    return _render(tokenizer, messages, add_generation_prompt=True)
+
+
+def next_turn_ids(tokenizer, messages: list[dict], generated_ids: list[int]) -> list[int]:
+    """The tokens the environment appends after the model's turn, so that the context reads as the
+    chat template renders the conversation: the end of the assistant turn the model did not
+    write itself (e.g. EOS when it was cut at max_new_tokens), the new user message and the
+    generation prompt.
+
+    `messages` ends with the assistant turn (its decoded text) and the new user message. The
+    model's own tokens stay as they were sampled (their log-probs are the behaviour policy's);
+    only the environment's part comes from the template, as the difference between the
+    conversation rendered with and without the new message."""
+    if len(messages) < 3 or messages[-2]["role"] != "assistant" or messages[-1]["role"] != "user":
+        raise ValueError("next_turn_ids needs the conversation ending in an assistant turn and a new user turn")
+    asked = _render(tokenizer, messages[:-2], add_generation_prompt=True)
+    closed = _render(tokenizer, messages[:-1], add_generation_prompt=False)
+    extended = _render(tokenizer, messages, add_generation_prompt=True)
+    content = tokenizer.encode(messages[-2]["content"], add_special_tokens=False)
+    if closed[:len(asked)] != asked or extended[:len(closed)] != closed \
+            or closed[len(asked):len(asked) + len(content)] != content:
+        raise ValueError("the chat template does not render a conversation as a prefix of its continuation; "
+                         "a multi-turn episode cannot be built on it")
+    closing = closed[len(asked) + len(content):]   # what the template puts after the assistant's text
+    emitted = next((k for k in range(len(closing), 0, -1) if list(generated_ids[-k:]) == closing[:k]), 0)
+    return closing[emitted:] + extended[len(closed):]
 
 
 def grade_item(prompt: Prompt, response: str) -> GradeItem:

@@ -32,6 +32,8 @@ class StepBatch:
     n_groups: int = 0
     # "stop" (EOS) or "length" (truncated at max_new_tokens), per sequence.
     finish_reasons: list[str] = field(default_factory=list)
+    # Per output token: trained (True) or written by the environment (False; multi-turn).
+    loss_masks: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def from_groups(cls, groups: list[Group]) -> StepBatch:
@@ -46,6 +48,8 @@ class StepBatch:
                 b.rewards.append(float(t.reward))
                 b.admit_versions.append(int(g.admit_version))
                 b.finish_reasons.append(str(t.finish_reason))
+                n = len(t.output_ids)
+                b.loss_masks.append(np.ones(n, bool) if t.output_mask is None else np.asarray(t.output_mask, bool))
         return b
 
     def __len__(self) -> int:
@@ -91,7 +95,7 @@ def sequence_tensors(batch: StepBatch, i: int, advantage: float, keep: bool | No
     n_p, n_o = len(p), len(o)
     ids = np.concatenate([p, o])
     mask = np.zeros(n_p + n_o, dtype=bool)
-    mask[n_p:] = True
+    mask[n_p:] = batch.loss_masks[i]
     behav = np.zeros(n_p + n_o, dtype=np.float32)
     behav[n_p:] = batch.behav_logp[i]
     adv = np.zeros(n_p + n_o, dtype=np.float32)
@@ -137,7 +141,7 @@ def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: in
                        for i in idx]
             names = tensors[0][1].keys() if tensors else []
             mbs.append(pack([t[0] for t in tensors], {n: [t[1][n] for t in tensors] for n in names}, idx))
-        n_valid = sum(len(batch.output_ids[i]) for i in seqs)
+        n_valid = sum(int(batch.loss_masks[i].sum()) for i in seqs)
         plans.append(MinibatchPlan(mbs, n_valid, len(seqs)))
     shaped = {"overlong_penalty_mean": float(penalty.mean()) if penalty is not None and len(penalty) else 0.0,
               "truncated_samples": int(len(keep) - keep.sum()) if keep is not None else

@@ -59,6 +59,11 @@ def validate(t: Trajectory) -> str | None:
     if len(t.output_logprobs) != n or len(t.output_versions) != n:
         return (f"{n} output tokens but {len(t.output_logprobs)} log-probs and "
                 f"{len(t.output_versions)} versions")
+    if t.output_mask is not None:
+        if len(t.output_mask) != n:
+            return f"{n} output tokens but {len(t.output_mask)} mask entries"
+        if not np.any(t.output_mask):
+            return "output_mask leaves no model token to train"
     if not np.all(np.isfinite(t.output_logprobs)):
         return "non-finite behaviour log-prob"
     if not np.isfinite(t.reward):

@@ -198,7 +198,8 @@ class Trainer:
                           "dynamic_filtered_groups": self._rejected_since_last_step(),
                           # answers the reward scored wrong for hedging, or stopped at a limit
                           **{name: int(sum(t.timings.get(key, 0.0) for g in result.groups for t in g.samples))
-                             for name, key in (("reward_hedged", "hedged"), ("reward_limits_hit", "limit_hit"))}}
+                             for name, key in (("reward_hedged", "hedged"), ("reward_limits_hit", "limit_hit"))},
+                          **_turn_metrics([t for g in result.groups for t in g.samples])}
         return StepBatch.from_groups(result.groups)
 
     def _rejected_since_last_step(self) -> int | None:
@@ -477,3 +478,15 @@ def _hist(counter: Counter) -> dict[str, int]:
 def run_trainer(cfg, exp_dir: str | Path, resume: bool = False) -> int:
     exp = ExpDir(exp_dir)
     return Trainer(cfg, exp, resume=resume).run()
+
+
+def _turn_metrics(samples) -> dict:
+    """Multi-turn episodes (rollout/code_feedback.py): model turns per sample, and how often the
+    first program and the last were right; nothing for single-turn workflows."""
+    turned = [t.timings for t in samples if "turns" in t.timings]
+    if not turned:
+        return {}
+    n = len(turned)
+    return {"turns_mean": sum(t["turns"] for t in turned) / n,
+            "first_turn_correct": sum(t.get("first_turn_correct", 0.0) for t in turned) / n,
+            "final_correct": sum(t.get("correct", 0.0) for t in turned) / n}

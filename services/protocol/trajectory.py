@@ -22,6 +22,11 @@ class Trajectory:
     finish_reason: str
     task: str
     timings: dict[str, float]
+    # uint8 [T]: 1 = a model token (trained), 0 = a token the environment wrote into the
+    # context (a multi-turn episode's feedback): the model reads it but is never trained on it.
+    # Absent = every output token is the model's. Environment tokens carry log-prob 0 and the
+    # version of the model token before them.
+    output_mask: np.ndarray | None = None
 
 
 @message("trajectory_receipt")

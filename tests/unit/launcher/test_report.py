@@ -76,3 +76,18 @@ def test_eval_records_of_the_before_and_after_evaluations_replace_their_files(tm
     assert [(p["step"], p["source"], p["accuracy"]) for p in points] == [
         (0, "before", 0.31), (10, "during", 0.3 + 0.4 * 10 / 30), (20, "during", 0.3 + 0.4 * 20 / 30),
         (30, "after", 0.69)]
+
+
+def test_a_multi_turn_run_also_draws_the_first_turn(tmp_path):
+    import json
+    exp = ExpDir(tmp_path / "run")
+    write_synthetic_run(exp, n_steps=20, eval_every=10)
+    with exp.metrics.open("a") as f:
+        for tag, step, acc, first in (("before", 0, 0.30, 0.25), ("after", 20, 0.60, 0.45)):
+            f.write(json.dumps({"time": 0, "role": "eval", "event": "eval", "tag": tag, "step": step,
+                                "eval_accuracy": acc, "eval_se": 0.02, "eval_n": 177,
+                                "eval_first_turn_accuracy": first}) + "\n")
+    fig, _ = build_figure(exp)
+    first = [line for line in fig.axes[1].lines if line.get_label().startswith("held-out, first turn")]
+    assert len(first) == 1
+    assert list(first[0].get_xdata()) == [0, 20] and list(first[0].get_ydata()) == [25.0, 45.0]
