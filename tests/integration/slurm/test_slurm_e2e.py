@@ -29,7 +29,7 @@ from services.protocol import ExpDir
 
 pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[3]
-SUMMARY_KEYS = {"steps", "eval", "staleness", "throughput", "weight_sync", "wall_s"}
+SUMMARY_KEYS = {"steps", "eval", "staleness", "throughput", "weight_sync", "wall_s", "rl_s"}
 
 
 def documented_commands() -> list[str]:
