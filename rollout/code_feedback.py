@@ -113,17 +113,11 @@ class _Conversation:
         self.mask += [0] * len(env)
 
 
-async def _sample(ctx: EpisodeContext, prompt: Prompt, prompt_ids: list[int], key: str,
-                  limit: int) -> _Conversation:
-    global _single_turn_warned
+async def _sample(ctx: EpisodeContext, prompt: Prompt, prompt_ids: list[int], key: str, limit: int,
+                  tests: dict, n_visible: int) -> _Conversation:
     conv = _Conversation(prompt.text)
     visible = prompt.reference.get("visible_tests")
-    tests, n_visible = checked_tests(visible, prompt.reference["tests"])
     turns = ctx.max_turns if n_visible else 1
-    if not n_visible and ctx.max_turns > 1 and not _single_turn_warned:
-        _single_turn_warned = True
-        log.warning("problem %s has no visible_tests: its episodes are single-turn (no feedback to give); "
-                    "rows need a visible_tests field, or LiveCodeBench public tests", prompt.id)
     for turn in range(turns):
         params = dict(ctx.sampling_params)
         if turn and limit:   # the context grows with each turn; never past the model's window
@@ -147,11 +141,17 @@ async def code_with_feedback(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket
     """n conversations of one problem; each rewarded by its last program's verdict."""
     if prompt.task != "code":
         raise ValueError(f"code_with_feedback needs code problems, got task {prompt.task!r}")
+    global _single_turn_warned
+    tests, n_visible = checked_tests(prompt.reference.get("visible_tests"), prompt.reference["tests"])
+    if not n_visible and ctx.max_turns > 1 and not _single_turn_warned:
+        _single_turn_warned = True
+        log.warning("problem %s has no visible_tests: its episodes are single-turn (no feedback to give); "
+                    "rows need a visible_tests field, or LiveCodeBench public tests", prompt.id)
     prompt_ids = chat_prompt_ids(ctx.tokenizer, prompt.text)
     limit = int(getattr(ctx.tokenizer, "model_max_length", 0) or 0)
     limit = limit if 0 < limit < 1_000_000 else 0
     t0 = time.time()
-    convs = await asyncio.gather(*[_sample(ctx, prompt, prompt_ids, f"{ticket.group_id}/{i}", limit)
+    convs = await asyncio.gather(*[_sample(ctx, prompt, prompt_ids, f"{ticket.group_id}/{i}", limit, tests, n_visible)
                                    for i in range(ctx.n_samples)])
     elapsed = time.time() - t0
     final = [c.verdicts[-1] for c in convs]
