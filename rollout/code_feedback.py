@@ -8,7 +8,10 @@ expected and the actual result (cut to `rollout.feedback_chars`) come back as th
 turn; nothing of the hidden tests ever does. The episode ends when the visible tests pass or
 the turns run out; the reward is the last program's verdict on all of them (times
 `turn_discount` per extra turn when it is right), so passing the visible examples alone never
-pays. One sandbox run per turn gives the feedback, the reward and the first turn's pass rate.
+pays. Each turn's program gets its own reward the same way (`turn_rewards`): the trainer
+credits every turn with its own (trainer.turn_credit), so a wrong first program is not
+reinforced because feedback rescued it. One sandbox run per turn gives the feedback, the
+rewards and the first turn's pass rate.
 
 What reaches the trainer is one trajectory per sample: the first prompt, then every model turn
 and the environment's tokens between them. The environment's tokens are context only
@@ -155,8 +158,9 @@ async def code_with_feedback(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket
                                    for i in range(ctx.n_samples)])
     elapsed = time.time() - t0
     final = [c.verdicts[-1] for c in convs]
-    rewards = [v.reward * ctx.turn_discount ** (len(c.verdicts) - 1) if v.correct else v.reward
-               for c, v in zip(convs, final, strict=True)]
+    turn_rewards = [[v.reward * ctx.turn_discount ** k if v.correct else v.reward for k, v in enumerate(c.verdicts)]
+                    for c in convs]
+    rewards = [t[-1] for t in turn_rewards]
     if ctx.filter_all_equal and len(set(rewards)) == 1:
         raise RejectGroup(f"all {len(rewards)} samples got reward {rewards[0]}")
     return [Trajectory(
@@ -165,10 +169,10 @@ async def code_with_feedback(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket
         output_ids=np.asarray(c.ids, dtype=np.int32),
         output_logprobs=np.asarray(c.logprobs, dtype=np.float32),
         output_versions=np.asarray(c.versions, dtype=np.int32),
-        output_mask=np.asarray(c.mask, dtype=np.uint8),
+        output_mask=np.asarray(c.mask, dtype=np.uint8), turn_rewards=np.asarray(tr, dtype=np.float32),
         admit_version=ticket.admit_version, reward=float(r), finish_reason=c.finish_reason, task=prompt.task,
         # generation and grading interleave turn by turn: `episode_s` is both
         timings={"episode_s": elapsed, "correct": float(v.correct), "turns": float(len(c.verdicts)),
                  "first_turn_correct": float(c.verdicts[0].correct),
                  "hedged": float(bool(v.details.get("hedged"))), "limit_hit": float(bool(v.details.get("limit")))},
-    ) for i, (c, v, r) in enumerate(zip(convs, final, rewards, strict=True))]
+    ) for i, (c, v, r, tr) in enumerate(zip(convs, final, rewards, turn_rewards, strict=True))]

@@ -26,11 +26,11 @@ class RolloutConfig:
     # The episode function, `module:function` (see rollout/workflow.py); multi-turn code with
     # execution feedback: `rollout.code_feedback:code_with_feedback`.
     workflow: str = "rollout.workflow:single_turn"
-    # Multi-turn workflows (e.g. rollout.code_feedback:code_with_feedback): model turns per
-    # sample, the factor a correct final answer's reward takes per turn after the first, and
-    # the characters of environment feedback shown per turn.
+    # Multi-turn workflows (e.g. rollout.code_feedback:code_with_feedback): model turns per sample.
     max_turns: int = 3
+    # The factor a correct answer's reward takes per turn before it (turn k: turn_discount^(k-1)).
     turn_discount: float = 1.0
+    # Characters of environment feedback shown per turn.
     feedback_chars: int = 300
     # Drop groups whose samples all got the same reward (no learning signal), DAPO-style.
     filter_all_equal: bool = False

@@ -18,6 +18,15 @@ The variants (docs/algorithms.md), for sample i of group g with n samples and re
                                  one sample is not scaled
     no normalisation             A = r - b (Dr. GRPO: the std division biases towards groups
                                  that are almost all right or all wrong)
+
+Multi-turn episodes (`turn_credit`, trainer/batch.py): a trajectory that carries `turn_rewards`
+(one per model turn, the reward of the program or answer that turn wrote) is split into its
+model turns, and each turn is a "sequence" of this module whose group is (prompt group, turn
+index): turn k of a sample is baselined against turn k of the group's other samples that got
+that far. The first turn is then exactly single-turn GRPO on the first attempts; a revision is
+compared only with the other revisions of the same problem (a lone revision is its own
+baseline: no signal, like a group whose samples all agree). The credit is myopic on purpose: a
+wrong first attempt is never paid for what a later turn made of its feedback.
 """
 from __future__ import annotations
 
@@ -66,3 +75,14 @@ def sequence_advantages(rewards: Sequence[float], group_ids: Sequence[str], outp
         if var > eps * eps:
             adv = adv / (np.sqrt(var) + eps)
     return adv
+
+
+def model_turns(mask: np.ndarray | None, n: int) -> np.ndarray:
+    """Turn index of each of `n` output tokens: model turn k is the k-th run of mask-1 tokens
+    (a multi-turn episode's turns are separated by the environment's mask-0 tokens); environment
+    tokens get -1. No mask: one turn, every token."""
+    if mask is None:
+        return np.zeros(n, dtype=np.int64)
+    m = np.asarray(mask, dtype=bool)
+    starts = m & ~np.concatenate([[False], m[:-1]])
+    return np.where(m, np.cumsum(starts) - 1, -1)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.advantages import sequence_advantages
+from trainer.advantages import model_turns, sequence_advantages
 from trainer.backend import PackedBatch
 from trainer.buffer import Group
 from trainer.microbatch import allocate_for_ranks, pack
@@ -34,6 +34,8 @@ class StepBatch:
     finish_reasons: list[str] = field(default_factory=list)
     # Per output token: trained (True) or written by the environment (False; multi-turn).
     loss_masks: list[np.ndarray] = field(default_factory=list)
+    # Per sequence: the reward of each model turn (multi-turn episodes), or None.
+    turn_rewards: list[np.ndarray | None] = field(default_factory=list)
 
     @classmethod
     def from_groups(cls, groups: list[Group]) -> StepBatch:
@@ -50,6 +52,7 @@ class StepBatch:
                 b.finish_reasons.append(str(t.finish_reason))
                 n = len(t.output_ids)
                 b.loss_masks.append(np.ones(n, bool) if t.output_mask is None else np.asarray(t.output_mask, bool))
+                b.turn_rewards.append(None if t.turn_rewards is None else np.asarray(t.turn_rewards, np.float64))
         return b
 
     def __len__(self) -> int:
@@ -75,6 +78,9 @@ class StepPlan:
     advantages: np.ndarray
     # Data shaping of the step (shaping.py): mean overlong penalty, samples masked as truncated.
     shaping: dict = field(default_factory=dict)
+    # Per sequence, per output token (0 on environment tokens); `advantages` is its mean over
+    # the sequence's model tokens (the same thing for a single-turn sequence).
+    token_advantages: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -86,9 +92,41 @@ class Shaping:
     overlong_max_len: int = 0
     overlong_penalty: float = 1.0
     mask_truncated: bool = False
+    # Credit each model turn of a multi-turn sequence with its own reward (advantages.py).
+    turn_credit: bool = True
 
 
-def sequence_tensors(batch: StepBatch, i: int, advantage: float, keep: bool | None = None
+def token_advantages(batch: StepBatch, rewards, shaping: Shaping, group_baseline: bool, normalize: bool
+                     ) -> list[np.ndarray]:
+    """Advantages per output token. A sequence is one credit unit with its reward, or, with
+    `turn_credit` and `turn_rewards`, one unit per model turn grouped by (prompt group, turn)."""
+    keys, unit_rewards, lens, units = [], [], [], []   # units: (sequence, turn or None)
+    for i, g in enumerate(batch.group_ids):
+        mask, per_turn = batch.loss_masks[i], batch.turn_rewards[i] if shaping.turn_credit else None
+        if per_turn is None:
+            keys.append(g)
+            unit_rewards.append(rewards[i])
+            lens.append(int(mask.sum()))
+            units.append((i, None))
+            continue
+        turns = model_turns(mask, len(mask))
+        for k, r in enumerate(per_turn):
+            keys.append((g, k))
+            unit_rewards.append(float(r) + rewards[i] - batch.rewards[i])   # + any shaping penalty
+            lens.append(int((turns == k).sum()))
+            units.append((i, k))
+    adv = sequence_advantages(unit_rewards, keys, lens, group_baseline=group_baseline, normalize=normalize,
+                              leave_one_out=shaping.leave_one_out, norm_scope=shaping.norm_scope)
+    out = [np.zeros(len(o), np.float64) for o in batch.output_ids]
+    for (i, k), a in zip(units, adv, strict=True):
+        if k is None:
+            out[i][batch.loss_masks[i]] = a
+        else:
+            out[i][model_turns(batch.loss_masks[i], len(out[i])) == k] = a
+    return out
+
+
+def sequence_tensors(batch: StepBatch, i: int, advantage, keep: bool | None = None
                      ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Tokens of sequence i and its per-token fields, aligned with the tokens (see backend.py)."""
     p, o = batch.prompt_ids[i], batch.output_ids[i]
@@ -99,7 +137,7 @@ def sequence_tensors(batch: StepBatch, i: int, advantage: float, keep: bool | No
     behav = np.zeros(n_p + n_o, dtype=np.float32)
     behav[n_p:] = batch.behav_logp[i]
     adv = np.zeros(n_p + n_o, dtype=np.float32)
-    adv[n_p:] = advantage
+    adv[n_p:] = advantage   # a number, or one per output token
     versions = np.full(n_p + n_o, -1, dtype=np.int64)
     versions[n_p:] = batch.versions[i]
     fields = {"loss_mask": mask, "behav_logp": behav, "advantages": adv, "versions": versions}
@@ -116,8 +154,8 @@ def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: in
     if sh.overlong_buffer > 0:
         penalty = overlong_penalty(lens, sh.overlong_max_len, sh.overlong_buffer, sh.overlong_penalty)
         rewards = (np.asarray(batch.rewards, np.float64) + penalty).tolist()
-    adv = sequence_advantages(rewards, batch.group_ids, lens, group_baseline=group_baseline,
-                              normalize=normalize, leave_one_out=sh.leave_one_out, norm_scope=sh.norm_scope)
+    tok_adv = token_advantages(batch, rewards, sh, group_baseline, normalize)
+    adv = np.array([float(a[m].mean()) if m.any() else 0.0 for a, m in zip(tok_adv, batch.loss_masks, strict=True)])
     keep = keep_samples(batch.finish_reasons, True) if sh.mask_truncated else None
     # Minibatches of whole groups, in order.
     order = list(dict.fromkeys(batch.group_ids))
@@ -137,7 +175,7 @@ def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: in
         mbs = []
         for local in ranks[dp_rank]:
             idx = [seqs[k] for k in local]
-            tensors = [sequence_tensors(batch, i, float(adv[i]), None if keep is None else bool(keep[i]))
+            tensors = [sequence_tensors(batch, i, tok_adv[i], None if keep is None else bool(keep[i]))
                        for i in idx]
             names = tensors[0][1].keys() if tensors else []
             mbs.append(pack([t[0] for t in tensors], {n: [t[1][n] for t in tensors] for n in names}, idx))
@@ -146,4 +184,4 @@ def plan_step(batch: StepBatch, n_minibatches: int, max_tokens: int, dp_size: in
     shaped = {"overlong_penalty_mean": float(penalty.mean()) if penalty is not None and len(penalty) else 0.0,
               "truncated_samples": int(len(keep) - keep.sum()) if keep is not None else
               sum(r != "stop" for r in batch.finish_reasons)}
-    return StepPlan(plans, too_long, adv, shaped)
+    return StepPlan(plans, too_long, adv, shaped, tok_adv)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.protocol import ProtocolError, Trajectory, decode, encode
+from trainer.advantages import model_turns
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ def validate(t: Trajectory) -> str | None:
             return f"{n} output tokens but {len(t.output_mask)} mask entries"
         if not np.any(t.output_mask):
             return "output_mask leaves no model token to train"
+    if t.turn_rewards is not None:
+        turns = int(model_turns(t.output_mask, n).max()) + 1
+        if len(t.turn_rewards) != turns:
+            return f"{len(t.turn_rewards)} turn_rewards for {turns} model turns (runs of output_mask 1)"
+        if not np.all(np.isfinite(t.turn_rewards)):
+            return "non-finite turn reward"
     if not np.all(np.isfinite(t.output_logprobs)):
         return "non-finite behaviour log-prob"
     if not np.isfinite(t.reward):

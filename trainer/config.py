@@ -80,6 +80,10 @@ class TrainerConfig:
     # batch: normalise over the global batch (above); group: divide by the std of the prompt
     # group's rewards (GRPO). normalize_advantages: false = no normalisation (Dr. GRPO).
     adv_norm_scope: str = "batch"
+    # Multi-turn episodes whose trajectories carry turn_rewards: each model turn is credited with
+    # its own reward, baselined on the same turn of its group (docs/algorithms.md); false = every
+    # token of an episode gets the episode's reward.
+    turn_credit: bool = True
     # KL penalty to the initial policy (torch backend: a frozen copy of experiment.model), added
     # as kl_coef * KL estimate (k1, k2 or k3), aggregated like the loss; 0 = off.
     kl_coef: float = 0.0

@@ -38,7 +38,8 @@ def settings_from_config(t) -> PPOSettings:
 def shaping_from_config(t) -> Shaping:
     return Shaping(leave_one_out=t.leave_one_out, norm_scope=t.adv_norm_scope, overlong_buffer=t.overlong_buffer,
                    overlong_max_len=t.overlong_max_len if t.overlong_buffer > 0 else 0,
-                   overlong_penalty=t.overlong_penalty, mask_truncated=t.mask_truncated)
+                   overlong_penalty=t.overlong_penalty, mask_truncated=t.mask_truncated,
+                   turn_credit=t.turn_credit)
 
 
 def start_of_step(plan: StepPlan, backend: TrainBackend, temperature: float, settings: PPOSettings) -> None:

@@ -27,6 +27,11 @@ class Trajectory:
     # Absent = every output token is the model's. Environment tokens carry log-prob 0 and the
     # version of the model token before them.
     output_mask: np.ndarray | None = None
+    # float32 [K]: the reward of each of the K model turns (the runs of output_mask 1), e.g. each
+    # program's verdict in a multi-turn code episode; `reward` is the episode's. Absent = the
+    # episode's reward is the only one. The trainer may credit each turn with its own
+    # (trainer.turn_credit).
+    turn_rewards: np.ndarray | None = None
 
 
 @message("trajectory_receipt")

@@ -16,7 +16,7 @@ import pytest
 from gen_support import reference_logprobs
 
 from rollout.client import GenerationClient, ServerRef
-from rollout.code_feedback import code_with_feedback
+from rollout.code_feedback import checked_tests, code_with_feedback
 from rollout.dataset import Prompt
 from rollout.workflow import EpisodeContext, chat_prompt_ids
 from services.protocol import Ticket, Trajectory, decode, encode
@@ -87,6 +87,10 @@ def test_episode_spanning_a_weight_update(own_server, model_v1, tiny_model_dir):
     assert logp[second:] == pytest.approx(want, abs=1e-4)
     stale = reference_logprobs(old_dir, prompt_ids + t1 + env, t2, TEMPERATURE)
     assert max(abs(a - b) for a, b in zip(stale, want, strict=True)) > 1e-2   # the policies differ here
+    # Each program's own verdict (what turn credit gives its tokens); the last is the episode's.
+    tests, _ = checked_tests(VISIBLE, HIDDEN)
+    assert len(t.turn_rewards) == 2 and t.turn_rewards[-1] == t.reward
+    assert t.turn_rewards[0] == grade_code(tok.decode(t1, skip_special_tokens=True), tests).reward
     # What the trainer makes of it, after the wire: loss on model tokens only.
     t = decode(encode(t)).body
     assert validate(t) is None
