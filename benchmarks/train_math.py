@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from benchmarks.common import RESULTS, cli, print_table, write_results
 from services.protocol import ExpDir, read_metrics
 
@@ -40,8 +42,9 @@ def main(quick: bool = False) -> dict:
     return measure("math", quick)
 
 
-def measure(task: str, quick: bool = False) -> dict:
-    """`make train-<task>` in a scratch directory: its summary's headline figures."""
+def run_once(task: str, quick: bool = False, seed: int | None = None) -> dict:
+    """`make train-<task>` in a scratch directory (`seed`: experiment.seed, else the config's):
+    its summary's headline figures."""
     config, name = ROOT / f"configs/{task}-tiny.yaml", task.replace("-", "_")
     with tempfile.TemporaryDirectory(prefix=f"tandem-train-{task}-") as tmp:
         exp = Path(tmp) / "run"
@@ -53,8 +56,11 @@ def measure(task: str, quick: bool = False) -> dict:
             model = ROOT / ".cache" / f"tiny-{task}-sft"
             _tandem("sft", "--task", task, "--out", str(model))
             overrides = []
+        if seed is not None:
+            overrides.append(f"experiment.seed={seed}")
         _tandem("run", str(config), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
         summary = json.loads((exp / "summary.json").read_text())
+        seed = yaml.safe_load((exp / "config.yaml").read_text())["experiment"]["seed"]
         curve = [{"step": r["step"], "accuracy": r["eval_accuracy"], "se": r["eval_se"], "tag": r.get("tag"),
                   **({"first_turn_accuracy": r["eval_first_turn_accuracy"]} if "eval_first_turn_accuracy" in r else {})}
                  for r in read_metrics(ExpDir(exp), event="eval")]
@@ -68,24 +74,54 @@ def measure(task: str, quick: bool = False) -> dict:
           for k in ("before", "after")}
     turns = {f"{k}_accuracy": ev[k] for k in ("first_turn_before", "first_turn_after") if k in ev}
     rl_s = summary.get("rl_s")
-    headline = {"steps": summary["steps"], "wall_s": summary["wall_s"], "rl_s": rl_s,
-                "rl_s_per_step": round(rl_s / summary["steps"], 2) if rl_s and summary["steps"] else None,
-                "eval_n": ev["n"],
-                "accuracy_before": ev["before"], "accuracy_after": ev["after"],
-                "accuracy_gain_points": round(100 * (ev["after"] - ev["before"]), 1)
-                if ev["before"] is not None and ev["after"] is not None else None,
-                "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
-                "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
-                "staleness_max": summary["staleness"]["max"], "held_out_curve": curve, **turns, **trackers}
-    print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["steps", "wall s", "RL s", "held-out before",
-                "held-out after", "n", "trajectories/s"],
-                [[headline["steps"], headline["wall_s"], headline["rl_s"], ev["before"], ev["after"], ev["n"],
-                  headline["trajectories_per_s"]]])
-    if turns:
-        print_table("first turn (before feedback), same problems", ["before", "after"],
-                    [[turns["first_turn_before_accuracy"], turns["first_turn_after_accuracy"]]])
+    return {"seed": seed, "steps": summary["steps"], "wall_s": summary["wall_s"], "rl_s": rl_s,
+            "rl_s_per_step": round(rl_s / summary["steps"], 2) if rl_s and summary["steps"] else None,
+            "eval_n": ev["n"],
+            "accuracy_before": ev["before"], "accuracy_after": ev["after"],
+            "accuracy_gain_points": round(100 * (ev["after"] - ev["before"]), 1)
+            if ev["before"] is not None and ev["after"] is not None else None,
+            "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
+            "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
+            "staleness_max": summary["staleness"]["max"], "held_out_curve": curve, **turns, **trackers}
+
+
+def seed_means(runs: list[dict]) -> dict:
+    """Mean gain over seeds, in points, with its standard error: each seed's gain has the binomial
+    errors of its two evaluations; the seeds' evaluations are independent."""
+    def mean_gain(before: str, after: str) -> tuple[float, float]:
+        gains = [r[after] - r[before] for r in runs]
+        var = sum(r[before] * (1 - r[before]) / r["eval_n"] + r[after] * (1 - r[after]) / r["eval_n"] for r in runs)
+        return round(100 * sum(gains) / len(runs), 1), round(100 * math.sqrt(var) / len(runs), 1)
+
+    gain, se = mean_gain("accuracy_before", "accuracy_after")
+    out = {"seeds_gain_points": gain, "seeds_gain_se_points": se}
+    if all("first_turn_before_accuracy" in r for r in runs):
+        gain, se = mean_gain("first_turn_before_accuracy", "first_turn_after_accuracy")
+        out.update(seeds_first_turn_gain_points=gain, seeds_first_turn_gain_se_points=se)
+    return out
+
+
+def measure(task: str, quick: bool = False, seeds: tuple[int, ...] = ()) -> dict:
+    """`make train-<task>`, once with the config's seed or once per seed of `seeds`: the headline
+    figures of the first run, every run under `runs` and, for several seeds, the mean gains."""
+    runs = [run_once(task, quick, s) for s in seeds] if seeds else [run_once(task, quick)]
+    headline = {**runs[0], **({"runs": runs, **seed_means(runs)} if len(runs) > 1 else {})}
+    print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["seed", "steps", "wall s", "RL s",
+                "held-out before", "held-out after", "n", "trajectories/s"],
+                [[r["seed"], r["steps"], r["wall_s"], r["rl_s"], r["accuracy_before"], r["accuracy_after"],
+                  r["eval_n"], r["trajectories_per_s"]] for r in runs])
+    if "first_turn_before_accuracy" in headline:
+        print_table("first turn (before feedback), same problems", ["seed", "before", "after"],
+                    [[r["seed"], r["first_turn_before_accuracy"], r["first_turn_after_accuracy"]] for r in runs])
+    if len(runs) > 1:
+        m = seed_means(runs)
+        print_table(f"mean over {len(runs)} seeds, points (± s.e.)", ["", "gain", "± s.e."],
+                    [["after feedback" if "seeds_first_turn_gain_points" in m else "held-out",
+                      m["seeds_gain_points"], m["seeds_gain_se_points"]]] +
+                    ([["first turn", m["seeds_first_turn_gain_points"], m["seeds_first_turn_gain_se_points"]]]
+                     if "seeds_first_turn_gain_points" in m else []))
     if not quick:
-        write_results(f"train_{name}", headline)
+        write_results(f"train_{task.replace('-', '_')}", headline)
     return headline
 
 

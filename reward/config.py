@@ -16,6 +16,10 @@ class RewardConfig:
     wrong_reward: float = -5.0
     # Grader worker processes in the service's pool (a crashed or hung one is replaced).
     num_workers: int = 2
+    # Verdicts remembered by content (task, response, reference, tests): an identical item, e.g.
+    # a sample repeating another of its group, gets the remembered verdict instead of another
+    # grading (a sandbox run for code); 0 = grade every item (reward/verdict_cache.py).
+    verdict_cache: int = 4096
     # Interface the service listens on.
     host: str = "127.0.0.1"
     # 0 = pick a free port and publish it in <exp>/services/reward.json.
@@ -59,6 +63,8 @@ class RewardConfig:
             out.append(("task", f"must be 'math' or 'code', got {self.task!r}"))
         if self.num_workers < 1:
             out.append(("num_workers", "must be >= 1"))
+        if self.verdict_cache < 0:
+            out.append(("verdict_cache", "must be >= 0 (0 = grade every item)"))
         if self.sandbox not in ("auto", "bwrap", "rlimits"):
             out.append(("sandbox", f"must be auto, bwrap or rlimits, got {self.sandbox!r}"))
         for key in ("math_timeout_s", "code_test_timeout_s", "code_total_timeout_s"):

@@ -4,7 +4,8 @@ Each worker (reward.worker) grades one item at a time. One asyncio driver per wo
 it jobs from a shared queue and enforces a hard time limit per item. A worker that dies or
 overruns is killed with its whole session and replaced; the item it held gets an error verdict
 (it is not retried: it may be what kills workers). A worker that dies while idle is replaced
-before it takes a job, so no item is charged for it.
+before it takes a job, so no item is charged for it. Identical items are graded once
+(reward/verdict_cache.py).
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ import msgpack
 
 from reward.config import RewardConfig
 from reward.sandbox import GRACE_S
+from reward.verdict_cache import VerdictCache, item_key
 from services.protocol import GradeItem, Verdict
 
 log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
 STARTUP_TIMEOUT_S = 120.0
+EXPIRED = "request deadline passed before grading"
 
 
 @dataclass
@@ -34,7 +37,7 @@ class _Job:
     id: int
     item: GradeItem
     future: asyncio.Future
-    deadline: float  # time.monotonic() after which nobody waits for the verdict
+    deadline: float  # time.monotonic() after which nobody waits for the verdict (the latest of its requests)
 
 
 @dataclass
@@ -43,6 +46,7 @@ class PoolStats:
     errors: int = 0
     restarts: int = 0
     expired: int = 0
+    cached: int = 0   # items answered by an identical item's grading
     isolation: str = "unknown"
     pids: list[int] = field(default_factory=list)
 
@@ -83,6 +87,7 @@ class GraderPool:
         self._drivers: list[asyncio.Task] = []
         self._workers: dict[int, _Worker] = {}
         self._ids = 0
+        self._cache: VerdictCache[_Job] = VerdictCache(cfg.verdict_cache)
 
     def hard_limit_s(self, task: str) -> float:
         """Seconds a worker may hold one item before it is deemed hung and killed."""
@@ -145,9 +150,8 @@ class GraderPool:
             job = get.result()
             if job.future.done():
                 continue  # its request already answered (deadline passed)
-            if time.monotonic() >= job.deadline:
-                self.stats.expired += 1
-                job.future.set_result(error_verdict(self.cfg, job.item.task, "request deadline passed before grading"))
+            if time.monotonic() >= job.deadline:   # counted by the requests that waited for it
+                job.future.set_result(error_verdict(self.cfg, job.item.task, EXPIRED))
                 continue
             await self._run(slot, worker, job)
 
@@ -178,27 +182,36 @@ class GraderPool:
         if not job.future.done():
             job.future.set_result(verdict)
 
+    def _submit(self, item: GradeItem, deadline: float) -> asyncio.Future:
+        """The future of `item`'s verdict: an identical item's, graded or under way, else a new job."""
+        key = item_key(item) if self._cache.size else None
+        job = self._cache.get(key) if key is not None else None
+        if job is not None:
+            self.stats.cached += 1
+            job.deadline = max(job.deadline, deadline)
+            return job.future
+        self._ids += 1
+        job = _Job(self._ids, item, asyncio.get_running_loop().create_future(), deadline)
+        self._queue.put_nowait(job)
+        if key is not None:
+            self._cache.put(key, job, job.future)
+        return job.future
+
     async def grade(self, items: list[GradeItem], deadline_s: float) -> list[Verdict]:
         """Verdicts for `items` within `deadline_s` (items still waiting then get error verdicts)."""
-        loop = asyncio.get_running_loop()
         # Leave a little of the caller's budget for the reply to travel back.
         deadline = time.monotonic() + max(0.05, deadline_s - min(1.0, deadline_s * 0.1))
-        jobs = []
-        for item in items:
-            self._ids += 1
-            job = _Job(self._ids, item, loop.create_future(), deadline)
-            jobs.append(job)
-            self._queue.put_nowait(job)
-        futures = [j.future for j in jobs]
+        futures = [self._submit(item, deadline) for item in items]
         if futures:
-            await asyncio.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+            await asyncio.wait(set(futures), timeout=max(0.0, deadline - time.monotonic()))
         out = []
-        for job in jobs:
-            if not job.future.done():
+        for item, future in zip(items, futures, strict=True):
+            # A future shared with a later request keeps running for it: this request answers alone.
+            verdict = future.result() if future.done() else \
+                error_verdict(self.cfg, item.task, f"request deadline of {deadline_s:g}s passed")
+            if not future.done() or verdict.details.get("error") == EXPIRED:
                 self.stats.expired += 1
-                job.future.set_result(error_verdict(self.cfg, job.item.task,
-                                                    f"request deadline of {deadline_s:g}s passed"))
-            out.append(job.future.result())
+            out.append(verdict)
         return out
 
     async def close(self) -> None:

@@ -52,7 +52,7 @@ class RewardService:
         s = self.pool.stats
         return StatusReply(state={"role": "reward", "workers": self.pool.pids(), "graded": s.graded,
                                   "errors": s.errors, "restarts": s.restarts, "expired": s.expired,
-                                  "requests": self.requests, "isolation": s.isolation})
+                                  "cached": s.cached, "requests": self.requests, "isolation": s.isolation})
 
     async def run(self, shutdown: Shutdown) -> int:
         await self.pool.start()
@@ -82,7 +82,7 @@ class RewardService:
                     last = time.monotonic()
                     s = self.pool.stats
                     metrics.log(event="reward", graded=s.graded, errors=s.errors, restarts=s.restarts,
-                                expired=s.expired, requests=self.requests)
+                                expired=s.expired, cached=s.cached, requests=self.requests)
         finally:
             self.server.close()
             serving.cancel()

@@ -69,8 +69,9 @@ def _kill_soon(pid: int, sig: int, delay_s: float) -> threading.Thread:
 def test_killed_worker_is_replaced_and_its_item_answered(reward_service):
     before = reward_service.status()
     victim = before["workers"][0]
-    # Six slow items keep both workers busy for ~1.5 s; the victim dies in the middle.
-    items = [math_item(SLOW, "1")] * 6 + [math_item(r"\boxed{7}", "7")]
+    # Six slow items keep both workers busy for ~1.5 s; the victim dies in the middle. (Distinct
+    # answers: identical items would be graded once, reward/verdict_cache.py.)
+    items = [math_item(SLOW, str(k)) for k in range(6)] + [math_item(r"\boxed{7}", "7")]
     _kill_soon(victim, signal.SIGKILL, 0.3)
     c = reward_service.client()
     try:
@@ -103,7 +104,8 @@ def test_hung_worker_is_killed_and_replaced(reward_service):
     try:
         c = reward_service.client()
         try:
-            verdicts = c.request(GradeRequest(items=[math_item(r"\boxed{2}", "2")] * 4, deadline_s=50),
+            items = [math_item(rf"\boxed{{{k}}}", str(k)) for k in range(2, 6)]   # four distinct jobs
+            verdicts = c.request(GradeRequest(items=items, deadline_s=50),
                                  timeout_s=60).verdicts
         finally:
             c.close()
@@ -120,7 +122,7 @@ def test_hung_worker_is_killed_and_replaced(reward_service):
 
 
 def test_request_deadline_answers_in_time(reward_service):
-    items = [math_item(SLOW, "1")] * 12
+    items = [math_item(SLOW, str(k)) for k in range(12)]
     c = reward_service.client()
     t0 = time.monotonic()
     try:
