@@ -7,7 +7,7 @@ shipped defaults, CPU placement on) — in a scratch directory, and keeps the ru
 `summary.json` figures: wall seconds, held-out greedy accuracy before and after (n = 500) with
 their standard errors, the held-out curve of the run (`rollout.eval_every`), trajectories/s,
 the staleness reached and what the run left for TensorBoard and W&B; the run's report is copied
-to `benchmarks/results/train_<task>_report.png`. `--quick` runs 3 steps of an untrained model
+to `benchmarks/results/train_<task>_report.png` (with several seeds, the last seed's). `--quick` runs 3 steps of an untrained model
 to check the mechanics and writes nothing.
 """
 from __future__ import annotations
@@ -82,7 +82,8 @@ def run_once(task: str, quick: bool = False, seed: int | None = None) -> dict:
             if ev["before"] is not None and ev["after"] is not None else None,
             "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
             "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
-            "staleness_max": summary["staleness"]["max"], "held_out_curve": curve, **turns, **trackers}
+            "staleness_max": summary["staleness"]["max"], "groups_dropped_stale": summary["staleness"].get("dropped"),
+            "held_out_curve": curve, **turns, **trackers}
 
 
 def seed_means(runs: list[dict]) -> dict:

@@ -111,7 +111,9 @@ def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
                  **({"first_turn_before": before and before.get("first_turn_accuracy"),
                      "first_turn_after": after and after.get("first_turn_accuracy")}
                     if "first_turn_accuracy" in (after or before or {}) else {})},
-        "staleness": {"max": max(hist) if hist else None, "histogram": {str(k): hist[k] for k in sorted(hist)}},
+        "staleness": {"max": max(hist) if hist else None, "histogram": {str(k): hist[k] for k in sorted(hist)},
+                      # groups the trainer dropped as staler than eta (cumulative, like the histogram)
+                      "dropped": int(steps[-1].get("buffer_dropped_stale", 0)) if steps else 0},
         "throughput": {"trajectories_per_s": trained_trajs / span if span else None,
                        "tokens_per_s": trained_tokens / span if span else None},
         "weight_sync": {"mean_s": sum(sync) / len(sync) if sync else None,

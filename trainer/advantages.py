@@ -23,7 +23,7 @@ Multi-turn episodes (`turn_credit`, trainer/batch.py): a trajectory that carries
 (one per model turn, the reward of the program or answer that turn wrote) is split into its
 model turns, and each turn is a "sequence" of this module whose group is (prompt group, turn
 index): turn k of a sample is baselined against turn k of the group's other samples that got
-that far. The first turn is then exactly single-turn GRPO on the first attempts; a revision is
+that far. The first turn then has single-turn GRPO's baseline on the first attempts; a revision is
 compared only with the other revisions of the same problem (a lone revision is its own
 baseline: no signal, like a group whose samples all agree). The credit is myopic on purpose: a
 wrong first attempt is never paid for what a later turn made of its feedback.

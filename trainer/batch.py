@@ -101,6 +101,7 @@ def token_advantages(batch: StepBatch, rewards, shaping: Shaping, group_baseline
     """Advantages per output token. A sequence is one credit unit with its reward, or, with
     `turn_credit` and `turn_rewards`, one unit per model turn grouped by (prompt group, turn)."""
     keys, unit_rewards, lens, units = [], [], [], []   # units: (sequence, turn or None)
+    turns_of: dict[int, np.ndarray] = {}                # sequence -> turn index of each output token
     for i, g in enumerate(batch.group_ids):
         mask, per_turn = batch.loss_masks[i], batch.turn_rewards[i] if shaping.turn_credit else None
         if per_turn is None:
@@ -109,7 +110,7 @@ def token_advantages(batch: StepBatch, rewards, shaping: Shaping, group_baseline
             lens.append(int(mask.sum()))
             units.append((i, None))
             continue
-        turns = model_turns(mask, len(mask))
+        turns = turns_of[i] = model_turns(mask, len(mask))
         for k, r in enumerate(per_turn):
             keys.append((g, k))
             unit_rewards.append(float(r) + rewards[i] - batch.rewards[i])   # + any shaping penalty
@@ -122,7 +123,7 @@ def token_advantages(batch: StepBatch, rewards, shaping: Shaping, group_baseline
         if k is None:
             out[i][batch.loss_masks[i]] = a
         else:
-            out[i][model_turns(batch.loss_masks[i], len(out[i])) == k] = a
+            out[i][turns_of[i] == k] = a
     return out
 
 

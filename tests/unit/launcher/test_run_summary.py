@@ -28,6 +28,12 @@ def test_a_resumed_run_counts_each_step_once(exp):
     assert summary["staleness"]["histogram"] == {"0": 12}
 
 
+def test_the_summary_counts_groups_dropped_as_stale(exp):
+    _steps(exp, [1, 2], buffer_dropped_stale=3)
+    _steps(exp, [3], buffer_dropped_stale=7)
+    assert summarize(exp, {}, 1.0)["staleness"]["dropped"] == 7
+
+
 def test_other_records_do_not_disturb_the_step_sequence(exp):
     records = [{"event": "step", "step": 1}, {"event": "startup"}, {"event": "step", "step": 2},
                {"event": "step", "step": 2}]
