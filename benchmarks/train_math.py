@@ -106,7 +106,8 @@ def measure(task: str, quick: bool = False, seeds: tuple[int, ...] = ()) -> dict
     """`make train-<task>`, once with the config's seed or once per seed of `seeds`: the headline
     figures of the first run, every run under `runs` and, for several seeds, the mean gains."""
     runs = [run_once(task, quick, s) for s in seeds] if seeds else [run_once(task, quick)]
-    headline = {**runs[0], **({"runs": runs, **seed_means(runs)} if len(runs) > 1 else {})}
+    means = seed_means(runs) if len(runs) > 1 else {}
+    headline = {**runs[0], **({"runs": runs, **means} if means else {})}
     print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["seed", "steps", "wall s", "RL s",
                 "held-out before", "held-out after", "n", "trajectories/s"],
                 [[r["seed"], r["steps"], r["wall_s"], r["rl_s"], r["accuracy_before"], r["accuracy_after"],
@@ -114,13 +115,12 @@ def measure(task: str, quick: bool = False, seeds: tuple[int, ...] = ()) -> dict
     if "first_turn_before_accuracy" in headline:
         print_table("first turn (before feedback), same problems", ["seed", "before", "after"],
                     [[r["seed"], r["first_turn_before_accuracy"], r["first_turn_after_accuracy"]] for r in runs])
-    if len(runs) > 1:
-        m = seed_means(runs)
+    if means:
         print_table(f"mean over {len(runs)} seeds, points (± s.e.)", ["", "gain", "± s.e."],
-                    [["after feedback" if "seeds_first_turn_gain_points" in m else "held-out",
-                      m["seeds_gain_points"], m["seeds_gain_se_points"]]] +
-                    ([["first turn", m["seeds_first_turn_gain_points"], m["seeds_first_turn_gain_se_points"]]]
-                     if "seeds_first_turn_gain_points" in m else []))
+                    [["after feedback" if "seeds_first_turn_gain_points" in means else "held-out",
+                      means["seeds_gain_points"], means["seeds_gain_se_points"]]] +
+                    ([["first turn", means["seeds_first_turn_gain_points"], means["seeds_first_turn_gain_se_points"]]]
+                     if "seeds_first_turn_gain_points" in means else []))
     if not quick:
         write_results(f"train_{task.replace('-', '_')}", headline)
     return headline

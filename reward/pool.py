@@ -148,8 +148,6 @@ class GraderPool:
                 continue
             died.cancel()
             job = get.result()
-            if job.future.done():
-                continue  # its request already answered (deadline passed)
             if time.monotonic() >= job.deadline:   # counted by the requests that waited for it
                 job.future.set_result(error_verdict(self.cfg, job.item.task, EXPIRED))
                 continue
