@@ -30,7 +30,7 @@ from pathlib import Path
 # The release the `[gpu]` extra pins and every contract test reads.
 SGLANG_VERSION = "0.5.23"
 INSTALL_HINT = (f"install the GPU extra on the generation nodes: pip install 'tandem[gpu]' "
-                f"(it pins sglang[srt]=={SGLANG_VERSION})")
+                f"(it pins sglang=={SGLANG_VERSION})")
 # SGLang reads it at start-up (environ.py); "false" makes /health answer without generating.
 HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 # Polled until 200 before a server is announced; never runs a generation.

@@ -1,6 +1,6 @@
 """The pinned SGLang release as a test oracle: find the pin, fetch the wheel, run the oracle on it.
 
-The pin lives in one place, the `gpu` extra of `setup.cfg` (`sglang[srt]==X`). The wheel is
+The pin lives in one place, the `gpu` extra of `setup.cfg` (`sglang==X`). The wheel is
 fetched with `pip download --no-deps sglang==X` into `.cache/sglang-wheel/` (gitignored) and
 reused between runs. Nothing of it is unpacked: the oracle imports SGLang's pure-Python modules
 straight from the wheel (a wheel is a zip; Python's zipimport reads `.py` files from it) and
@@ -63,7 +63,7 @@ def pinned_version(setup_cfg: Path = REPO / "setup.cfg") -> str:
         exact = re.fullmatch(r"==\s*([0-9][0-9A-Za-z.+-]*)", m.group(2).strip())
         if not exact:
             raise AssertionError(f"{setup_cfg} [options.extras_require] gpu: `{line}` is not an exact pin "
-                                 f"(sglang[srt]==X.Y.Z); the contract test checks one release")
+                                 f"(sglang==X.Y.Z); the contract test checks one release")
         return exact.group(1)
     raise AssertionError(f"{setup_cfg} [options.extras_require] gpu: no sglang requirement")
 

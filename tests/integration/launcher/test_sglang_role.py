@@ -192,4 +192,4 @@ def test_missing_sglang_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "launcher.cli", "gen", "sglang", "--exp", str(exp.root),
                           "--model", cfg.experiment.model], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2
-    assert "sglang" in out.stderr and "tandem[gpu]" in out.stderr and "sglang[srt]==0.5.23" in out.stderr
+    assert "sglang" in out.stderr and "tandem[gpu]" in out.stderr and "sglang==0.5.23" in out.stderr
