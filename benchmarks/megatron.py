@@ -60,6 +60,7 @@ def worker(tp: int, pp: int, model_dir: Path, steps: int, out: Path) -> int:
     import torch
     import torch.distributed as dist
 
+    from services.protocol import collectives
     from trainer.config import TrainerConfig
     from trainer.megatron.backend import MegatronBackend
 
@@ -80,7 +81,7 @@ def worker(tp: int, pp: int, model_dir: Path, steps: int, out: Path) -> int:
 
     def barrier() -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
+            collectives.barrier()
 
     backend.train_step(mbs, loss_fn, 1.0)            # warm-up
     train, forward = [], []

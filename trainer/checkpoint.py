@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from services.protocol import collectives
+
 log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -75,7 +77,7 @@ def latest(root: Path) -> Path | None:
 
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        collectives.barrier()
 
 
 def save(root: Path, step: int, rank: int, rank_state: dict, loop_state: dict | None, keep: int,

@@ -40,6 +40,7 @@ from services.protocol import (
     TrainerResumed,
     Trajectory,
     TrajectorySink,
+    collectives,
     load_keys,
     publish_service,
 )
@@ -167,8 +168,7 @@ class Trainer:
     def _stop_requested(self) -> bool:
         stop = self.shutdown.requested
         if dist.is_initialized():
-            flag = torch.tensor([int(stop)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            flag = collectives.all_reduce(torch.tensor([int(stop)]), op=collectives.ReduceOp.MAX)
             stop = bool(flag.item())
         return stop
 
@@ -232,7 +232,7 @@ class Trainer:
         if not dist.is_initialized():
             return batch
         box = [batch]
-        dist.broadcast_object_list(box, src=0)
+        collectives.broadcast_object_list(box, src=0)
         return box[0]
 
     # ---- one global step ----------------------------------------------------------------------
@@ -293,8 +293,9 @@ class Trainer:
             return totals
         sums = torch.tensor([totals[k] for k in STAT_SUMS], dtype=torch.float64)
         maxes = torch.tensor([totals[k] for k in STAT_MAXES], dtype=torch.float64)
-        dist.all_reduce(sums)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        # On the CPU here; `collectives` moves them to the group's device (CUDA under NCCL).
+        collectives.all_reduce(sums)
+        collectives.all_reduce(maxes, op=collectives.ReduceOp.MAX)
         return dict(zip(STAT_SUMS, sums.tolist(), strict=True)) | dict(zip(STAT_MAXES, maxes.tolist(), strict=True))
 
     # ---- weights ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class TorchBackend(TrainBackend):
         """Sum gradients over ranks in one flat buffer (one collective instead of one per tensor)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        collectives.all_reduce(flat)
         offset = 0
         for p in params:
             n = p.numel()

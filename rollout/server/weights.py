@@ -120,7 +120,7 @@ class BroadcastGroup:
     def receive(self, group_name: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
                 ) -> dict[str, torch.Tensor]:
         """Receive the announced tensors in order from rank 0 (blocking)."""
-        import torch.distributed as dist
+        from services.protocol import collectives
         if self.name != group_name:
             raise WeightError(f"no weight update group named {group_name!r}; call /init_weights_update_group")
         if not (len(names) == len(dtypes) == len(shapes)):
@@ -129,6 +129,6 @@ class BroadcastGroup:
         state = {}
         for name, dtype, shape in zip(names, parsed, shapes, strict=True):
             t = torch.empty(shape, dtype=dtype)
-            dist.broadcast(t, src=0, group=self.pg)
+            collectives.broadcast(t, src=0, group=self.pg)
             state[name] = t
         return state

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu
 from trainer.megatron.config import MegatronConfig
@@ -194,8 +195,8 @@ class MegatronBackend(TrainBackend):
             buf[0] = out.logp
             if with_entropy:
                 buf[1] = out.entropy
-        dist.broadcast(buf, src=ps.get_pipeline_model_parallel_last_rank(),
-                       group=ps.get_pipeline_model_parallel_group())
+        collectives.broadcast(buf, src=ps.get_pipeline_model_parallel_last_rank(),
+                              group=ps.get_pipeline_model_parallel_group())
         return TokenOutputs(logp=buf[0], entropy=buf[1] if with_entropy else None)
 
     # ---- update -------------------------------------------------------------------------------
@@ -266,14 +267,14 @@ class MegatronBackend(TrainBackend):
         weight = module.shared_embedding_or_output_weight()
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        dist.all_reduce(weight.grad, group=ps.get_embedding_group())
+        collectives.all_reduce(weight.grad, group=ps.get_embedding_group())
 
     def _sum_grads_over_dp(self) -> None:
         from megatron.core import parallel_state as ps
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=ps.get_data_parallel_group())
+        collectives.all_reduce(flat, group=ps.get_data_parallel_group())
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -296,7 +297,7 @@ class MegatronBackend(TrainBackend):
                 sq += p.grad.double().pow(2).sum()
         group = ps.get_model_parallel_group()
         if dist.get_world_size(group=group) > 1:
-            dist.all_reduce(sq, group=group)
+            collectives.all_reduce(sq, group=group)
         return float(sq.sqrt())
 
     # ---- state --------------------------------------------------------------------------------
@@ -348,7 +349,7 @@ class MegatronBackend(TrainBackend):
             t = t.detach()
             if self.tp_size > 1 and convert.tp_layout(name)[0] is not None:
                 parts = [torch.empty_like(t) for _ in range(self.tp_size)]
-                dist.all_gather(parts, t.contiguous(), group=group)
+                collectives.all_gather(parts, t, group=group)
                 t = convert.merge(name, parts)
             out[name] = t.cpu()
         return out
@@ -363,7 +364,7 @@ class MegatronBackend(TrainBackend):
         if self.pp_size == 1:
             return part
         parts: list = [None] * self.pp_size
-        dist.all_gather_object(parts, part, group=ps.get_pipeline_model_parallel_group())
+        collectives.all_gather_object(parts, part, group=ps.get_pipeline_model_parallel_group())
         return {k: v for p in parts for k, v in p.items()}
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from services.protocol import collectives
 from trainer.megatron import gpu
 
 _EXCLUDED = ("step",)
@@ -55,7 +55,7 @@ def save(backend, ckpt_dir: str | Path) -> None:
         if ckpt_dir.exists():
             shutil.rmtree(ckpt_dir)
         ckpt_dir.mkdir(parents=True)
-    dist.barrier()
+    collectives.barrier()
     model_sd = _model_sharded(backend)
     sd = {"model": model_sd, "updates": backend.updates}
     if backend.updates > 0:
@@ -65,7 +65,7 @@ def save(backend, ckpt_dir: str | Path) -> None:
             sd["optimizer"] = _cpu_optimizer_sharded(backend.optimizer, backend.params, model_sd, False)
             sd["adam_step"] = backend.updates
     dist_checkpointing.save(sd, str(ckpt_dir))
-    dist.barrier()
+    collectives.barrier()
 
 
 def load(backend, ckpt_dir: str | Path) -> None:

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
-import torch.distributed as dist
 
+from services.protocol import collectives
 from trainer.backend import PackedBatch
 
 # stage_forward(mb) -> this stage's output (hidden states, or logits on the last stage).
@@ -48,13 +48,13 @@ def run_micro_batches(module, mbs: list[PackedBatch], stage_forward: StageForwar
         inp = None
         if not first:
             inp = torch.empty(mb.n_tokens, 1, hidden_size, dtype=dtype, device=device)
-            dist.recv(inp, src=prev)
+            collectives.recv(inp, src=prev)
             inp.requires_grad_(not forward_only)
             module.set_input_tensor(inp)
         with grad_ctx:
             out = stage_forward(mb)
             if not last:
-                dist.send(out.detach().contiguous(), dst=nxt)
+                collectives.send(out.detach(), dst=nxt)
                 kept.append((inp, out))
                 continue
             loss, res = on_last(mb, out)
@@ -72,8 +72,8 @@ def run_micro_batches(module, mbs: list[PackedBatch], stage_forward: StageForwar
             out.backward()
         else:
             grad = torch.empty_like(out)
-            dist.recv(grad, src=nxt)
+            collectives.recv(grad, src=nxt)
             torch.autograd.backward(out, grad)
         if not first:
-            dist.send(inp.grad.contiguous(), dst=prev)
+            collectives.send(inp.grad, dst=prev)
     return results

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import time
 
-import torch.distributed as dist
-
-from services.protocol import WeightsBroadcast, free_port
+from services.protocol import WeightsBroadcast, collectives, free_port
 from services.protocol.weight_group import join_weight_group, leave_weight_group
 from trainer.backend import TrainBackend
 
@@ -57,7 +55,7 @@ class BroadcastPublisher(WeightPublisher):
             t1 = time.perf_counter()
             try:
                 for _, t in params:
-                    dist.broadcast(t.contiguous(), src=0, group=pg)
+                    collectives.broadcast(t, src=0, group=pg)
                 t2 = time.perf_counter()
             finally:
                 leave_weight_group(pg)
