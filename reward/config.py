@@ -39,6 +39,9 @@ class RewardConfig:
     code_max_processes: int = 16
     # Code: largest file the program may write, in MiB.
     code_max_file_mb: int = 16
+    # Code: MiB all the program's files may hold at once (its working directory and /tmp are a
+    # tmpfs of this size inside the sandbox; nothing is written to the host's disk).
+    code_max_disk_mb: int = 64
     # Code: bytes of stdout/stderr captured per test; a program printing more fails the test.
     code_max_output_bytes: int = 1_000_000
     # Code: false = the reward is correct_reward only when every test passes; true = wrong_reward
@@ -70,7 +73,8 @@ class RewardConfig:
         for key in ("math_timeout_s", "code_test_timeout_s", "code_total_timeout_s"):
             if getattr(self, key) <= 0:
                 out.append((key, "must be > 0"))
-        for key in ("code_memory_mb", "code_max_processes", "code_max_file_mb", "code_max_output_bytes"):
+        for key in ("code_memory_mb", "code_max_processes", "code_max_file_mb", "code_max_disk_mb",
+                    "code_max_output_bytes"):
             if getattr(self, key) < 1:
                 out.append((key, "must be >= 1"))
         for name in self.sandbox_packages:

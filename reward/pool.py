@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from reward.config import RewardConfig
-from reward.sandbox import GRACE_S
+from reward.sandbox import REPORT_GRACE_S
 from reward.verdict_cache import VerdictCache, item_key
 from services.protocol import GradeItem, Verdict
 
@@ -92,7 +92,7 @@ class GraderPool:
     def hard_limit_s(self, task: str) -> float:
         """Seconds a worker may hold one item before it is deemed hung and killed."""
         if task == "code":
-            return self.cfg.code_total_timeout_s + GRACE_S + 5.0
+            return self.cfg.code_total_timeout_s + REPORT_GRACE_S + 5.0
         return 2 * self.cfg.math_timeout_s + 5.0
 
     async def start(self) -> None:

@@ -3,19 +3,32 @@
 One sandbox process per task runs `reward/harness.py` with the real interpreter (`-I -S`: no
 site-packages, no user paths, ~8 ms instead of ~33 ms to start). Under bubblewrap the program
 sees a fresh root holding only the interpreter, the libraries it loads and the allowed packages
-(`sandbox_root.py`), a private /tmp whose `work/` is a fresh host temp dir (removed afterwards),
-its own PID, network, IPC and UTS namespaces (no network at all), and runs as an unprivileged
-user id when the grader is root (so the process limit applies). Without bubblewrap only the
-rlimits, the stripped environment, the temp dir and the process-group cleanup remain: the
-program can then read the host's files and reach the network, so such a sandbox grades nothing
-unless `reward.allow_unisolated` says so, and every verdict says `isolation: "rlimits-only"`.
+(`sandbox_root.py`), a size-capped tmpfs `/tmp` holding its working directory (nothing reaches
+the host's disk, and the directory vanishes with the sandbox's mount namespace whatever the
+program built in it), its own PID, network, IPC and UTS namespaces (no network at all), a
+seccomp filter without kernel keyrings (`sandbox_seccomp.py`), one cgroup for the memory and
+process count of the whole sandbox where one can be made (`sandbox_cgroup.py`), and an
+unprivileged user id when the grader is root (so the process limit applies).
+
+The grader and the harness talk on two pipes passed as extra descriptors (task frames in, the
+report out); the sandbox's standard input and output are /dev/null, so bubblewrap's pid 1 —
+which keeps only descriptors 0-2 and which a non-root grader's program could open through
+/proc/1/fd — holds no channel (see harness.py). The task carries an absolute deadline: the
+harness stops the program by it, and the grader kills the whole sandbox `REPORT_GRACE_S` after
+it, so neither a closed pipe nor a stopped process can stretch a task past its limit.
+
+Without bubblewrap only the rlimits, the stripped environment, a host temp dir and the
+process-group cleanup remain: the program can then read the host's files and reach the network,
+so such a sandbox grades nothing unless `reward.allow_unisolated` says so, and every verdict
+says `isolation: "rlimits-only"`.
 """
 from __future__ import annotations
 
-import binascii
+import json
 import logging
 import marshal
 import os
+import select
 import shutil
 import signal
 import stat
@@ -26,20 +39,34 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reward import sandbox_cgroup
 from reward.config import RewardConfig
+from reward.harness_judge import _as_text
+from reward.sandbox_cleanup import remove_tree
 from reward.sandbox_root import PACKAGES_INSIDE, bwrap_root_args
+from reward.sandbox_seccomp import filter_fd
 
 log = logging.getLogger(__name__)
 
-HARNESS = (Path(__file__).parent / "harness.py").read_text()
-# The harness goes in compiled (compiling its source costs ~2.7 ms of every start), as base64
-# on the command line (the sandbox shows nothing of this checkout); the same interpreter runs it.
-# `dont_inherit`: this module's `from __future__ import annotations` would otherwise pass to
-# the harness and from it to every program it compiles (`List[int]` unimported would then load).
-_HARNESS_CODE = binascii.b2a_base64(marshal.dumps(compile(HARNESS, "reward/harness.py", "exec", dont_inherit=True)),
-                                    newline=False).decode()
-_BOOT = ("import binascii, marshal, sys; "
-         "exec(marshal.loads(binascii.a2b_base64(sys.argv[1])), {'__name__': '__main__'})")
+_HERE = Path(__file__).parent
+HARNESS = (_HERE / "harness_judge.py").read_text() + "\n" + (_HERE / "harness.py").read_text()
+# The harness goes in compiled (compiling its source costs ~2.7 ms of every start), as the first
+# frame on the task channel (the sandbox shows nothing of this checkout, and nothing of it is on
+# a command line); the same interpreter runs it. `dont_inherit`: this module's `from __future__
+# import annotations` would otherwise pass to the harness and from it to every program it
+# compiles (`List[int]` unimported would then load).
+_HARNESS_FRAME = marshal.dumps(compile(HARNESS, "reward/harness.py", "exec", dont_inherit=True))
+# Reads the harness from the task channel (argv[1]) and runs it; argv[2] is the report channel.
+_BOOT = ("import marshal, os, sys\n"
+         "def read(n, fd=int(sys.argv[1])):\n"
+         "    b = b''\n"
+         "    while len(b) < n:\n"
+         "        c = os.read(fd, n - len(b))\n"
+         "        if not c:\n"
+         "            raise EOFError('no harness')\n"
+         "        b += c\n"
+         "    return b\n"
+         "exec(marshal.loads(read(int.from_bytes(read(4), 'big'))), {'__name__': '__main__'})")
 INTERPRETER = os.path.realpath(sys.executable)
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
              "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
@@ -48,11 +75,18 @@ INSIDE_WORKDIR = "/tmp/work"
 UNISOLATED = ("refused: no filesystem or network isolation for generated code (bubblewrap is not usable "
               "here); a program could read its tests from the host. Install bubblewrap (`make "
               "sandbox-deps`) or set reward.allow_unisolated: true to grade anyway")
-# Seconds the outer runner waits beyond the task's total limit (interpreter start, teardown).
-GRACE_S = 5.0
-BWRAP_FLAGS = ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+# Seconds past the task's deadline the grader waits for the report before killing the sandbox
+# (the harness itself stops the program harness.REPORT_RESERVE_S before the deadline).
+REPORT_GRACE_S = 0.1
+# Seconds the probe and bubblewrap's own set-up may take before the sandbox counts as broken.
+SETUP_TIMEOUT_S = 30.0
+BWRAP_FLAGS = ["--dev", "/dev", "--proc", "/proc",
                "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
 
 
 @dataclass
@@ -62,11 +96,9 @@ class SandboxResult:
     isolation: str
     error: str | None = None
     seconds: float = 0.0
-
-
-def _message(obj) -> bytes:
-    data = marshal.dumps(obj)
-    return len(data).to_bytes(4, "big") + data
+    # What bounds memory and processes: "cgroup-v2", "cgroup-v1" (the whole sandbox) or
+    # "rlimits" (each process alone).
+    limits: str = "rlimits"
 
 
 def _others_can_run_interpreter() -> bool:
@@ -104,6 +136,37 @@ def _kill_session(sid: int) -> None:
             continue
 
 
+def _exchange(task_w: int, blob: bytes, report_r: int, err_r: int, deadline: float) -> tuple[bytes, bytes, bool]:
+    """Write the task frames while reading the report and the harness's stderr, until the
+    report channel closes or `deadline`: (report, stderr, finished in time)."""
+    os.set_blocking(task_w, False)
+    view, bufs = memoryview(blob), {report_r: bytearray(), err_r: bytearray()}
+    reading, writing = [report_r, err_r], [task_w]
+    while report_r in reading:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        readable, writable, _ = select.select(reading, writing, [], left)
+        if writable:
+            try:
+                view = view[os.write(task_w, view[:1 << 16]):]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:
+                view = view[:0]
+            if not view:
+                writing = []
+        for fd in readable:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                bufs[fd] += chunk
+                if fd == err_r and len(bufs[fd]) > 1 << 16:
+                    del bufs[fd][:-4096]
+            else:
+                reading.remove(fd)
+    return bytes(bufs[report_r]), bytes(bufs[err_r]), report_r not in reading
+
+
 class Sandbox:
     """Runs one task's tests in one sandboxed process (see module docstring)."""
 
@@ -118,10 +181,15 @@ class Sandbox:
         else:
             self.uid = (self.cfg.sandbox_uid_base + os.getpid() % 10000
                         if root and _others_can_run_interpreter() else None)
+        self.limits = "rlimits"
+        if self.isolation == "bwrap" and sandbox_cgroup.available():
+            self.limits = f"cgroup-{sandbox_cgroup.layout()[0]}"
 
-    def _bwrap_command(self, workdir: str) -> list[str]:
+    def _bwrap_command(self, extra: list[str]) -> list[str]:
+        disk = self.cfg.code_max_disk_mb << 20
         args = ["bwrap", *BWRAP_FLAGS, *bwrap_root_args(tuple(self.cfg.sandbox_packages)),
-                "--bind", workdir, INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR]
+                "--perms", "0755", "--size", str(disk), "--tmpfs", "/tmp",
+                "--perms", "1777", "--dir", INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR, *extra]
         for k, v in CLEAN_ENV.items():
             args += ["--setenv", k, v]
         if os.getuid() == 0:
@@ -147,14 +215,17 @@ class Sandbox:
     def _try_bwrap(self) -> str | None:
         if shutil.which("bwrap") is None:
             return "bwrap not installed"
-        workdir = tempfile.mkdtemp(prefix="tandem-probe-")
+        seccomp = filter_fd()
+        extra = ["--seccomp", str(seccomp)] if seccomp is not None else []
         try:
-            r = subprocess.run([*self._bwrap_command(workdir), INTERPRETER, "-I", "-S", "-c", "pass"],
-                               capture_output=True, timeout=30, env=CLEAN_ENV)
+            r = subprocess.run([*self._bwrap_command(extra), INTERPRETER, "-I", "-S", "-c", "pass"],
+                               capture_output=True, timeout=SETUP_TIMEOUT_S, env=CLEAN_ENV,
+                               pass_fds=[seccomp] if seccomp is not None else [])
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"{type(e).__name__}: {e}"
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if seccomp is not None:
+                os.close(seccomp)
         if r.returncode != 0:
             return f"bwrap exited {r.returncode}: {r.stderr.decode(errors='replace')[-300:].strip()}"
         return None
@@ -165,48 +236,96 @@ class Sandbox:
         imports and comparison rules, `docs/reward.md`); never raises for anything the program does."""
         cfg = self.cfg
         t0 = time.monotonic()
-        workdir = tempfile.mkdtemp(prefix="tandem-sbx-")  # 0700, ours
-        if self.uid is not None:
-            os.chown(workdir, self.uid, self.uid)  # the program's user owns its working dir
-        task = {"program": program, "inputs": inputs, "fn_name": fn_name, "convention": convention,
+        deadline = t0 + cfg.code_total_timeout_s
+        bwrap = self.isolation == "bwrap"
+        frames = [marshal.dumps(x) for x in inputs] if fn_name else \
+            [_as_text(x).encode() for x in inputs]
+        task = {"program": program, "n": len(inputs), "fn_name": fn_name, "convention": convention,
                 "test_timeout": cfg.code_test_timeout_s, "total_timeout": cfg.code_total_timeout_s,
-                "max_output": cfg.code_max_output_bytes, "uid": self.uid,
-                "workdir": INSIDE_WORKDIR if self.isolation == "bwrap" else workdir,
-                "packages": PACKAGES_INSIDE if self.isolation == "bwrap" and cfg.sandbox_packages else None,
+                "deadline": deadline, "max_output": cfg.code_max_output_bytes, "uid": self.uid,
+                "packages": PACKAGES_INSIDE if bwrap and cfg.sandbox_packages else None,
                 "limits": {"as_bytes": cfg.code_memory_mb << 20, "fsize_bytes": cfg.code_max_file_mb << 20,
+                           "stdin_bytes": 0 if fn_name else max(map(len, frames), default=0),
                            "nproc": self._nproc_limit()}}
-        cmd = [INTERPRETER, "-I", "-S", "-c", _BOOT, _HARNESS_CODE]
-        if self.isolation == "bwrap":
-            cmd = [*self._bwrap_command(workdir), *cmd]
-        # bwrap stays in our process group, so whoever kills our group (the pool killing a hung
-        # worker) kills it too, and its PID namespace with it. Without bwrap the harness gets
-        # its own session, the handle to kill everything it started. (No preexec_fn: it would
-        # cost ~10 ms per start by forcing fork() of this big process instead of vfork().)
+        workdir = None if bwrap else tempfile.mkdtemp(prefix="tandem-sbx-")  # 0700, ours
+        if workdir and self.uid is not None:
+            os.chown(workdir, self.uid, self.uid)  # the program's user owns its working dir
+        task["workdir"] = INSIDE_WORKDIR if bwrap else workdir
+        blob = b"".join(_frame(f) for f in (_HARNESS_FRAME, marshal.dumps(task), *frames, marshal.dumps(outputs)))
+        task_r, task_w = os.pipe()
+        report_r, report_w = os.pipe()
+        passed, ours = [task_r, report_w], [task_w, report_r]   # fds the sandbox gets / we keep
+        cgroup = proc = None
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=CLEAN_ENV, cwd=workdir,
-                                    start_new_session=self.isolation != "bwrap")
+            cmd = [INTERPRETER, "-I", "-S", "-c", _BOOT, str(task_r), str(report_w)]
+            if bwrap:
+                extra = []
+                seccomp = filter_fd()
+                if seccomp is not None:
+                    passed.append(seccomp)
+                    extra += ["--seccomp", str(seccomp)]
+                if self.limits != "rlimits":
+                    # + bwrap's init and the harness
+                    cgroup = sandbox_cgroup.SandboxCgroup(cfg.code_memory_mb << 20, cfg.code_max_processes + 2)
+                    info_r, info_w = os.pipe()
+                    block_r, block_w = os.pipe()
+                    passed += [info_w, block_r]
+                    ours += [info_r, block_w]
+                    extra += ["--info-fd", str(info_w), "--block-fd", str(block_r)]
+                cmd = [*self._bwrap_command(extra), *cmd]
+            # bwrap stays in our process group, so whoever kills our group (the pool killing a
+            # hung worker) kills it too, and its PID namespace with it. Without bwrap the harness
+            # gets its own session, the handle to kill everything it started. (No preexec_fn: it
+            # would cost ~10 ms per start by forcing fork() of this big process, not vfork().)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, env=CLEAN_ENV, cwd=workdir or "/",
+                                    pass_fds=passed, start_new_session=not bwrap)
+            for fd in passed:
+                os.close(fd)
+            passed = []
+            if cgroup is not None:
+                self._enter_cgroup(cgroup, info_r, block_w, deadline + REPORT_GRACE_S)
+            report, err, finished = _exchange(task_w, blob, report_r, proc.stderr.fileno(),
+                                              deadline + REPORT_GRACE_S)
         except OSError as e:
-            shutil.rmtree(workdir, ignore_errors=True)
-            return SandboxResult([], self.isolation, f"could not start the sandbox: {e}")
-        try:
-            # The expected outputs second: the harness reads them only once the program is gone.
-            out, err = proc.communicate(_message(task) + _message(outputs), timeout=cfg.code_total_timeout_s + GRACE_S)
-            error = None
-        except subprocess.TimeoutExpired:
-            out, err, error = b"", b"", "sandbox did not finish within the total time limit"
+            return SandboxResult([], self.isolation, f"could not start the sandbox: {e}",
+                                 time.monotonic() - t0, self.limits)
         finally:
-            self._teardown(proc)
-            shutil.rmtree(workdir, ignore_errors=True)
+            for fd in (*passed, *ours):
+                os.close(fd)
+            oom = cgroup.oom_killed() if cgroup is not None else False
+            self._teardown(proc, cgroup)
+            if workdir:
+                remove_tree(workdir)
         seconds = time.monotonic() - t0
-        if error:
-            return SandboxResult([], self.isolation, error, seconds)
+        if not finished:
+            return SandboxResult([], self.isolation, "sandbox did not finish within the total time limit",
+                                 seconds, self.limits)
         try:
-            report = marshal.loads(out)  # written by the harness only, never by the program
-            return SandboxResult(report["tests"], self.isolation, None, seconds)
+            tests = marshal.loads(report)["tests"]  # written by the harness only, never by the program
         except (ValueError, EOFError, TypeError, KeyError):
             why = err.decode(errors="replace")[-500:].strip() or f"exit status {proc.returncode}"
-            return SandboxResult([], self.isolation, f"no report from the harness: {why}", seconds)
+            return SandboxResult([], self.isolation, f"no report from the harness: {why}", seconds, self.limits)
+        if oom:
+            for t in tests:
+                if t.get("status") == "killed (SIGKILL)":
+                    t["status"] = "memory limit (the sandbox's cgroup)"
+        return SandboxResult(tests, self.isolation, None, seconds, self.limits)
+
+    @staticmethod
+    def _enter_cgroup(cgroup: sandbox_cgroup.SandboxCgroup, info_r: int, block_w: int, deadline: float) -> None:
+        """Move bubblewrap's child (held on its block fd) into the task's cgroup, then free it."""
+        info = b""
+        while not info.rstrip().endswith(b"}"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([info_r], [], [], left)[0]:
+                raise OSError("bubblewrap gave no child pid")
+            chunk = os.read(info_r, 4096)
+            if not chunk:
+                raise OSError(f"bubblewrap gave no child pid: {info[-200:]!r}")
+            info += chunk
+        cgroup.add(int(json.loads(info)["child-pid"]))
+        os.write(block_w, b"1")
 
     def _nproc_limit(self) -> int:
         """RLIMIT_NPROC counts every process of the user, not only the sandbox's: when the
@@ -215,19 +334,20 @@ class Sandbox:
             return self.cfg.code_max_processes
         return _count_processes(os.getuid()) + self.cfg.code_max_processes
 
-    def _teardown(self, proc: subprocess.Popen) -> None:
+    def _teardown(self, proc: subprocess.Popen | None, cgroup) -> None:
         """Leave nothing running: the sandbox's session (rlimits-only) or bwrap and its PID
-        namespace (killing bwrap's init takes every process inside with it)."""
-        try:
-            if self.isolation == "bwrap":
-                os.kill(proc.pid, signal.SIGKILL)
-            else:
-                os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if self.isolation != "bwrap":
-            _kill_session(proc.pid)
-        proc.wait()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        namespace (killing bwrap's init takes every process inside with it), and its cgroup."""
+        if proc is not None:
+            try:
+                if self.isolation == "bwrap":
+                    os.kill(proc.pid, signal.SIGKILL)
+                else:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if self.isolation != "bwrap":
+                _kill_session(proc.pid)
+            proc.wait()
+            proc.stderr.close()
+        if cgroup is not None:
+            cgroup.close()
