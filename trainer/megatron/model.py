@@ -159,7 +159,7 @@ def build_gpt_model(shape: Qwen2Shape, config, spec, padded_vocab: int):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    return GPTModel(
+    model = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=padded_vocab,
         max_sequence_length=shape.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
@@ -168,6 +168,28 @@ def build_gpt_model(shape: Qwen2Shape, config, spec, padded_vocab: int):
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
         position_embedding_type="rope", rotary_base=shape.rope_theta,
     )
+    cast_parameters(model, config.params_dtype)
+    return model
+
+
+def cast_parameters(model, dtype: torch.dtype) -> None:
+    """Every floating-point parameter in `dtype` (the config's `params_dtype`).
+
+    Why: the local layer spec (used on GPUs without TransformerEngine) builds its norms with
+    `torch.nn.RMSNorm(hidden)`, i.e. in float32 whatever `params_dtype` says, so a bf16 model
+    held fp32 norm weights next to bf16 ones. megatron-core 0.16.1's optimizers assume one
+    dtype (Megatron-LM casts the whole model with `Float16Module`), and with a mix both
+    checkpoints broke (issue 31): `Float16OptimizerWithFloat16Params.sharded_state_dict` numbers
+    the model's params over its float16 params only while the inner optimizer numbers all of
+    them ("Optimizer shape (128,) does not match model shape (256,)": a norm's state against
+    the q/k/v bias), and `DistributedOptimizer` puts each group's fp32 params first in the inner
+    optimizer while `model_param_group_index_map` keeps model order, so
+    `get_parameter_state_dp_zero` reads the wrong main param ("size of tensor a (256) must match
+    b (128)"). Only parameters are cast: buffers and the rotary frequencies keep their dtype.
+    """
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
 
 
 def layer_offset(shape: Qwen2Shape) -> int:
