@@ -9,7 +9,7 @@ a channel. The harness itself is not dumpable, and each test's child closes both
 
 Frames on the task channel, in order: the task (program, limits, deadline), one frame per test
 input, the expected outputs. Inputs are moved from the channel to the test that needs them with
-`splice` (into the test's stdin memfd, or its call-mode feed pipe), never through this process's
+`splice` (into the test's stdin file, or its call-mode feed pipe), never through this process's
 memory, so no process that runs the program's code ever holds another test's input (a program
 on a visible test could otherwise print the hidden ones, and multi-turn feedback would show them
 to the model). The expected outputs are read only after every process of the program is gone,
@@ -20,6 +20,7 @@ A test ends when its process exits, or at its deadline (per test and for the tas
 an absolute time on the grader's clock) — a program that closes its pipes and sleeps, or stops
 itself, is killed then, not waited for.
 """
+# ruff: noqa: F821 (the judge's and call mode's names: the three files are compiled as one (reward/sandbox.py))
 import _ctypes  # not `ctypes`: its Python half costs ~3.5 ms of every start
 import _signal as signal  # the C module: `signal` imports enum, ~5 ms of every start
 import atexit
@@ -48,8 +49,8 @@ def _limits(task):
     lim = task["limits"]
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_AS, (lim["as_bytes"], lim["as_bytes"]))
-    # The hard limit leaves room for the largest stdin the harness moves into a memfd (raised
-    # for that copy only, see _stdin_memfd).
+    # The hard limit leaves room for the largest stdin the harness writes into a file (raised
+    # for that copy only, see _stdin_file).
     resource.setrlimit(resource.RLIMIT_FSIZE, (lim["fsize_bytes"], max(lim["fsize_bytes"], lim["stdin_bytes"] + 4096)))
     resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
     cpu = int(math.ceil(task["total_timeout"])) + 2
@@ -133,15 +134,13 @@ def _read_frame(fd):
     return marshal.loads(_exact(fd, _frame_size(fd)))
 
 
-def _move(src, dst, n, deadline=None):
+def _move(src, dst, n, deadline=None, watch=None):
     """Move `n` bytes from pipe `src` to `dst` with splice (kernel to kernel: the bytes never
     enter this process's memory). With a deadline, `dst` is a non-blocking pipe and the move
     gives up when its reader does not keep up in time. Returns the bytes not moved (0: all)."""
     while n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [dst], [], left)[1]:
-                return n
+        if deadline is not None and _wait([], deadline, watch, [dst])[2]:
+            return n
         try:
             moved = os.splice(src, dst, min(n, 1 << 20))
         except BlockingIOError:
@@ -160,9 +159,10 @@ def _skip_frame(fd, null_fd):
 
 # ---- one test's process ---------------------------------------------------------------------
 
-def _stdin_memfd(task_fd, n):
-    """The next input frame, moved into a fresh memfd: the stdin of one test's child only."""
-    fd = os.memfd_create("stdin")
+def _stdin_file(task_fd, n):
+    """The next input frame, moved into a fresh unnamed file in /tmp (the sandbox's capped
+    tmpfs; no memfd: the seccomp filter refuses those): the stdin of one test's child only."""
+    fd = os.open("/tmp", os.O_TMPFILE | os.O_RDWR, 0o600)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     try:
@@ -200,6 +200,52 @@ def _finish_like_python():
     sys.stderr.flush()
 
 
+class _MemoryWatch:
+    """The sandbox's memory as a whole where no cgroup counts it (a non-root grader without a
+    delegated cgroup): every `TICK_S` while a test runs, the anonymous and shared memory
+    (RssAnon + RssShmem) of every process in the sandbox's PID namespace but bwrap's init and
+    the harness, against the task's limit. Pages a child still shares with the harness after
+    fork count once per process (a few MiB each: an overestimate, never an escape)."""
+    TICK_S = 0.02
+
+    def __init__(self, limit_bytes):
+        self.limit = limit_bytes
+        self.skip = {"1", str(os.getpid())}
+
+    def over(self):
+        total = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name in self.skip:
+                continue
+            try:
+                with open(f"/proc/{name}/status", "rb") as f:
+                    status = f.read()
+            except OSError:
+                continue
+            for key in (b"RssAnon:", b"RssShmem:"):
+                at = status.find(key)
+                if at >= 0:
+                    total += int(status[at + len(key):status.index(b"kB", at)]) << 10
+        return total > self.limit
+
+
+MEMORY_STATUS = "memory limit (all the sandbox's processes together)"
+
+
+def _wait(fds, end, watch, write=()):
+    """select() on `fds` until `end`, waking every tick to check the sandbox's memory:
+    (readable, writable, why) with why None, "timeout" or the memory status."""
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return [], [], "timeout"
+        r, w, _ = select.select(fds, write, [], min(left, watch.TICK_S) if watch else left)
+        if watch and watch.over():
+            return [], [], MEMORY_STATUS
+        if r or w:
+            return r, w, None
+
+
 def _kill_group(pid):
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -211,20 +257,19 @@ def _kill_group(pid):
         pass
 
 
-def _await_stdio_test(pid, fds, end, cap):
+def _await_stdio_test(pid, fds, end, cap, watch):
     """Read the child's pipes until it exits, `end` passes or `cap` bytes arrive, whoever holds
     the pipes. Returns ({fd: bytes}, exit status or None, why) with why in (None, "timeout",
-    "output limit")."""
+    "output limit", the memory status)."""
     bufs = {fd: bytearray() for fd in fds}
     open_fds = list(fds)
     pidfd = os.pidfd_open(pid)
     status = None
     try:
         while status is None:
-            left = end - time.monotonic()
-            if left <= 0:
-                return bufs, None, "timeout"
-            ready = select.select([*open_fds, pidfd], [], [], left)[0]
+            ready, _, why = _wait([*open_fds, pidfd], end, watch)
+            if why:
+                return bufs, None, why
             for fd in ready:
                 if fd == pidfd:
                     status = os.waitpid(pid, 0)[1]
@@ -265,7 +310,7 @@ def _status(pid, status, why):
 
 
 def _run_stdio(task, io_fds, deadline):
-    """One forked child per test, its input in a memfd; each run's stdout is its answer."""
+    """One forked child per test, its input in a file; each run's stdout is its answer."""
     task_fd, report_fd, null_fd = io_fds
     results = []
     for _ in range(task["n"]):
@@ -273,7 +318,7 @@ def _run_stdio(task, io_fds, deadline):
             _skip_frame(task_fd, null_fd)
             results.append({"passed": False, "status": "skipped: total time limit"})
             continue
-        stdin_fd = _stdin_memfd(task_fd, _frame_size(task_fd))
+        stdin_fd = _stdin_file(task_fd, _frame_size(task_fd))
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         t0 = time.monotonic()
@@ -301,158 +346,12 @@ def _run_stdio(task, io_fds, deadline):
         for fd in (stdin_fd, out_w, err_w):
             os.close(fd)
         bufs, status, why = _await_stdio_test(pid, [out_r, err_r], min(deadline, t0 + task["test_timeout"]),
-                                              task["max_output"])
+                                              task["max_output"], task["watch"])
         os.close(out_r)
         os.close(err_r)
         results.append({"status": _status(pid, status, why), "seconds": round(time.monotonic() - t0, 4),
                         "answer": bufs[out_r].decode(errors="replace"),
-                        "stderr": bufs[err_r].decode(errors="replace")[-SNIPPET:]})  # noqa: F821 (harness_judge)
-    return results
-
-
-def _send(fd, obj):
-    data = marshal.dumps(obj)
-    data = len(data).to_bytes(4, "big") + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _call_child(task, feed_fd, wfd):
-    """Child of call mode: load the program once, then one call per input frame on `feed_fd`
-    (the harness feeds the next input only after this one's result)."""
-    null = os.open(os.devnull, os.O_RDWR)
-    _child_start((), null, null, null)
-    _cpu_limit(task["test_timeout"] * (task["n"] + 1))
-    ns = _namespace(task, "solution")
-    try:
-        exec(compile(task["program"], "<solution>", "exec"), ns)
-    except BaseException as e:  # SystemExit included: exiting while loading is a failure too
-        _send(wfd, {"error": f"program failed to load: {type(e).__name__}: {e}"[:SNIPPET]})  # noqa: F821
-        return
-    name = task["fn_name"]
-    # LiveCodeBench calls Solution().<name> whenever the program has a `class Solution`.
-    lcb_solution = task.get("convention") == "livecodebench" and "class Solution" in task["program"]
-    fn = None if lcb_solution else ns.get(name)
-    if not callable(fn) and isinstance(ns.get("Solution"), type):
-        fn = getattr(ns["Solution"](), name, None)
-    if not callable(fn):
-        _send(wfd, {"error": f"no function {name!r} nor Solution.{name}"})
-        return
-    _send(wfd, {"loaded": True})
-    while True:
-        try:
-            i, args = _read_frame(feed_fd), _read_frame(feed_fd)
-        except EOFError:
-            return
-        args = args if isinstance(args, list) else [args]
-        try:
-            rec = {"i": i, "value": fn(*args)}
-            marshal.dumps(rec)
-        except BaseException as e:  # SystemExit, exceptions, uncomparable results: a failed test
-            rec = {"i": i, "error": f"{type(e).__name__}: {e}"[:SNIPPET]}  # noqa: F821
-        _send(wfd, rec)
-
-
-def _next_frame(r, buf, end, cap):
-    """(frame, rest of buf, why): the child's next result frame, read by `end`."""
-    while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
-        left = end - time.monotonic()
-        if left <= 0 or not select.select([r], [], [], left)[0]:
-            return None, buf, "timeout"
-        chunk = os.read(r, 65536)
-        if not chunk:
-            return None, buf, "no result: the program exited or crashed before reporting"
-        buf += chunk
-        if len(buf) > cap + 4:
-            return None, buf, "output limit"
-    size = int.from_bytes(buf[:4], "big")
-    try:
-        rec = marshal.loads(buf[4:4 + size])
-    except (ValueError, EOFError, TypeError):
-        rec = None
-    return (rec if isinstance(rec, dict) else {}), buf[4 + size:], None
-
-
-class _CallChild:
-    """One call-mode child: its feed pipe (inputs in, one at a time) and result pipe."""
-
-    def __init__(self, task, channels):
-        feed_r, self.feed_w = os.pipe()
-        self.res_r, res_w = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                for fd in (*channels, self.feed_w, self.res_r):
-                    os.close(fd)
-                _call_child(task, feed_r, res_w)
-            except BaseException:
-                pass
-            finally:
-                os._exit(0)
-        os.close(feed_r)
-        os.close(res_w)
-        os.set_blocking(self.feed_w, False)
-        self.buf = b""
-
-    def close(self):
-        os.close(self.feed_w)
-        os.close(self.res_r)
-        _kill_group(self.pid)
-
-
-def _run_call(task, io_fds, deadline):
-    """A forked child loads the program and is fed the inputs one by one (a new child after a
-    failure); each result frame is the returned value."""
-    task_fd, report_fd, null_fd = io_fds
-    n, cap = task["n"], task["max_output"]
-    results = [None] * n
-    child = None
-    for i in range(n):
-        if results[i] is not None:          # answered by the child's load failure
-            _skip_frame(task_fd, null_fd)
-            continue
-        if time.monotonic() >= deadline:
-            _skip_frame(task_fd, null_fd)
-            results[i] = {"passed": False, "status": "skipped: total time limit"}
-            continue
-        t0 = time.monotonic()
-        end = min(deadline, t0 + task["test_timeout"])
-        if child is None:
-            child = _CallChild(task, (task_fd, report_fd))
-            rec, child.buf, why = _next_frame(child.res_r, child.buf, end, cap)
-            if why is None and not rec.get("loaded"):
-                why = rec.get("error", "bad report from the program")
-                results[i + 1:] = [{"passed": False, "status": why}] * (n - i - 1)
-        else:
-            why = None
-        size = _frame_size(task_fd)
-        if why is None:   # two frames: the test's index, then its input as the grader wrote it
-            index = marshal.dumps(i)
-            try:
-                os.write(child.feed_w, len(index).to_bytes(4, "big") + index + size.to_bytes(4, "big"))
-                size = _move(task_fd, child.feed_w, size, end)
-            except OSError:
-                why = "no result: the program exited or crashed before reporting"
-            if size and why is None:
-                why = "timeout" if time.monotonic() >= end else "no result: the program exited or crashed before reporting"
-        if size:
-            _move(task_fd, null_fd, size)
-        rec = None
-        if why is None:
-            rec, child.buf, why = _next_frame(child.res_r, child.buf, end, cap)
-        seconds = round(time.monotonic() - t0, 4)
-        if why:
-            results[i] = {"passed": False, "status": why, "seconds": seconds}
-            child.close()
-            child = None
-        elif rec.get("i") != i:
-            results[i] = {"passed": False, "status": "bad report from the program", "seconds": seconds}
-        elif "error" in rec:
-            results[i] = {"passed": False, "status": f"exception: {rec['error']}", "seconds": seconds}
-        else:
-            results[i] = {"status": "ok", "answer": rec.get("value"), "seconds": seconds}
-    if child is not None:
-        child.close()
+                        "stderr": bufs[err_r].decode(errors="replace")[-SNIPPET:]})
     return results
 
 
@@ -525,9 +424,10 @@ def main():
     # paid here once instead of in every forked test.
     compile("", "<warm-up>", "exec")
     task["namespace"] = _prelude(task)
+    task["watch"] = _MemoryWatch(task["watch_memory"]) if task.get("watch_memory") else None
     runs = run(task, (task_fd, report_fd, null_fd), deadline)
     if _reap_descendants():
-        results = _judge(task, runs, _read_frame(task_fd))  # noqa: F821 (harness_judge)
+        results = _judge(task, runs, _read_frame(task_fd))
     else:
         results = [{"passed": False, "status": "the program's processes could not all be stopped"}] * len(runs)
     report = marshal.dumps({"tests": results, "uid": os.getuid()})

@@ -49,7 +49,8 @@ from reward.sandbox_seccomp import filter_fd
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-HARNESS = (_HERE / "harness_judge.py").read_text() + "\n" + (_HERE / "harness.py").read_text()
+# One program from three files: the judge's rules, call mode, then the harness (its main last).
+HARNESS = "\n".join((_HERE / name).read_text() for name in ("harness_judge.py", "harness_call.py", "harness.py"))
 # The harness goes in compiled (compiling its source costs ~2.7 ms of every start), as the first
 # frame on the task channel (the sandbox shows nothing of this checkout, and nothing of it is on
 # a command line); the same interpreter runs it. `dont_inherit`: this module's `from __future__
@@ -185,11 +186,15 @@ class Sandbox:
         if self.isolation == "bwrap" and sandbox_cgroup.available():
             self.limits = f"cgroup-{sandbox_cgroup.layout()[0]}"
 
-    def _bwrap_command(self, extra: list[str]) -> list[str]:
-        disk = self.cfg.code_max_disk_mb << 20
+    def _bwrap_command(self, extra: list[str], stdin_bytes: int = 0) -> list[str]:
+        disk = (self.cfg.code_max_disk_mb << 20) + stdin_bytes   # + room for a test's stdin file
         args = ["bwrap", *BWRAP_FLAGS, *bwrap_root_args(tuple(self.cfg.sandbox_packages)),
-                "--perms", "0755", "--size", str(disk), "--tmpfs", "/tmp",
-                "--perms", "1777", "--dir", INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR, *extra]
+                "--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp",
+                "--perms", "1777", "--dir", INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR,
+                # The fresh root and /dev are tmpfs too, with no size of their own: read-only,
+                # so the size-capped /tmp is the only place a program can write files (a
+                # non-root grader's program owns them, and could fill memory there).
+                "--remount-ro", "/dev", "--remount-ro", "/", *extra]
         for k, v in CLEAN_ENV.items():
             args += ["--setenv", k, v]
         if os.getuid() == 0:
@@ -243,6 +248,8 @@ class Sandbox:
         task = {"program": program, "n": len(inputs), "fn_name": fn_name, "convention": convention,
                 "test_timeout": cfg.code_test_timeout_s, "total_timeout": cfg.code_total_timeout_s,
                 "deadline": deadline, "max_output": cfg.code_max_output_bytes, "uid": self.uid,
+                # Without a cgroup the harness itself watches the sandbox's memory as a whole.
+                "watch_memory": cfg.code_memory_mb << 20 if bwrap and self.limits == "rlimits" else 0,
                 "packages": PACKAGES_INSIDE if bwrap and cfg.sandbox_packages else None,
                 "limits": {"as_bytes": cfg.code_memory_mb << 20, "fsize_bytes": cfg.code_max_file_mb << 20,
                            "stdin_bytes": 0 if fn_name else max(map(len, frames), default=0),
@@ -272,7 +279,7 @@ class Sandbox:
                     passed += [info_w, block_r]
                     ours += [info_r, block_w]
                     extra += ["--info-fd", str(info_w), "--block-fd", str(block_r)]
-                cmd = [*self._bwrap_command(extra), *cmd]
+                cmd = [*self._bwrap_command(extra, task["limits"]["stdin_bytes"]), *cmd]
             # bwrap stays in our process group, so whoever kills our group (the pool killing a
             # hung worker) kills it too, and its PID namespace with it. Without bwrap the harness
             # gets its own session, the handle to kill everything it started. (No preexec_fn: it

@@ -1,10 +1,13 @@
-"""The sandbox's seccomp filter: no kernel keyrings, no foreign system-call tables.
+"""The sandbox's seccomp filter: no kernel keyrings, no memory outside any process, no foreign tables.
 
 A kernel keyring outlives the process that filled it: the user keyring belongs to the user id,
 and with a root grader every task of a worker runs as the same sandbox user, so a key one
 program stores (`add_key`) a later task of that worker could read (`keyctl`), a channel between
 tasks that no mount or PID namespace closes. Nothing a graded program needs uses keyrings, so
 `add_key`, `request_key` and `keyctl` fail with ENOSYS (as on a kernel built without keys).
+`memfd_create` and `shmget` make memory that belongs to no process's address space (and so to
+no per-process limit: a grader without a cgroup could not bound it), and `io_uring_setup` opens
+a way to run operations that this filter never sees: they fail the same way.
 System calls through another table (i386 `int 0x80` or x32 on x86-64) are refused whole, so
 the three cannot be reached by another number.
 
@@ -18,10 +21,11 @@ import os
 import platform
 import struct
 
-# (audit arch, numbers of add_key, request_key, keyctl) by `platform.machine()`.
+# (audit arch, numbers of add_key, request_key, keyctl, memfd_create, shmget, io_uring_setup)
+# by `platform.machine()` (the kernel's syscall tables of each architecture).
 _ARCHES = {
-    "x86_64": (0xC000003E, (248, 249, 250)),
-    "aarch64": (0xC00000B7, (217, 218, 219)),
+    "x86_64": (0xC000003E, (248, 249, 250, 319, 29, 425)),
+    "aarch64": (0xC00000B7, (217, 218, 219, 279, 194, 425)),
 }
 _X32_BIT = 0x40000000
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
