@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tandem-installed
 PYTEST_ARGS ?=
 
-.PHONY: install sandbox-deps browser-deps test test-fast bench lint docs clean train-math train-code train-code-agent
+.PHONY: install sandbox-deps browser-deps test test-fast test-gpu wheelhouse bench lint docs clean train-math train-code train-code-agent
 
 install: $(STAMP)
 
@@ -47,6 +47,25 @@ test: install
 # minute on 2 cores.
 test-fast: install
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# The GPU tier (tests/gpu, marker `gpu`): one GPU, <= 8 minutes; every test skips, saying why,
+# where CUDA is not available. It installs nothing by default (a GPU node's torch is its own,
+# never `make install`'s CPU build); WHEELHOUSE=DIR first installs the project from a bundle made
+# by `make wheelhouse`, with no package index (docs/cluster.md). GPU_PYTHON: the interpreter that
+# holds the node's torch.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+test-gpu:
+	$(if $(WHEELHOUSE),$(GPU_PYTHON) slurm/wheelhouse.py install --wheelhouse $(WHEELHOUSE) &&) \
+	  $(GPU_PYTHON) -m pytest -q tests/gpu -m gpu $(PYTEST_ARGS)
+
+# An offline install bundle for GPU nodes, built here (needs a package index): the project's wheel
+# and its dependencies for the node's Python and platform, without torch and without what the
+# node lists in NODE_HAS (a file of names, e.g. its `pip freeze`). Into WHEELHOUSE (.wheelhouse/).
+PYTHON_VERSION ?= 3.12
+PLATFORM ?= manylinux_2_28_x86_64
+wheelhouse: install
+	$(PY) slurm/wheelhouse.py build --out $(or $(WHEELHOUSE),.wheelhouse) --python-version $(PYTHON_VERSION) \
+	  --platform $(PLATFORM) $(if $(NODE_HAS),--node-has $(NODE_HAS))
 
 bench: install
 	$(PY) -m benchmarks
