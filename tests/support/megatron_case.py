@@ -32,9 +32,12 @@ def make_model_dir(out: Path, *, tied: bool = True, seed: int = 0) -> Path:
     return Path(out)
 
 
-def trainer_cfg(tp: int = 1, pp: int = 1) -> TrainerConfig:
+def trainer_cfg(tp: int = 1, pp: int = 1, params_dtype: str = "bfloat16") -> TrainerConfig:
+    """`params_dtype` matters on GPUs only (the CPU path is always float32)."""
+    from trainer.megatron.config import MegatronConfig
     return TrainerConfig(backend="megatron", tensor_parallel=tp, pipeline_parallel=pp,
-                         optim=OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=2))
+                         optim=OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=2),
+                         megatron=MegatronConfig(params_dtype=params_dtype))
 
 
 def packed(seqs: list[torch.Tensor], seed: int) -> PackedBatch:
@@ -79,15 +82,19 @@ def logps(backend, mbs: list[PackedBatch]) -> torch.Tensor:
     return torch.cat([backend.forward_logprobs(mb, 1.0).logp for mb in mbs])
 
 
-def in_process_backend(model_dir: Path):
+def in_process_backend(model_dir: Path, params_dtype: str = "float32"):
     """Yields the in-process TP=1 backend, then closes it (Megatron's process-group state is
-    global: one per process, torn down only if this created it)."""
+    global: one per process, torn down only if this created it).
+
+    float32 parameters by default, on a GPU too: the unit tests check exact properties
+    (conversion, packing, export) to float32 tolerances; bf16 is the GPU tier's, with tolerances
+    derived for it."""
     import torch.distributed as dist
 
     from trainer.megatron.backend import MegatronBackend
 
     created_group = not dist.is_initialized()
-    be = MegatronBackend(trainer_cfg(tp=1), model_dir, seed=0)
+    be = MegatronBackend(trainer_cfg(tp=1, params_dtype=params_dtype), model_dir, seed=0)
     yield be
     be.close()
     if created_group and dist.is_initialized():

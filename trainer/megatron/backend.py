@@ -108,21 +108,25 @@ class MegatronBackend(TrainBackend):
         self.te_norms = any(k.endswith("layer_norm_weight") for k in model.state_dict())
         self.use_thd = self.on_gpu and self.te_norms
         self.model = model
-        self.load_hf(self.model_dir)
+        hf_local = self.load_hf(self.model_dir)
         model.eval()  # no dropout anyway; eval keeps proximal and first-update log-probs equal
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.updates = 0
         if self.on_gpu:
             self.model, self.optimizer = gpu.wrap_model_and_optimizer(self.model, self.config, self.mcfg,
                                                                       cfg.optim, dtype)
+            # The optimizer made its fp32 main copies from the (bf16) parameters: give them the
+            # checkpoint's own values instead, so training starts from exactly those weights.
+            gpu.load_main_params(self._module(), self.optimizer, hf_local)
         else:
             o = cfg.optim
             self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2),
                                                eps=o.eps, weight_decay=o.weight_decay)
 
     # ---- weights in ---------------------------------------------------------------------------
-    def load_hf(self, model_dir: Path) -> None:
-        """Load this rank's shard of a HF checkpoint (every rank reads the files)."""
+    def load_hf(self, model_dir: Path) -> dict[str, torch.Tensor]:
+        """Load this rank's shard of a HF checkpoint (every rank reads the files); returns the
+        shard in the checkpoint's precision (the parameters may be bf16)."""
         from megatron.core import parallel_state as ps
 
         hf = read_hf_tensors(model_dir)
@@ -132,7 +136,9 @@ class MegatronBackend(TrainBackend):
             hf, self.shape, self.padded_vocab, te_norms=self.te_norms,
             layers=range(start, start + n_local), embedding=ps.is_pipeline_first_stage(),
             output=ps.is_pipeline_last_stage())
-        self.load_model_state({k: convert.shard(k, v, self.tp_rank, self.tp_size) for k, v in full.items()})
+        local = {k: convert.shard(k, v, self.tp_rank, self.tp_size) for k, v in full.items()}
+        self.load_model_state(local)
+        return local
 
     def load_model_state(self, state: dict) -> None:
         """Load local tensors; anything missing other than Megatron's `_extra_state` is an error."""
@@ -336,17 +342,24 @@ class MegatronBackend(TrainBackend):
     def full_megatron_state(self) -> dict[str, torch.Tensor]:
         """Full (TP-merged) Megatron tensors, gathered with all_gather over the TP group.
 
-        Collective over the TP group: every TP rank must call it. (Merging shards by having
-        rank 0 read other ranks' files hangs inside the job; collectives do not.)
+        Which weights: the optimizer's fp32 main weights where it keeps them (GPU, bf16/fp16
+        parameters: the values training updates, of which the parameters are a rounding), the
+        parameters themselves elsewhere (fp32: CPU, or `params_dtype: float32`). So the export
+        of a bf16 run is fp32, and at version 0 it is the source checkpoint bit for bit.
+
+        Collective over the TP group (and the DP group with the distributed optimizer): every
+        rank must call it. (Merging shards by having rank 0 read other ranks' files hangs inside
+        the job; collectives do not.)
         """
         from megatron.core import parallel_state as ps
 
         group = ps.get_tensor_model_parallel_group()
+        mains = gpu.main_params(self._module(), self.optimizer) if self.on_gpu else {}
         out = {}
         for name, t in self._module().state_dict().items():
             if not isinstance(t, torch.Tensor):
                 continue
-            t = t.detach()
+            t = mains.get(name, t).detach()
             if self.tp_size > 1 and convert.tp_layout(name)[0] is not None:
                 parts = [torch.empty_like(t) for _ in range(self.tp_size)]
                 collectives.all_gather(parts, t, group=group)

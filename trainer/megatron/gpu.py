@@ -17,10 +17,12 @@ where the loss is already divided by the global number of valid tokens.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
+from services.protocol import collectives
 from trainer.megatron.packing import thd_packed_seq_params
 
 if TYPE_CHECKING:
@@ -109,3 +111,69 @@ def optimizer_sharded_state(optimizer: MegatronOptimizer, model_sharded: dict, i
 def load_optimizer_state(optimizer: MegatronOptimizer, state: dict) -> None:
     """Install the optimizer state returned by `dist_checkpointing.load`."""
     optimizer.load_state_dict(state)
+
+
+# ---- fp32 main weights ----------------------------------------------------------------------------
+# With bf16/fp16 parameters Megatron's optimizer updates fp32 main copies and rounds them into the
+# parameters after each step. The backend loads the checkpoint's fp32 values into the main copies
+# (not the rounded parameters) and exports the main copies: a bf16 run then starts from exactly the
+# weights it was given, and publishes the weights it trains, as the torch backend does in fp32.
+
+
+def _main_copies(model: GPTModel, optimizer) -> Iterator[tuple[str, torch.nn.Parameter, torch.Tensor | None,
+                                                               slice | None, object]]:
+    """(name, parameter, this rank's fp32 main tensor, its place in the flattened parameter or None
+    for all of it, the data-parallel group its shards are spread over or None) for every parameter
+    the optimizer keeps a main copy of, in the model's order (the same on every rank).
+
+    megatron-core 0.16.1 records the copy on the parameter: `Float16OptimizerWithFloat16Params` sets
+    `param.main_param` (the whole tensor); `DistributedOptimizer` sets it to this DP rank's shard,
+    or None when the rank holds none of it, with `param.main_param_sharded = True`, and keeps the
+    shard's range in `_get_model_param_range_map`. fp32 parameters have no copy: they are their
+    own main weights. `get_megatron_optimizer` returns a `ChainedOptimizer` (one per buffer group).
+    """
+    places, dp_group = {}, None
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(opt, "model_param_gbuf_map"):   # a DistributedOptimizer
+            dp_group = opt.data_parallel_group
+            for p in opt.model_param_gbuf_map:
+                r = opt._get_model_param_range_map(p)["param"]
+                places[p] = slice(r.start, r.end)
+    for name, p in model.named_parameters():
+        if getattr(p, "main_param", None) is None and not getattr(p, "main_param_sharded", False):
+            continue
+        if getattr(p, "main_param_sharded", False):
+            yield name, p, p.main_param, places.get(p), dp_group
+        else:
+            yield name, p, p.main_param, None, None
+
+
+def load_main_params(model: GPTModel, optimizer, state: dict[str, torch.Tensor]) -> int:
+    """Copy full-precision values (this rank's TP shards, GPTModel names) into the main copies;
+    returns how many parameters have one."""
+    n = 0
+    for name, _, main, place, _ in _main_copies(model, optimizer):
+        n += 1
+        if main is None:
+            continue
+        src = state[name].to(main.device, torch.float32)
+        main.copy_(src if place is None else src.reshape(-1)[place])
+    return n
+
+
+def main_params(model: GPTModel, optimizer) -> dict[str, torch.Tensor]:
+    """{name: the whole fp32 main copy of this rank's TP shard} for every parameter that has one.
+
+    Collective over the data-parallel group with the distributed optimizer (each DP rank holds a
+    disjoint part of each parameter: zeros elsewhere, summed), so every rank must call it.
+    """
+    out = {}
+    for name, p, main, place, group in _main_copies(model, optimizer):
+        if place is None and group is None:
+            out[name] = main.detach().clone().view_as(p)
+            continue
+        flat = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
+        if main is not None and place is not None:
+            flat[place] = main.detach().reshape(-1)
+        out[name] = collectives.all_reduce(flat, group=group).view_as(p)
+    return out

@@ -150,12 +150,14 @@ def test_ddp_wrapper_and_checkpoint_keys(backend, monkeypatch):
     GPTModel's own names, never the wrapper's `module.` ones, so GPU and CPU runs share them."""
     from megatron.core.distributed import DistributedDataParallel
 
+    module = backend._module()   # the GPTModel (on a GPU the backend has wrapped it already)
     plain = set(dist_ckpt._model_sharded(backend))
-    ddp = DistributedDataParallel(config=backend.config, ddp_config=gpu.ddp_config(backend.mcfg),
-                                  module=backend.model)
+    assert plain and not any(k.startswith("module.") for k in plain)
+    ddp = backend.model if isinstance(backend.model, DistributedDataParallel) else \
+        DistributedDataParallel(config=backend.config, ddp_config=gpu.ddp_config(backend.mcfg), module=module)
     assert all(k.startswith("module.") for k in ddp.sharded_state_dict())
     monkeypatch.setattr(backend, "model", ddp)
-    assert backend._module() is ddp.module
+    assert backend._module() is module
     assert set(dist_ckpt._model_sharded(backend)) == plain
 
 

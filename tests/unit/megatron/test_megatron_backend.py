@@ -109,18 +109,25 @@ def test_block_diagonal_mask_and_thd_params():
 
 # ---- TP=1 in this process -------------------------------------------------------------------
 def test_logits_match_transformers(backend, model_dir):
-    hf = _hf_model(model_dir)
+    """float32 on both sides, on the backend's device (CUDA on a GPU), compared on the CPU."""
+    hf = _hf_model(model_dir).to(backend.device)
     mb = mc.micro_batches()[0]
     for s in range(mb.n_seqs):
         one = _seq(mb, s)
         with torch.no_grad():
-            ref = hf(input_ids=one.input_ids[None]).logits[0]
-            got = backend._logits(one)
+            ref = hf(input_ids=one.input_ids[None].to(backend.device)).logits[0].cpu()
+            got = backend._logits(one).cpu()
         assert got.shape == ref.shape  # padded vocabulary rows are cut off
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
 
 
 def test_packed_forward_equals_per_sequence(backend):
+    """In float32 (the fixture's parameters, on a GPU too) packing is exact to rounding: a packing
+    error (a token seeing another sequence, a wrong position) moves log-probs by O(0.1-1), far
+    outside 2e-6. In bf16 the same comparison differs by up to a few bf16 steps of the logits
+    (0.044 was measured on an H200: logits of magnitude ~4 have a bf16 step of 2^-6 = 0.016),
+    because packed and per-sequence forwards round different matmul shapes; that is not a
+    packing error, and it is not what this test is for."""
     for mb in mc.micro_batches(seed=3):
         packed = backend.forward_logprobs(mb, 0.7, with_entropy=True)
         parts = [backend.forward_logprobs(_seq(mb, s), 0.7, with_entropy=True) for s in range(mb.n_seqs)]
@@ -130,6 +137,9 @@ def test_packed_forward_equals_per_sequence(backend):
 
 
 def test_export_hf_is_exact_and_loads(backend, model_dir, tmp_path):
+    """Export writes the fp32 weights training holds: the parameters here (float32), the
+    optimizer's fp32 main copies when parameters are bf16 on a GPU (those are loaded from the
+    checkpoint's own values and are exact at version 0 too: test_megatron_gpu_checkpoint.py)."""
     from safetensors.torch import load_file
 
     backend.export_hf(tmp_path / "out")

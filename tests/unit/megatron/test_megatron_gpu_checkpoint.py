@@ -120,3 +120,25 @@ def test_float16_optimizer_state_lands_on_its_own_parameter(bf16_model):
             want = params[_place(st.key.removeprefix("optimizer.state.fp32_param."), st)].detach().float()
             torch.testing.assert_close(st.data, want, rtol=0, atol=0)
     assert seen == 2 * len(list(bf16_model.parameters()))
+
+
+def test_main_weights_hold_the_checkpoint_exactly_and_are_what_export_reads(bf16_model):
+    """Export semantics with bf16 parameters: the backend loads the checkpoint's fp32 values into
+    the optimizer's fp32 main copies (`gpu.load_main_params`) and exports those copies
+    (`gpu.main_params`, read by `MegatronBackend.full_megatron_state`), so version 0 is the source
+    checkpoint bit for bit, which the bf16 parameters alone cannot give."""
+    from megatron.core.optimizer import _get_param_groups
+
+    cfg = gpu.optimizer_config(OptimConfig(), MegatronConfig(use_distributed_optimizer=False), torch.bfloat16)
+    opt = _float16_optimizer(torch.optim.AdamW(_get_param_groups([bf16_model], cfg, None), lr=cfg.lr), cfg)
+    gen = torch.Generator().manual_seed(1)
+    fp32 = {n: torch.randn(p.shape, generator=gen) for n, p in bf16_model.named_parameters()}
+    with torch.no_grad():
+        for n, p in bf16_model.named_parameters():
+            p.copy_(fp32[n])            # what loading into the parameters alone keeps: a rounding
+    assert not any(torch.equal(p.float(), fp32[n]) for n, p in bf16_model.named_parameters())
+    assert gpu.load_main_params(bf16_model, opt, fp32) == len(fp32)
+    exported = gpu.main_params(bf16_model, opt)
+    assert exported.keys() == fp32.keys()
+    for n, t in exported.items():
+        assert t.dtype == torch.float32 and torch.equal(t, fp32[n]), n
