@@ -33,7 +33,9 @@ class RunningService:
             c.close()
 
 
-def start_service(root: Path, overrides: list[str]) -> RunningService:
+def start_service(root: Path, overrides: list[str], prefix: list[str] = ()) -> RunningService:
+    """`tandem reward serve` on a new experiment directory; `prefix` runs it under another
+    command (e.g. `unshare --user ...`: a grader that is not root)."""
     exp = ExpDir(root)
     exp.root.mkdir(parents=True, exist_ok=True)
     generate_keys(exp.keys)
@@ -42,7 +44,7 @@ def start_service(root: Path, overrides: list[str]) -> RunningService:
     save_resolved(cfg, root)
     env = {**os.environ, "TANDEM_TEST_SECRET": SECRET}
     tandem = Path(sys.executable).with_name("tandem")
-    proc = subprocess.Popen([str(tandem), "reward", "serve", "--exp", str(root)], env=env,
+    proc = subprocess.Popen([*prefix, str(tandem), "reward", "serve", "--exp", str(root)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not exp.service_file("reward").exists():
@@ -74,7 +76,9 @@ def sandbox_processes() -> list[str]:
             uid = int(Path(f"/proc/{name}/status").read_text().split("Uid:")[1].split()[0])
         except (OSError, IndexError, ValueError):
             continue
-        if "tandem-sandbox" in cmd or "tandem-sbx" in cmd or SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + 10000:
+        harness = "no harness" in cmd   # the sandbox's boot code (reward/sandbox.py _BOOT)
+        if harness or os.path.basename(cmd.split(" ")[0]) == "bwrap" or "tandem-sbx" in cmd \
+                or SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + 10000:
             found.append(f"{name} uid={uid} {cmd[:120]}")
     return found
 

@@ -8,7 +8,14 @@ import socket
 import threading
 
 import pytest
-from reward_service_helpers import SECRET, wait_no_sandbox_processes
+from grader_users import UNSHARE, USERS, why_not
+from reward_service_helpers import (
+    REWARD_OVERRIDES,
+    SECRET,
+    start_service,
+    stop_service,
+    wait_no_sandbox_processes,
+)
 
 from reward.config import RewardConfig
 from reward.sandbox import Sandbox
@@ -100,6 +107,17 @@ def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, t
     }
 
 
+@pytest.fixture(scope="module", params=USERS)
+def reward_service(request, tmp_path_factory):
+    """The service run by root, and by an ordinary user (as on clusters: see grader_users)."""
+    if why_not(request.param):
+        pytest.skip(why_not(request.param))
+    prefix = UNSHARE if request.param == "user" else []
+    svc = start_service(tmp_path_factory.mktemp("reward") / "exp", REWARD_OVERRIDES, prefix)
+    yield svc
+    stop_service(svc)
+
+
 def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path):
     host_file = tmp_path / "pwned"
     listener = socket.socket()
@@ -125,8 +143,6 @@ def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path):
     os.write(fd, SECRET.encode())
     os.close(fd)
     programs = hostile_programs(str(host_file), listener.getsockname()[1], secret_file)
-    if os.getuid() != 0:  # the sandbox drops to another user only when the grader is root
-        del programs["read_root_only_file"]
     items = [GradeItem(task="code", response=f"```python\n{src}\n```", tests=tests)
              for src, tests in programs.values()]
     client = reward_service.client(timeout_s=120)

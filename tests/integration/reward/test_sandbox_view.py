@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from grader_users import USERS, run_as, why_not
 
 from reward.code_grader import grade_code
 from reward.config import RewardConfig
@@ -38,18 +39,29 @@ print("stdlib", any(p.endswith("/json/__init__.py") for p in inside),
 '''
 
 
-def _stdout(program: str, stdin: str = "") -> str:
-    result = Sandbox(CFG).run(program, [stdin], ["unused"])
-    assert result.error is None, result.error
-    return result.tests[0]["got"]
+CFG_ARGS = {"code_test_timeout_s": 5.0, "code_total_timeout_s": 10.0}
 
 
-def test_a_program_sees_the_standard_library_and_its_libraries_and_nothing_else_of_the_host():
+@pytest.fixture(params=USERS)
+def user(request):
+    """The grader as root and as an ordinary user (tests/support/grader_users.py)."""
+    if why_not(request.param):
+        pytest.skip(why_not(request.param))
+    return request.param
+
+
+def _stdout(user: str, program: str, stdin: str = "") -> str:
+    result = run_as(user, [{"program": program, "inputs": [stdin], "outputs": ["unused"]}], CFG_ARGS)[0]
+    assert result["error"] is None, result["error"]
+    return result["tests"][0]["got"]
+
+
+def test_a_program_sees_the_standard_library_and_its_libraries_and_nothing_else_of_the_host(user):
     libraries = "\n".join(inside for _, inside in shared_libraries())
-    assert _stdout(WALK, libraries).strip() == "stdlib True site-packages 0 others 0 []"
+    assert _stdout(user, WALK, libraries).strip() == "stdlib True site-packages 0 others 0 []"
 
 
-def test_searching_the_filesystem_for_the_expected_output_finds_nothing(tmp_path):
+def test_searching_the_filesystem_for_the_expected_output_finds_nothing(tmp_path, user):
     """The attack: the grader's tests sit in a file on the host (a dataset, an experiment
     directory); the program looks for a JSON holding its own input and prints the answer stored
     with it. Under `--ro-bind / /` it passed every test."""
@@ -73,18 +85,19 @@ for root, dirs, files in os.walk("/"):
             pass
 print("not found")
 '''
-    verdict = grade_code(f"```python\n{thief}\n```", {"inputs": [marker + "\n"], "outputs": ["424242\n"]}, CFG)
-    assert not verdict.correct, verdict.details
-    assert verdict.details["tests"][0]["got"].strip() == "not found"
+    verdict = run_as(user, [{"response": f"```python\n{thief}\n```",
+                             "tests": {"inputs": [marker + "\n"], "outputs": ["424242\n"]}}], CFG_ARGS)[0]
+    assert not verdict["correct"], verdict["details"]
+    assert verdict["details"]["tests"][0]["got"].strip() == "not found"
 
 
-def test_the_harness_source_and_the_service_code_are_not_readable():
+def test_the_harness_source_and_the_service_code_are_not_readable(user):
     probe = r'''
 import os
 for p in ["/work", "/home", "/srv", "/opt", "/var", "/etc/passwd", os.path.expanduser("~")]:
     print(p, os.path.exists(p))
 '''
-    lines = _stdout(probe).split("\n")
+    lines = _stdout(user, probe).split("\n")
     assert all(line.endswith("False") for line in lines if line.strip() and not line.startswith("/tmp")), lines
 
 
