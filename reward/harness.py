@@ -200,23 +200,29 @@ def _finish_like_python():
     sys.stderr.flush()
 
 
-class _MemoryWatch:
-    """The sandbox's memory as a whole where no cgroup counts it (a non-root grader without a
-    delegated cgroup): every `TICK_S` while a test runs, the anonymous and shared memory
-    (RssAnon + RssShmem) of every process in the sandbox's PID namespace but bwrap's init and
-    the harness, against the task's limit. Pages a child still shares with the harness after
-    fork count once per process (a few MiB each: an overestimate, never an escape)."""
+class _SandboxWatch:
+    """The sandbox's memory and process count as a whole where no cgroup counts them (a
+    non-root grader without a delegated cgroup): every `TICK_S` while a test runs, the processes
+    in the sandbox's PID namespace but bwrap's init and the harness, and their anonymous and
+    shared memory (RssAnon + RssShmem), against the task's limits. Pages a child still shares
+    with the harness after fork count once per process (a few MiB each: an overestimate, never
+    an escape). The kernel's own per-user process limit applies too, except to a grader whose
+    user is root outside its user namespace."""
     TICK_S = 0.02
 
-    def __init__(self, limit_bytes):
-        self.limit = limit_bytes
+    def __init__(self, memory_bytes, processes):
+        self.memory, self.processes = memory_bytes, processes
         self.skip = {"1", str(os.getpid())}
 
     def over(self):
-        total = 0
+        """None, or the limit the sandbox is past."""
+        total, count = 0, 0
         for name in os.listdir("/proc"):
             if not name.isdigit() or name in self.skip:
                 continue
+            count += 1
+            if count > self.processes:
+                return PROCESS_STATUS
             try:
                 with open(f"/proc/{name}/status", "rb") as f:
                     status = f.read()
@@ -226,10 +232,11 @@ class _MemoryWatch:
                 at = status.find(key)
                 if at >= 0:
                     total += int(status[at + len(key):status.index(b"kB", at)]) << 10
-        return total > self.limit
+        return MEMORY_STATUS if total > self.memory else None
 
 
 MEMORY_STATUS = "memory limit (all the sandbox's processes together)"
+PROCESS_STATUS = "process limit (all the sandbox's processes together)"
 
 
 def _wait(fds, end, watch, write=()):
@@ -240,8 +247,9 @@ def _wait(fds, end, watch, write=()):
         if left <= 0:
             return [], [], "timeout"
         r, w, _ = select.select(fds, write, [], min(left, watch.TICK_S) if watch else left)
-        if watch and watch.over():
-            return [], [], MEMORY_STATUS
+        why = watch.over() if watch else None
+        if why:
+            return [], [], why
         if r or w:
             return r, w, None
 
@@ -424,7 +432,8 @@ def main():
     # paid here once instead of in every forked test.
     compile("", "<warm-up>", "exec")
     task["namespace"] = _prelude(task)
-    task["watch"] = _MemoryWatch(task["watch_memory"]) if task.get("watch_memory") else None
+    watch = task.get("watch")      # {"memory_bytes", "processes"} where no cgroup counts them
+    task["watch"] = _SandboxWatch(watch["memory_bytes"], watch["processes"]) if watch else None
     runs = run(task, (task_fd, report_fd, null_fd), deadline)
     if _reap_descendants():
         results = _judge(task, runs, _read_frame(task_fd))

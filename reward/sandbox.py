@@ -248,8 +248,9 @@ class Sandbox:
         task = {"program": program, "n": len(inputs), "fn_name": fn_name, "convention": convention,
                 "test_timeout": cfg.code_test_timeout_s, "total_timeout": cfg.code_total_timeout_s,
                 "deadline": deadline, "max_output": cfg.code_max_output_bytes, "uid": self.uid,
-                # Without a cgroup the harness itself watches the sandbox's memory as a whole.
-                "watch_memory": cfg.code_memory_mb << 20 if bwrap and self.limits == "rlimits" else 0,
+                # Without a cgroup the harness itself watches the sandbox as a whole.
+                "watch": {"memory_bytes": cfg.code_memory_mb << 20, "processes": cfg.code_max_processes}
+                if bwrap and self.limits == "rlimits" else None,
                 "packages": PACKAGES_INSIDE if bwrap and cfg.sandbox_packages else None,
                 "limits": {"as_bytes": cfg.code_memory_mb << 20, "fsize_bytes": cfg.code_max_file_mb << 20,
                            "stdin_bytes": 0 if fn_name else max(map(len, frames), default=0),
