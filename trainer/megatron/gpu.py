@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
 # The distributed optimizer's dist-checkpoint format. 'fully_reshardable' stores each
 # parameter's optimizer state in its canonical (model-space) shape, so a checkpoint loads into
@@ -104,13 +105,65 @@ def step(model: DistributedDataParallel, optimizer: MegatronOptimizer, lr: float
 
 def optimizer_sharded_state(optimizer: MegatronOptimizer, model_sharded: dict, is_loading: bool) -> dict:
     """The optimizer's sharded state dict, laid out on the model's sharding (reshardable)."""
+    if is_loading:
+        _init_torch_adam_state(optimizer)
     return optimizer.sharded_state_dict(model_sharded, is_loading=is_loading,
                                         metadata=SHARDED_STATE_METADATA)
 
 
+def _init_torch_adam_state(optimizer) -> None:
+    """Give a fresh optimizer's torch Adam(W) the state a step would (step 0, zero moments).
+
+    Why: without TransformerEngine or Apex, megatron-core 0.16.1 falls back to torch's AdamW,
+    whose state appears at the first step; `DistributedOptimizer.sharded_state_dict(is_loading=
+    True)` (the template a resume loads into) reads the common step from that state before
+    anything initialises it (`assert len(steps) == 1` on an empty state). The loaded checkpoint
+    then overwrites all of it. TE's and Apex's fused Adams keep their state otherwise: untouched.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if not inner.state[p]:
+                    inner.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                          exp_avg_sq=torch.zeros_like(p))
+
+
 def load_optimizer_state(optimizer: MegatronOptimizer, state: dict) -> None:
     """Install the optimizer state returned by `dist_checkpointing.load`."""
-    optimizer.load_state_dict(state)
+    opts = getattr(optimizer, "chained_optimizers", [optimizer])
+    if len(opts) == 1 and _torch_adam_with_fully_reshardable_state(opts[0], state):
+        _load_fully_reshardable(opts[0], state)
+    else:
+        optimizer.load_state_dict(state)
+
+
+def _torch_adam_with_fully_reshardable_state(opt, state: dict) -> bool:
+    return (state.get("param_state_sharding_type") == "fully_reshardable"
+            and isinstance(getattr(opt, "optimizer", None), (torch.optim.Adam, torch.optim.AdamW)))
+
+
+def _load_fully_reshardable(opt: DistributedOptimizer, state: dict) -> None:
+    """`DistributedOptimizer.load_state_dict` in its own two steps, with torch Adam's `step` aside.
+
+    Why: megatron-core 0.16.1 without TransformerEngine or Apex uses torch's AdamW, which keeps a
+    `step` per parameter. `load_state_dict` first sets that step from the checkpoint, then
+    `load_parameter_state_from_fully_reshardable` copies every per-parameter state tensor it was
+    given into every state key the optimizer has, and it was given none for `step` (it skips it
+    on purpose): `KeyError: 'step'`. So the step is held aside while the parameter state loads.
+    """
+    param_state = state.pop("param_state")
+    state.pop("param_state_sharding_type")
+    opt.load_state_dict(state)      # param groups, grad scaler, the common step
+    inner = opt.optimizer.state
+    steps = {p: s.pop("step") for p, s in inner.items() if "step" in s}
+    try:
+        opt.load_parameter_state_from_fully_reshardable(param_state)
+    finally:
+        for p, step in steps.items():
+            inner[p]["step"] = step
 
 
 # ---- fp32 main weights ----------------------------------------------------------------------------

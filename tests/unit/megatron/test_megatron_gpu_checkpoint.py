@@ -12,61 +12,24 @@ Here the bf16 model of the GPU path is built on CPU with the backend's own code 
 the backend's own `gpu.wrap_model_and_optimizer`, i.e. Megatron's real `DistributedDataParallel`
 and `get_megatron_optimizer` (Float16OptimizerWithFloat16Params or DistributedOptimizer). Their
 constructors and `sharded_state_dict` run unchanged except for two things a CPU cannot provide,
-replaced while they run (`cuda_on_cpu`, the only stand-in here): CUDA type names
+replaced while they run (tests/support/megatron_gpu_on_cpu.py `cuda_on_cpu`, the only stand-in): CUDA type names
 (`param.type()` reports 'torch.cuda.BFloat16Tensor' for a CPU bf16 tensor) and CUDA placement
 (`device='cuda'` and `.cuda()` stay on the CPU). With the old mixed dtypes both tests below fail
 with the hidden-64 twins of the GPU run's errors ("(64,) does not match model shape (128,)",
 "size of tensor a (128) must match ... b (64)"); with the fix every optimizer tensor lands on
-the parameter it belongs to. Writing the checkpoint (dist_checkpointing's writer processes)
-is not done here: it is the same for both, and the GPU tier saves and loads for real.
+the parameter it belongs to. Saving and loading through dist_checkpointing (writer processes) is
+tests/integration/megatron/test_megatron_gpu_optimizer_checkpoint.py.
 """
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import megatron_case as mc
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
 
-from trainer.config import OptimConfig
-from trainer.megatron import cpu_compat, gpu
-from trainer.megatron.config import MegatronConfig
-from trainer.megatron.model import build_gpt_model, layer_spec, qwen2_shape, transformer_config
+from trainer.megatron import gpu
 
 pytestmark = pytest.mark.timeout(240)
-
-
-class _CudaPlacementOnCpu(TorchFunctionMode):
-    """`device='cuda'` arguments and `.cuda()` calls stay on the CPU."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]
-        device = kwargs.get("device")
-        if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda"):
-            kwargs["device"] = "cpu"
-        return func(*args, **kwargs)
-
-
-@contextmanager
-def cuda_on_cpu():
-    """Megatron's optimizers on CPU tensors: CUDA type names and placement, for the duration."""
-    real_type = torch.Tensor.type
-
-    def cuda_type(self, *args, **kwargs):
-        name = real_type(self, *args, **kwargs)
-        if args or kwargs or name.startswith("torch.cuda."):
-            return name
-        return name.replace("torch.", "torch.cuda.", 1)
-
-    torch.Tensor.type = cuda_type
-    try:
-        with _CudaPlacementOnCpu():
-            yield
-    finally:
-        torch.Tensor.type = real_type
 
 
 @pytest.fixture(scope="module")
@@ -76,27 +39,13 @@ def backend(tmp_path_factory):
     yield from mc.in_process_backend(mc.make_model_dir(tmp_path_factory.mktemp("qwen2")))
 
 
-def _bf16_model(backend):
-    """The GPU path's model (bf16 params, local spec as on a GPU without TE), built on CPU."""
-    shape = qwen2_shape(backend.model_dir)
-    config = transformer_config(shape, torch.bfloat16, on_gpu=False)
-    with cpu_compat.model_construction():
-        model = build_gpt_model(shape, config, layer_spec(on_gpu=False), backend.padded_vocab)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():   # weights are loaded, never initialised, by the backend: fill them
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen))
-    return model, config
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["float16-optimizer", "distributed-optimizer"])
 def trained(backend, request):
     """(GPTModel, MegatronOptimizer) after one real step, the Adam moments then set to name their
     parameter: exp_avg = its fp32 main value, exp_avg_sq = that squared."""
-    model, config = _bf16_model(backend)
-    mcfg = MegatronConfig(use_distributed_optimizer=request.param)
+    model, config = bf16_model(backend)
+    ddp, opt = gpu_optimizer(backend, model, config, distributed=request.param)
     with cuda_on_cpu():
-        ddp, opt = gpu.wrap_model_and_optimizer(model, config, mcfg, OptimConfig(grad_clip=1.0), torch.bfloat16)
         gen = torch.Generator().manual_seed(1)
         for p in ddp.parameters():
             p.main_grad.copy_(torch.randn(p.shape, generator=gen))
@@ -111,7 +60,7 @@ def trained(backend, request):
 
 
 def test_every_parameter_is_in_params_dtype(backend):
-    model, _ = _bf16_model(backend)
+    model, _ = bf16_model(backend)
     odd = {n: p.dtype for n, p in model.named_parameters() if p.dtype != torch.bfloat16}
     assert not odd, f"parameters outside params_dtype (the optimizers mis-number them): {odd}"
 
