@@ -15,17 +15,23 @@ import signal
 import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import parser as _mv_parser
+from sympy import evaluate
 
 from reward.answer_contract import (
     disagreeing_boxes,
+    false_equation,
     final_sentence,
     hedge,
+    hedge_after_box,
     several_values,
     stated_after_last_box,
-    too_costly,
 )
+from reward.answer_cost import shape_cost, tree_cost
+from reward.answer_structure import despace
+from reward.answer_structure import stated as states_answer
 from reward.config import RewardConfig
-from reward.extract import answer_text, boxes
+from reward.extract import answer_text, box_spans
 from reward.question_forms import asks_percent, has_percent, option_named, options, without_percent
 from services.protocol import Verdict
 
@@ -34,6 +40,10 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _EXTRACTION = [LatexExtractionConfig(), ExprExtractionConfig()]
 _SHOWN = 200  # characters of the extracted answer kept in a verdict
+
+
+class _Costly(Exception):
+    """An answer refused by the cost check while it is being parsed (answer_cost.py)."""
 
 
 class MathTimeout(BaseException):
@@ -99,7 +109,8 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     text = answer_text(response)
     if text is None:
         return _verdict(False, cfg, "no answer: <think> block never closed", None)
-    found = boxes(text)
+    spans = box_spans(text)
+    found = [(start, _unwrapped(content)) for start, _, content in spans]
     boxed = found[-1][1] if found else None     # the last box (extract.last_boxed)
     if boxed is None and cfg.math_require_box:
         return _verdict(False, cfg, "no \\boxed{} answer", None, source="none")
@@ -114,7 +125,7 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     answer, final, boxed, read = _read_with_question(question, answer, final, boxed)
     # The answer contract (answer_contract.py), part one: a bounded cost, checked before any
     # symbolic work on the answer (the reference is trusted data).
-    why = too_costly(final) or next((w for _, b in found if (w := too_costly(b))), None)
+    why = shape_cost(final) or next((w for _, b in found if (w := shape_cost(b))), None)
     if why:
         return _verdict(False, cfg, why, final, source=source)
     try:
@@ -125,13 +136,19 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
             # Part two: one final answer where the reference is one value.
             several = several_values(answer) or _several(gold)
             why = hedge(final, several, prose=boxed is None) or \
-                (disagreeing_boxes(text, found, several) if boxed is not None else None)
+                (disagreeing_boxes(text, found, several) or hedge_after_box(text, spans[-1][1] + 1, boxed, several)
+                 if boxed is not None else None)
             if why:
                 return _verdict(False, cfg, why, final, source=source)
             pred, source = _prediction(text, boxed, final, found, several, source)
             source += read
             if not pred:
                 return _verdict(False, cfg, "no parsable answer", final, source=source)
+            # (The cost check on the parsed tree ran in _parse_answer.) An equation between two
+            # different numbers offers both, where the answer is read strictly.
+            why = None if several or not (boxed is not None or states_answer(final)) else false_equation(pred, _equal)
+            if why:
+                return _verdict(False, cfg, why, final, source=source)
             extracted = str(pred[-1])
             # An inequality answers an interval (math-verify's set-relation comparison); only
             # where the reference has several values, so `x = 5` stays an answer to 5 as before.
@@ -142,6 +159,8 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
                 # (math-verify's only reading). Either is accepted; the answer is one number.
                 ok = verify(decimal, pred, timeout_seconds=None)
                 source += "; the reference read with a decimal comma" if ok else ""
+    except _Costly as why:
+        return _verdict(False, cfg, str(why), final, source=source)
     except MathTimeout:
         return _verdict(False, cfg, f"timeout: grading took over {timeout_s:g}s", final)
     except RecursionError:
@@ -150,6 +169,40 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
 
 
 _DECIMAL_COMMA = re.compile(r"\s*\$?\s*(-?\d+),(\d{1,2})\s*\$?\s*")
+
+
+def _parse_answer(text: str) -> list:
+    """The answer parsed for verify, once its parsed tree is known to cost little.
+
+    It is parsed first with sympy's evaluation off: that parse builds the tree and computes
+    nothing (`\\binom{1000000}{500000}` is computed while parsing otherwise), and
+    answer_cost.tree_cost reads it. Only then is it parsed as math-verify always parses it,
+    so what verify compares is unchanged. The parser's cache is emptied in between, so no
+    later parse gets the unevaluated tree."""
+    try:
+        with evaluate(False):
+            tree = parse(text, _EXTRACTION, parsing_timeout=None)
+    finally:
+        _mv_parser.parse_latex_cached.cache_clear()
+    why = tree_cost(tree)
+    if why:
+        raise _Costly(why)
+    return parse(text, _EXTRACTION, parsing_timeout=None)
+
+
+def _equal(a, b) -> bool:
+    return bool(verify(a, b, timeout_seconds=None))
+
+
+_BOX_ONLY = re.compile(r"\\(?:boxed|fbox)\{(.*)\}", re.DOTALL)
+
+
+def _unwrapped(content: str) -> str:
+    """`\\boxed{\\boxed{12}}` is a box of 12 (any other box inside a box is read as part of the
+    content, where it offers a second value)."""
+    while (inner := _BOX_ONLY.fullmatch(content)) and box_spans(content)[0][2] == inner.group(1).strip():
+        content = inner.group(1).strip()
+    return content
 
 
 def _decimal_comma(answer: str) -> list | None:
@@ -209,14 +262,18 @@ def _prediction(text: str, boxed: str | None, final: str, found: list, several: 
     sentence an unboxed `final` is)."""
     if boxed is not None and several and len(found) > 1:
         # math-verify's own handling of several boxes: together they are the answer's set.
+        # Each box's tree is checked alone (math-verify cannot order a set of unevaluated
+        # tuples); the parse of all of them then evaluates only what was checked.
+        for _, box in found:
+            _parse_answer(f"\\boxed{{{despace(box, commas=False)}}}")
         return parse(text, _EXTRACTION, parsing_timeout=None), "boxes: every box (the reference has several values)"
     if boxed is not None:
+        boxed = despace(boxed, commas=False)     # 1\\,000 is 1000 (math-verify reads 1 \\cdot 000)
         unit = _NUMBER_AND_UNIT.fullmatch(boxed)
         if unit:   # \\text{5 cm}: math-verify reads the whole text as a word
-            return parse(f"\\boxed{{{unit.group(1)}}}", _EXTRACTION, parsing_timeout=None), \
-                "boxed: a number and its unit in one \\text{}"
-        return parse(f"\\boxed{{{boxed}}}", _EXTRACTION, parsing_timeout=None), "boxed"
-    pred = parse(final, _EXTRACTION, parsing_timeout=None)
+            return _parse_answer(f"\\boxed{{{unit.group(1)}}}"), "boxed: a number and its unit in one \\text{}"
+        return _parse_answer(f"\\boxed{{{boxed}}}"), "boxed"
+    pred = _parse_answer(despace(final, commas=False))
     if pred:
         return pred, source
-    return parse(text, _EXTRACTION, parsing_timeout=None), "fallback: math-verify's extraction of the answer text"
+    return _parse_answer(text), "fallback: math-verify's extraction of the answer text"

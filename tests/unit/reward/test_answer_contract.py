@@ -59,3 +59,62 @@ def test_pathological_answers_are_refused_before_any_symbolic_work(response):
     """Refused by their shape, not by the timeout (benchmarks/reward.py measures the cost)."""
     v = grade_math(response, "1", CFG)
     assert not v.correct and v.details["reason"].startswith("too costly"), v.details
+
+
+# Issue 32: every spelling of a hedge is refused, read from the answer's structure, not from a
+# list of separator words.
+@pytest.mark.parametrize("gold, response", [
+    ("12", r"\boxed{12 \vee 13}"),
+    ("12", r"\boxed{12 ∨ 13}"),
+    ("12", r"\boxed{12 \mid 13}"),
+    ("12", r"\boxed{12 | 13}"),
+    ("12", r"\boxed{12 \\ 13}"),                    # a LaTeX line break
+    ("12", r"\boxed{12 \text{ OR } 13}"),
+    ("12", r"\boxed{12 OR 13}"),
+    ("12", "The answer is 12 OR 13."),
+    ("12", "The answer is 12 and 13."),
+    ("12", r"\boxed{12 \text{ and } 13}"),
+    ("12", r"\boxed{12 \boxed{13}}"),               # a box inside a box
+    ("12", r"\boxed{\boxed{12} 13}"),
+    ("12", r"\boxed{12}, or possibly 13"),          # a hedge after the box
+    ("12", r"$\boxed{12}$ (or maybe 13)."),
+    ("12", r"\boxed{\begin{cases} 12 & x > 0 \\ 13 & x \le 0 \end{cases}}"),
+    ("12", r"\boxed{12 = 13}"),                     # a false equation names both
+    ("12", "The answer is $12 = 13$."),
+    ("12", r"\boxed{12\;13}"),                      # spacing is not an operator either
+    ("12", r"\boxed{12 \heartsuit 13}"),            # nor any symbol nobody listed
+    ("12", r"\boxed{12\text{ (or 13)}}"),
+])
+def test_every_spelling_of_a_hedge_is_refused(gold, response):
+    v = grade_math(response, gold, CFG)
+    assert not v.correct and v.details["reason"].startswith("hedged"), v.details
+    assert v.details.get("hedged") is True
+
+
+@pytest.mark.parametrize("gold, response", [
+    ("5", r"\boxed{5\,\text{cm}}"),                 # LaTeX's spaces are not list separators
+    (r"3\sqrt{2}", r"\boxed{3\,\sqrt{2}}"),
+    ("1000", r"\boxed{1\,000}"),
+    ("1000", r"\boxed{1\;000}"),
+    ("5", r"\boxed{5\ \text{cm}}"),
+    ("5", r"\boxed{5\!\text{ cm}}"),
+    ("5", r"\boxed{5~\text{cm}}"),
+    ("5", r"\boxed{5 \quad \text{cm}}"),
+    ("12", "The answer is 12, as required."),      # a trailing clause is not a second answer
+    ("12", "The answer is 12, which we check by substitution."),
+    ("12", r"\boxed{12}, as required."),
+    ("16386.17", r"worth $\boxed{\$16386.17}$ after 5 years."),
+    ("12", r"\boxed{\boxed{12}}"),
+    ("12", r"\boxed{x = 12}"),
+    ("3", r"\boxed{\frac{6}{2} = 3}"),
+    ("34", "Final Answer: The largest $n$ is 34."),
+    ("2, 3", r"\boxed{x = 2 \text{ or } x = 3}"),     # the reference has two values
+    (r"\{2, 3\}", r"\boxed{\{2, 3\}}"),
+    ("(1, 3)", r"\boxed{(1,3)}"),
+    (r"(-\infty, 0) \cup (1, \infty)", r"\boxed{(-\infty, 0) \cup (1, \infty)}"),
+    (r"\pm 2", r"\boxed{x = \pm 2}"),
+    (r"\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}", r"\boxed{\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}}"),
+])
+def test_right_answers_in_any_spacing_or_sentence_score_right(gold, response):
+    v = grade_math(response, gold, CFG)
+    assert v.correct, v.details

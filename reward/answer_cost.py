@@ -1,0 +1,253 @@
+"""The cost of grading an answer, bounded before any symbolic work on it (the answer contract).
+
+`\\boxed{9^{9^{9^{9}}}}` held a grader worker for its whole timeout (issue 22), and so did the
+same tower written another way — `9^{(9^9)}`, `9^{9^{9}+0}`, `9**9**9`, `10^{10}!`,
+`\\binom{10^{6}}{5 \\cdot 10^{5}}` (issue 32): a check that reads the text for the shapes its
+authors thought of misses every other spelling. So the check reads what the verifier would
+compute, in two steps:
+
+1. **The text** (`shape_cost`), before parsing, since the parser itself recurses and backtracks:
+   its length and its bracket nesting.
+2. **The parsed tree** (`tree_cost`): the answer is parsed with sympy's evaluation off (the
+   parse builds the expression, computes nothing), then one walk over the tree estimates, for
+   every numeric node, the value and the digits its exact evaluation would have — a power
+   `b^e` has about `|e| · digits(b)` digits whatever wrote `e`, a factorial `n!` about
+   `log10 Γ(n+1)`, a binomial, a product or sum with numeric bounds likewise. Any node over
+   the bound makes the answer wrong (reason `too costly: ...`) before anything is evaluated.
+   The walk visits each node once and does float arithmetic only (overflow is infinity), so
+   its cost is linear in the tree, and the tree in the answer's length.
+
+The per-answer timeout stays as the backstop for costs that are not about the size of a
+number (sympy comparing `(x+y+z+1)^{40}`).
+"""
+from __future__ import annotations
+
+import math
+
+from sympy import (
+    Abs,
+    Add,
+    Basic,
+    Float,
+    Mul,
+    NumberSymbol,
+    Pow,
+    Product,
+    Rational,
+    Sum,
+    UnevaluatedExpr,
+    binomial,
+    exp,
+    factorial,
+    factorial2,
+    ff,
+    gamma,
+    log,
+    rf,
+    subfactorial,
+)
+from sympy.core.numbers import ImaginaryUnit
+from sympy.matrices import MatrixBase
+
+MAX_CHARS = 1000          # an answer longer than this is not a final answer
+MAX_DEPTH = 30            # brackets nested deeper than this
+MAX_DIGITS = 10_000       # a number this long (a power or factorial) is not computed
+MAX_SYMBOLIC_EXPONENT = 50     # (x+1)^{999} takes seconds to compare, (x+1)^{100} half of one
+MAX_TERMS = 1000          # terms of a sum or product with numeric bounds
+MAX_NODES = 20_000        # nodes of the parsed tree walked (a 1000-character answer has far fewer)
+
+_LOG10_2 = math.log10(2)
+_FACTORIALS = (factorial, factorial2, subfactorial)
+
+
+class TooCostly(Exception):
+    """Raised inside the walk with the reason; the walk stops at the first costly node."""
+
+
+def shape_cost(answer: str) -> str | None:
+    """Why parsing `answer` could be costly (its length, its nesting), or None."""
+    if len(answer) > MAX_CHARS:
+        return f"too costly: an answer of {len(answer)} characters (limit {MAX_CHARS})"
+    depth = deepest = 0
+    for c in answer:
+        depth += c in "{(["
+        depth -= c in "})]"
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        return f"too costly: brackets nested {deepest} deep (limit {MAX_DEPTH})"
+    return None
+
+
+def tree_cost(parsed) -> str | None:
+    """Why evaluating the parsed answer (math-verify's list of sympy objects and strings,
+    parsed with evaluation off) could take more than milliseconds, or None."""
+    walk = _Walk()
+    try:
+        for item in parsed:
+            walk.estimate(item)
+    except TooCostly as why:
+        return f"too costly: {why}"
+    except RecursionError:
+        return "too costly: a tree too deep to walk"
+    return None
+
+
+class _Walk:
+    """One post-order pass; per node (value, digits): a float near the node's value (None when
+    not a number, inf past float range) and the digits of its exact value."""
+
+    def __init__(self):
+        self.seen: dict[int, tuple[float | None, float]] = {}
+        self.nodes = 0
+
+    def estimate(self, root) -> tuple[float | None, float]:
+        stack = [(root, False)]
+        while stack:
+            node, ready = stack.pop()
+            if id(node) in self.seen:
+                continue
+            children = _children(node)
+            if not ready and children:
+                stack.append((node, True))
+                stack.extend((c, False) for c in children if id(c) not in self.seen)
+                continue
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                raise TooCostly(f"an answer of over {MAX_NODES} parts")
+            self.seen[id(node)] = self._node(node, [self.seen[id(c)] for c in children])
+        return self.seen[id(root)]
+
+    def _node(self, node, args: list[tuple[float | None, float]]) -> tuple[float | None, float]:
+        if not isinstance(node, Basic):
+            return None, max((d for _, d in args), default=0.0)
+        if node.is_Atom:
+            return _atom(node)
+        values = [v for v, _ in args]
+        digits = [d for _, d in args]
+        known = all(v is not None for v in values)
+        if isinstance(node, Pow):
+            return _power(args[0], args[1])
+        if isinstance(node, exp):
+            return _power((math.e, 1.0), args[0])
+        if isinstance(node, Add):
+            return (_finite(lambda: math.fsum(values)) if known else None), sum(digits)
+        if isinstance(node, Mul):
+            return (_finite(lambda: math.prod(values)) if known else None), sum(digits)
+        if isinstance(node, _FACTORIALS) or isinstance(node, gamma):
+            return _factorial(values[0], shift=1 if isinstance(node, gamma) else 0, digits=digits[0])
+        if isinstance(node, binomial):
+            return _binomial(values[0], values[1], sum(digits))
+        if isinstance(node, (rf, ff)):
+            return _rising(values[0], values[1], sum(digits))
+        if isinstance(node, (Sum, Product)):
+            return _series(node, args, self)
+        if isinstance(node, (Abs, UnevaluatedExpr)):
+            return (None if values[0] is None else abs(values[0])), digits[0]
+        if isinstance(node, log) and known and values[0]:
+            return math.log(abs(values[0])) if math.isfinite(values[0]) else math.inf, digits[0]
+        return None, max(digits, default=0.0)
+
+
+def _children(node) -> list:
+    if isinstance(node, MatrixBase):
+        return list(node)
+    if isinstance(node, (list, tuple)):
+        return list(node)
+    if isinstance(node, Basic):
+        return list(node.args)
+    return []
+
+
+def _atom(node) -> tuple[float | None, float]:
+    if isinstance(node, Rational):       # Integer too: q == 1
+        return _finite(lambda: node.p / node.q), _digits(node.p) + _digits(node.q)
+    if isinstance(node, Float):          # its size is its magnitude: float arithmetic is cheap
+        _, man, expo, bits = node._mpf_
+        return _finite(lambda: float(node)), abs(expo + bits) * _LOG10_2 if man else 0.0
+    if isinstance(node, NumberSymbol):
+        return float(node), 1.0
+    if isinstance(node, ImaginaryUnit):
+        return 1.0, 1.0
+    return None, 0.0          # a symbol, infinity, a string
+
+
+def _digits(n: int) -> float:
+    """log10 |n| (0 for 0 and ±1): what an exact power of n grows by per unit of exponent."""
+    n = abs(n)
+    return math.log10(n) if 0 < n < 1 << 1000 else n.bit_length() * _LOG10_2
+
+
+def _power(base: tuple[float | None, float], exponent: tuple[float | None, float]) -> tuple[float | None, float]:
+    (b, b_digits), (e, e_digits) = base, exponent
+    if e is None:                     # 2^x: nothing is computed
+        return None, b_digits + e_digits
+    size = abs(e) if not math.isnan(e) else math.inf
+    if b is None:                     # (x+1)^{100000}: expansion costs what the exponent is
+        if size > MAX_SYMBOLIC_EXPONENT:
+            raise TooCostly(f"a power with exponent {size:.3g} of a symbolic base (limit {MAX_SYMBOLIC_EXPONENT})")
+        return None, b_digits * max(size, 1.0)
+    if b_digits == 0.0 and b in (0.0, 1.0, -1.0):     # 1^{huge} is 1: nothing to compute
+        return b, 0.0
+    # digits grow by the base's per unit of exponent: its exact size (a rational's numerator and
+    # denominator), or the size of its value (sqrt 2, pi: sympy may turn them exact)
+    per_power = max(b_digits, abs(math.log10(abs(b))) if b and math.isfinite(b) else math.inf)
+    digits = size * per_power if per_power else 0.0
+    if digits > MAX_DIGITS:
+        raise TooCostly(f"a power with about {digits:.3g} digits (limit {MAX_DIGITS})")
+    return _finite(lambda: abs(b) ** e), digits
+
+
+def _factorial(n: float | None, shift: int, digits: float) -> tuple[float | None, float]:
+    if n is None:
+        return None, digits
+    size = abs(n) - shift
+    out = math.lgamma(size + 1) / math.log(10) if size < 1e300 else math.inf
+    if out > MAX_DIGITS:
+        raise TooCostly(f"a factorial with about {out:.3g} digits (limit {MAX_DIGITS})")
+    return _finite(lambda: math.gamma(size + 1)), max(out, 1.0)
+
+
+def _binomial(n: float | None, k: float | None, digits: float) -> tuple[float | None, float]:
+    if n is None or k is None:
+        return None, digits
+    n, k = abs(n), abs(k)
+    if not (math.isfinite(n) and math.isfinite(k)):
+        raise TooCostly("a binomial coefficient of unbounded size")
+    k = min(k, max(n - k, 0.0))
+    out = (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(10)
+    if out > MAX_DIGITS:
+        raise TooCostly(f"a binomial coefficient with about {out:.3g} digits (limit {MAX_DIGITS})")
+    return _finite(lambda: 10 ** out), max(out, 1.0)
+
+
+def _rising(x: float | None, k: float | None, digits: float) -> tuple[float | None, float]:
+    if x is None or k is None:
+        return None, digits
+    out = abs(k) * math.log10(abs(x) + abs(k) + 1) if math.isfinite(k) and math.isfinite(x) else math.inf
+    if out > MAX_DIGITS:
+        raise TooCostly(f"a rising or falling factorial with about {out:.3g} digits (limit {MAX_DIGITS})")
+    return _finite(lambda: 10 ** out), max(out, 1.0)
+
+
+def _series(node, args: list[tuple[float | None, float]], walk: _Walk) -> tuple[float | None, float]:
+    """A sum or product with numeric bounds is computed term by term (a product of a million
+    factors is a factorial): at most MAX_TERMS terms. The bounds were walked already (each
+    limit is a child of the node), so estimating them again is a lookup."""
+    for limit in node.limits:
+        (lo, _), (hi, _) = walk.estimate(limit[1]), walk.estimate(limit[-1])
+        if lo is not None and hi is not None:
+            terms = hi - lo + 1
+            if not math.isfinite(terms) or terms > MAX_TERMS:
+                raise TooCostly(f"a sum or product of {terms:.3g} terms (limit {MAX_TERMS})")
+    return None, max((d for _, d in args), default=0.0)
+
+
+def _finite(value) -> float:
+    """value() as a float, inf where it overflows (a complex power counts by its size)."""
+    try:
+        out = value()
+    except (OverflowError, ZeroDivisionError, ValueError):
+        return math.inf
+    if isinstance(out, complex):
+        out = abs(out)
+    return out if not math.isnan(out) else math.inf

@@ -1,0 +1,107 @@
+"""The cost check reads the parsed tree (issue 32): a power tower, a factorial or a binomial
+coefficient is refused however it is written, before anything is evaluated; ordinary large
+answers still grade. Asserted by what runs (verify is never called, no evaluated parse of the
+answer happens, the walk visits each node once), not by the clock; benchmarks/reward_attacks.py
+times the same attacks."""
+from __future__ import annotations
+
+import pytest
+from math_verify import LatexExtractionConfig, parse
+from sympy import evaluate
+from sympy.core.parameters import global_parameters
+
+import reward.math_grader as grader
+from reward.answer_cost import MAX_NODES, _Walk, tree_cost
+from reward.config import RewardConfig
+from reward.math_grader import grade_math
+
+CFG = RewardConfig(math_timeout_s=2.0)
+
+ATTACKS = [
+    r"\boxed{9^{(9^9)}}",
+    r"\boxed{9^{9^{9}+0}}",
+    "The answer is 9**9**9.",
+    r"\boxed{10^{10}!}",
+    r"\boxed{\binom{10^{6}}{5 \cdot 10^{5}}}",
+    r"\boxed{\binom{1000000}{500000}}",        # computed while parsing, unless evaluation is off
+    r"\boxed{\Gamma(1000001)}",
+    r"\boxed{\left(9\right)^{\left(9^{9}\right)}}",
+    r"\boxed{\sqrt{2}^{10^{9}}}",              # sympy makes it 2^(5*10^8)
+    r"\boxed{(1+10^{-9})^{10^{9}}}",           # a small value with billions of digits
+    r"\boxed{0.5^{-10^{9}}}",
+    r"\boxed{\prod_{k=1}^{1000000} k}",
+    r"\boxed{\exp(10^{6})}",
+    r"\boxed{(10^{10})!!}",
+]
+
+
+@pytest.fixture
+def watched(monkeypatch):
+    """Records each parse of the answer with whether evaluation was on, and fails if verify
+    (the symbolic comparison) is ever reached."""
+    parses = []
+    real_parse = grader.parse
+
+    def parse_spy(text, *args, **kwargs):
+        parses.append((text, global_parameters.evaluate))
+        return real_parse(text, *args, **kwargs)
+
+    def verify_refused(*args, **kwargs):
+        raise AssertionError("verify ran on an answer the cost check should have refused")
+
+    monkeypatch.setattr(grader, "parse", parse_spy)
+    monkeypatch.setattr(grader, "verify", verify_refused)
+    return parses
+
+
+@pytest.mark.parametrize("response", ATTACKS)
+def test_any_spelling_of_a_huge_number_is_refused_before_evaluation(watched, response):
+    v = grade_math(response, "1", CFG)
+    assert not v.correct and v.details["reason"].startswith("too costly"), v.details
+    assert v.details.get("limit") is True
+    answer_parses = [evaluated for text, evaluated in watched if text != "$1$"]
+    assert answer_parses and not any(answer_parses), "the answer was parsed with evaluation on"
+
+
+@pytest.mark.parametrize("gold, response", [
+    ("2^{1000}", r"\boxed{2^{1000}}"),
+    ("2^{1024}", r"\boxed{2^{2^{10}}}"),
+    ("100!", r"\boxed{100!}"),
+    ("252", r"\boxed{\binom{10}{5}}"),
+    ("e^{100}", r"\boxed{e^{100}}"),
+    ("1", r"\boxed{1^{100}}"),
+    ("10^{9999}", r"\boxed{10^{9999}}"),
+    ("5050", r"\boxed{\sum_{k=1}^{100} k}"),
+])
+def test_large_but_ordinary_answers_still_grade(gold, response):
+    v = grade_math(response, gold, CFG)
+    assert v.correct, v.details
+
+
+def test_within_the_limits_the_timeout_is_still_the_backstop():
+    """(x+y+z+1)^{40} is a small tree sympy is slow to compare: the cost check lets it by."""
+    with evaluate(False):
+        tree = parse(r"$(x+y+z+1)^{40}$", [LatexExtractionConfig()], parsing_timeout=None)
+    assert tree_cost(tree) is None
+
+
+def test_the_walk_visits_each_node_once():
+    with evaluate(False):
+        tree = parse(r"$\frac{(2^{10} + 3!)^{2}}{\binom{7}{3}} + \sqrt{2}^{4} - x^{3}$",
+                     [LatexExtractionConfig()], parsing_timeout=None)
+    walk = _Walk()
+    walk.estimate(tree[0])
+    distinct = set()
+    stack = [tree[0]]
+    while stack:
+        node = stack.pop()
+        if id(node) not in distinct:
+            distinct.add(id(node))
+            stack.extend(node.args)
+    assert walk.nodes == len(distinct)
+
+
+def test_a_tree_too_large_to_walk_is_refused():
+    from sympy import Add, Symbol
+    wide = Add(*[Symbol(f"x{i}") for i in range(MAX_NODES + 1)], evaluate=False)
+    assert tree_cost([wide]).startswith("too costly")
