@@ -115,3 +115,29 @@ def test_main_weights_hold_the_checkpoint_exactly_and_are_what_export_reads(trai
     assert exported.keys() == fp32.keys()
     for n, t in exported.items():
         assert t.dtype == torch.float32 and torch.equal(t, fp32[n]), n
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["float16-optimizer", "distributed-optimizer"])
+def test_bf16_backend_exports_the_source_checkpoint_exactly(backend, tmp_path, distributed):
+    """The backend's GPU sequence (load the HF weights into the bf16 model, build Megatron's
+    optimizer, load the same fp32 values into its main copies) then `export_hf`: the file holds
+    the source's fp32 tensors bit for bit, though every parameter is bf16."""
+    from safetensors.torch import load_file
+
+    saved = (backend.model, backend.optimizer, backend.on_gpu)
+    try:
+        model, config = bf16_model(backend, seed=3)
+        backend.model = model
+        local = backend.load_hf(backend.model_dir)
+        ddp, opt = gpu_optimizer(backend, model, config, distributed)
+        backend.model, backend.optimizer, backend.on_gpu = ddp, opt, True
+        gpu.load_main_params(model, opt, local)
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        backend.export_hf(tmp_path / "out")
+    finally:
+        backend.model, backend.optimizer, backend.on_gpu = saved
+    original = load_file(str(backend.model_dir / "model.safetensors"))
+    exported = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(exported) == sorted(original)
+    for k, t in original.items():
+        assert exported[k].dtype == torch.float32 and torch.equal(exported[k], t), k
