@@ -19,7 +19,8 @@ closure. The install then lets pip resolve against what the node holds (`--no-in
 --find-links`): a package the node lacks or holds in a version that does not fit fails the
 install loudly, naming it, instead of failing later at import.
 
-`build` needs `packaging` and pip (any venv has them); `install` needs the standard library only.
+`build` replaces the `*.whl` files of `--out`. It needs `packaging` and pip (any venv has them);
+`install` needs the standard library only.
 """
 from __future__ import annotations
 
