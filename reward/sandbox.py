@@ -185,6 +185,19 @@ class Sandbox:
         self.limits = "rlimits"
         if self.isolation == "bwrap" and sandbox_cgroup.available():
             self.limits = f"cgroup-{sandbox_cgroup.layout()[0]}"
+            sandbox_cgroup.remove_stale()
+
+    def _cgroup(self) -> sandbox_cgroup.SandboxCgroup | None:
+        """This task's cgroup, or None (per-process limits and the harness's watch) when it
+        cannot be made now: said in the log, and in the result's `limits`."""
+        if self.limits == "rlimits":
+            return None
+        try:
+            # + bubblewrap's init and the harness
+            return sandbox_cgroup.SandboxCgroup(self.cfg.code_memory_mb << 20, self.cfg.code_max_processes + 2)
+        except OSError as e:
+            log.warning("no cgroup for this sandbox (%s): per-process limits and the harness's watch", e)
+            return None
 
     def _bwrap_command(self, extra: list[str], stdin_bytes: int = 0) -> list[str]:
         disk = (self.cfg.code_max_disk_mb << 20) + stdin_bytes   # + room for a test's stdin file
@@ -243,6 +256,8 @@ class Sandbox:
         t0 = time.monotonic()
         deadline = t0 + cfg.code_total_timeout_s
         bwrap = self.isolation == "bwrap"
+        cgroup = self._cgroup() if bwrap else None
+        limits = f"cgroup-{cgroup.kind}" if cgroup else "rlimits"
         frames = [marshal.dumps(x) for x in inputs] if fn_name else \
             [_as_text(x).encode() for x in inputs]
         task = {"program": program, "n": len(inputs), "fn_name": fn_name, "convention": convention,
@@ -250,7 +265,7 @@ class Sandbox:
                 "deadline": deadline, "max_output": cfg.code_max_output_bytes, "uid": self.uid,
                 # Without a cgroup the harness itself watches the sandbox as a whole.
                 "watch": {"memory_bytes": cfg.code_memory_mb << 20, "processes": cfg.code_max_processes}
-                if bwrap and self.limits == "rlimits" else None,
+                if bwrap and cgroup is None else None,
                 "packages": PACKAGES_INSIDE if bwrap and cfg.sandbox_packages else None,
                 "limits": {"as_bytes": cfg.code_memory_mb << 20, "fsize_bytes": cfg.code_max_file_mb << 20,
                            "stdin_bytes": 0 if fn_name else max(map(len, frames), default=0),
@@ -263,7 +278,7 @@ class Sandbox:
         task_r, task_w = os.pipe()
         report_r, report_w = os.pipe()
         passed, ours = [task_r, report_w], [task_w, report_r]   # fds the sandbox gets / we keep
-        cgroup = proc = None
+        proc = None
         try:
             cmd = [INTERPRETER, "-I", "-S", "-c", _BOOT, str(task_r), str(report_w)]
             if bwrap:
@@ -272,9 +287,7 @@ class Sandbox:
                 if seccomp is not None:
                     passed.append(seccomp)
                     extra += ["--seccomp", str(seccomp)]
-                if self.limits != "rlimits":
-                    # + bwrap's init and the harness
-                    cgroup = sandbox_cgroup.SandboxCgroup(cfg.code_memory_mb << 20, cfg.code_max_processes + 2)
+                if cgroup is not None:
                     info_r, info_w = os.pipe()
                     block_r, block_w = os.pipe()
                     passed += [info_w, block_r]
@@ -297,7 +310,7 @@ class Sandbox:
                                               deadline + REPORT_GRACE_S)
         except OSError as e:
             return SandboxResult([], self.isolation, f"could not start the sandbox: {e}",
-                                 time.monotonic() - t0, self.limits)
+                                 time.monotonic() - t0, limits)
         finally:
             for fd in (*passed, *ours):
                 os.close(fd)
@@ -308,17 +321,17 @@ class Sandbox:
         seconds = time.monotonic() - t0
         if not finished:
             return SandboxResult([], self.isolation, "sandbox did not finish within the total time limit",
-                                 seconds, self.limits)
+                                 seconds, limits)
         try:
             tests = marshal.loads(report)["tests"]  # written by the harness only, never by the program
         except (ValueError, EOFError, TypeError, KeyError):
             why = err.decode(errors="replace")[-500:].strip() or f"exit status {proc.returncode}"
-            return SandboxResult([], self.isolation, f"no report from the harness: {why}", seconds, self.limits)
+            return SandboxResult([], self.isolation, f"no report from the harness: {why}", seconds, limits)
         if oom:
             for t in tests:
                 if t.get("status") == "killed (SIGKILL)":
                     t["status"] = "memory limit (the sandbox's cgroup)"
-        return SandboxResult(tests, self.isolation, None, seconds, self.limits)
+        return SandboxResult(tests, self.isolation, None, seconds, limits)
 
     @staticmethod
     def _enter_cgroup(cgroup: sandbox_cgroup.SandboxCgroup, info_r: int, block_w: int, deadline: float) -> None:

@@ -77,6 +77,27 @@ def available() -> bool:
     return layout() is not None
 
 
+def remove_stale() -> int:
+    """Remove task cgroups left by graders that died mid-task (their pid in the name is gone);
+    returns how many. Called once per process, before its first task."""
+    found = layout()
+    removed = 0
+    for parent in found[1] if found else ():
+        for d in parent.glob("tandem-sbx-*-*"):
+            try:
+                os.kill(int(d.name.split("-")[2]), 0)
+                continue                     # its grader is alive
+            except ProcessLookupError:
+                pass
+            except (ValueError, PermissionError):
+                continue
+            leftover = SandboxCgroup.__new__(SandboxCgroup)
+            leftover.kind, leftover.dirs = found[0], [d]
+            leftover.close()
+            removed += not d.exists()
+    return removed
+
+
 class SandboxCgroup:
     """One task's cgroup (or pair of v1 cgroups): limits set at creation, removed by `close`."""
 

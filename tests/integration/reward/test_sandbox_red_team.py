@@ -195,3 +195,18 @@ def test_without_isolation_the_work_directory_is_removed_whatever_it_holds(tmp_p
     r = Sandbox(cfg).run(program, [""], ["42"])
     assert r.error is None and r.tests[0]["passed"], r
     assert {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("tandem-sbx-")} == before
+
+
+def test_task_cgroups_left_by_a_dead_grader_are_removed():
+    """A grader killed mid-task leaves its task's cgroup; the next grader process removes it."""
+    from reward import sandbox_cgroup
+
+    if why_not("root") or not sandbox_cgroup.available():
+        pytest.skip(why_not("root") or "no writable cgroup here")
+    kind, parents = sandbox_cgroup.layout()
+    dead = max(int(p) for p in os.listdir("/proc") if p.isdigit()) + 100000   # no such process
+    stale = [p / f"tandem-sbx-{dead}-0" for p in parents]
+    for d in stale:
+        d.mkdir()
+    assert sandbox_cgroup.remove_stale() == len(stale)
+    assert not any(d.exists() for d in stale)
