@@ -46,11 +46,12 @@ def hedge(final: str, several: bool, prose: bool = False) -> str | None:
 
 
 def hedge_after_box(text: str, box_end: int, content: str, several: bool) -> str | None:
-    """Why the sentence that goes on after the last box offers another value ("\\boxed{12}, or
-    possibly 13"); `box_end`: where the box closes in `text`."""
+    """Why the line that goes on after the last box offers another value ("\\boxed{12}, or
+    possibly 13", "\\boxed{12}. Or 13."); `box_end`: where the box closes in `text`. The line,
+    not the rest of the text: a list or a new paragraph after the answer is not an alternative."""
     if several:
         return None
-    rest = _SENTENCE_END.split(text[box_end:], maxsplit=1)[0]
+    rest = text[box_end:].split("\n", 1)[0]
     rest = re.sub(r"^\s*(?:\$\$?|\\\]|\\\))", " ", rest)     # the math the box stood in closes
     return offered(f"${content}$ {rest}", prose=True, joiners=ALTERNATION) if rest.strip(" $\\])}.") else None
 

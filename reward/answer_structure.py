@@ -220,6 +220,7 @@ class _Reader:
             self.math = was
             here.end_part()
             here.parts += inner.parts
+            here.words += inner.words           # \text{ or } between two numbers
             here.unit = not inner.parts
             return
         else:

@@ -118,3 +118,15 @@ def test_every_spelling_of_a_hedge_is_refused(gold, response):
 def test_right_answers_in_any_spacing_or_sentence_score_right(gold, response):
     v = grade_math(response, gold, CFG)
     assert v.correct, v.details
+
+
+@pytest.mark.parametrize("gold, response, hedged", [
+    ("12", r"\boxed{12}. Or 13.", True),                        # the line after the box is read
+    ("12", r"\boxed{12} \text{ or } 13", True),
+    ("12", r"\boxed{12} \text{after} 5 years", False),          # a clause, not an alternative
+    ("12", "\\boxed{12}.\n\n1. First we add.", False),           # a new line is not an alternative
+    ("12", r"$\boxed{12}$. I hope it is correct, 13 was close.", False),
+])
+def test_what_follows_the_box_on_its_line(gold, response, hedged):
+    v = grade_math(response, gold, CFG)
+    assert v.correct is not hedged and v.details["reason"].startswith("hedged") is hedged, v.details
