@@ -171,22 +171,30 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
 _DECIMAL_COMMA = re.compile(r"\s*\$?\s*(-?\d+),(\d{1,2})\s*\$?\s*")
 
 
-def _parse_answer(text: str) -> list:
+# Numbers, brackets, relations and the four operations (with \frac and \sqrt) cannot write a
+# number longer than the answer: no tree to check. Anything else is checked, however written.
+_PLAIN = re.compile(r"(?:[\d\s.,+\-/()\[\]{}%$<>=|:;]|\\(?:[dt]?frac|sqrt|pi|cdot|times|div|infty|left|right"
+                    r"|[%$,;:! ])(?![A-Za-z])|\\text\s*\{[^{}\\]*\})*")
+
+
+def _parse_answer(text: str, content: str | None = None) -> list:
     """The answer parsed for verify, once its parsed tree is known to cost little.
 
     It is parsed first with sympy's evaluation off: that parse builds the tree and computes
     nothing (`\\binom{1000000}{500000}` is computed while parsing otherwise), and
     answer_cost.tree_cost reads it. Only then is it parsed as math-verify always parses it,
     so what verify compares is unchanged. The parser's cache is emptied in between, so no
-    later parse gets the unevaluated tree."""
-    try:
-        with evaluate(False):
-            tree = parse(text, _EXTRACTION, parsing_timeout=None)
-    finally:
-        _mv_parser.parse_latex_cached.cache_clear()
-    why = tree_cost(tree)
-    if why:
-        raise _Costly(why)
+    later parse gets the unevaluated tree. A plain answer (`content`, else `text`: digits and
+    the four operations) is parsed once."""
+    if not _PLAIN.fullmatch(text if content is None else content):
+        try:
+            with evaluate(False):
+                tree = parse(text, _EXTRACTION, parsing_timeout=None)
+        finally:
+            _mv_parser.parse_latex_cached.cache_clear()
+        why = tree_cost(tree)
+        if why:
+            raise _Costly(why)
     return parse(text, _EXTRACTION, parsing_timeout=None)
 
 
@@ -265,14 +273,16 @@ def _prediction(text: str, boxed: str | None, final: str, found: list, several: 
         # Each box's tree is checked alone (math-verify cannot order a set of unevaluated
         # tuples); the parse of all of them then evaluates only what was checked.
         for _, box in found:
-            _parse_answer(f"\\boxed{{{despace(box, commas=False)}}}")
+            plain = despace(box, commas=False)
+            _parse_answer(f"\\boxed{{{plain}}}", plain)
         return parse(text, _EXTRACTION, parsing_timeout=None), "boxes: every box (the reference has several values)"
     if boxed is not None:
         boxed = despace(boxed, commas=False)     # 1\\,000 is 1000 (math-verify reads 1 \\cdot 000)
         unit = _NUMBER_AND_UNIT.fullmatch(boxed)
         if unit:   # \\text{5 cm}: math-verify reads the whole text as a word
-            return _parse_answer(f"\\boxed{{{unit.group(1)}}}"), "boxed: a number and its unit in one \\text{}"
-        return _parse_answer(f"\\boxed{{{boxed}}}"), "boxed"
+            return _parse_answer(f"\\boxed{{{unit.group(1)}}}", unit.group(1)), \
+                "boxed: a number and its unit in one \\text{}"
+        return _parse_answer(f"\\boxed{{{boxed}}}", boxed), "boxed"
     pred = _parse_answer(despace(final, commas=False))
     if pred:
         return pred, source

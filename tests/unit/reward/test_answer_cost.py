@@ -105,3 +105,15 @@ def test_a_tree_too_large_to_walk_is_refused():
     from sympy import Add, Symbol
     wide = Add(*[Symbol(f"x{i}") for i in range(MAX_NODES + 1)], evaluate=False)
     assert tree_cost([wide]).startswith("too costly")
+
+
+@pytest.mark.parametrize("content, plain", [
+    ("391", True), (r"\frac{3}{8}", True), (r"[2, 714)", True), (r"\sqrt{2}", True), (r"5\text{ cm}", True),
+    ("9^{9}", False), ("9**9", False), ("10!", False), (r"\binom{5}{2}", False), (r"\Gamma(5)", False),
+    (r"\exp(3)", False), ("x+1", False), (r"\prod_{k=1}^{3} k", False), (r"\operatorname{f}(2)", False),
+    (r"\mathrm{e}", False), ("2 \\uparrow 3", False),
+])
+def test_only_answers_that_cannot_write_a_big_number_skip_the_tree(content, plain):
+    """Answers of digits and the four operations are parsed once (no tree to check); anything
+    else, a construct nobody listed included, goes through the tree."""
+    assert bool(grader._PLAIN.fullmatch(content)) is plain
