@@ -197,6 +197,12 @@ def _power(base: tuple[float | None, float], exponent: tuple[float | None, float
     return _finite(lambda: abs(b) ** e), digits
 
 
+def _symbolic_count(k: float, what: str) -> None:
+    """binomial(x, k) and rf(x, k) expand into k factors, like (x+1)^k."""
+    if not abs(k) <= MAX_SYMBOLIC_EXPONENT:
+        raise TooCostly(f"{what} of {abs(k):.3g} factors (limit {MAX_SYMBOLIC_EXPONENT})")
+
+
 def _factorial(n: float | None, shift: int, digits: float) -> tuple[float | None, float]:
     if n is None:
         return None, digits
@@ -208,6 +214,8 @@ def _factorial(n: float | None, shift: int, digits: float) -> tuple[float | None
 
 
 def _binomial(n: float | None, k: float | None, digits: float) -> tuple[float | None, float]:
+    if n is None and k is not None:
+        _symbolic_count(k, "a binomial coefficient of a symbolic number")
     if n is None or k is None:
         return None, digits
     n, k = abs(n), abs(k)
@@ -221,6 +229,8 @@ def _binomial(n: float | None, k: float | None, digits: float) -> tuple[float | 
 
 
 def _rising(x: float | None, k: float | None, digits: float) -> tuple[float | None, float]:
+    if x is None and k is not None:
+        _symbolic_count(k, "a rising or falling factorial of a symbolic number")
     if x is None or k is None:
         return None, digits
     out = abs(k) * math.log10(abs(x) + abs(k) + 1) if math.isfinite(k) and math.isfinite(x) else math.inf

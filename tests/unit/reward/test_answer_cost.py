@@ -32,6 +32,8 @@ ATTACKS = [
     r"\boxed{\prod_{k=1}^{1000000} k}",
     r"\boxed{\exp(10^{6})}",
     r"\boxed{(10^{10})!!}",
+    r"\boxed{\binom{x}{10^{9}}}",               # expands into a billion factors
+    r"\boxed{(10^{1000})^{(10^{1000})}}",
 ]
 
 
