@@ -45,15 +45,19 @@ def hedge(final: str, several: bool, prose: bool = False) -> str | None:
     return None if several else offered(final, prose=prose)
 
 
-def hedge_after_box(text: str, box_end: int, content: str, several: bool) -> str | None:
-    """Why the line that goes on after the last box offers another value ("\\boxed{12}, or
-    possibly 13", "\\boxed{12}. Or 13."); `box_end`: where the box closes in `text`. The line,
-    not the rest of the text: a list or a new paragraph after the answer is not an alternative."""
+def hedge_after(text: str, end: int, answer: str, several: bool, boxed: bool = True) -> str | None:
+    """Why the line that goes on after the answer offers another value ("\\boxed{12}, or
+    possibly 13", "\\boxed{12}. Or 13.", "The answer is 12. Or 13."); `end`: where the answer
+    (the box, else the answer sentence) ends in `text`. The line, not the rest of the text: a
+    list or a new paragraph after the answer is not an alternative."""
     if several:
         return None
-    rest = text[box_end:].split("\n", 1)[0]
-    rest = re.sub(r"^\s*(?:\$\$?|\\\]|\\\))", " ", rest)     # the math the box stood in closes
-    return offered(f"${content}$ {rest}", prose=True, joiners=ALTERNATION) if rest.strip(" $\\])}.") else None
+    rest = text[end:].split("\n", 1)[0]
+    if boxed:
+        rest = re.sub(r"^\s*(?:\$\$?|\\\]|\\\))", " ", rest)     # the math the box stood in closes
+        answer = f"${answer}$"
+    return offered(f"{answer} {rest}", prose=True, joiners=ALTERNATION if boxed else None) \
+        if rest.strip(" $\\])}.") else None
 
 
 def false_equation(parsed, equal) -> str | None:

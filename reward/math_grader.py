@@ -23,7 +23,7 @@ from reward.answer_contract import (
     false_equation,
     final_sentence,
     hedge,
-    hedge_after_box,
+    hedge_after,
     several_values,
     stated_after_last_box,
 )
@@ -135,9 +135,7 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
                 return _verdict(False, cfg, f"reference answer {answer[:100]!r} is not parsable", None)
             # Part two: one final answer where the reference is one value.
             several = several_values(answer) or _several(gold)
-            why = hedge(final, several, prose=boxed is None) or \
-                (disagreeing_boxes(text, found, several) or hedge_after_box(text, spans[-1][1] + 1, boxed, several)
-                 if boxed is not None else None)
+            why = hedge(final, several, prose=boxed is None) or _hedge_around(text, spans, found, boxed, final, several)
             if why:
                 return _verdict(False, cfg, why, final, source=source)
             pred, source = _prediction(text, boxed, final, found, several, source)
@@ -196,6 +194,15 @@ def _parse_answer(text: str, content: str | None = None) -> list:
         if why:
             raise _Costly(why)
     return parse(text, _EXTRACTION, parsing_timeout=None)
+
+
+def _hedge_around(text: str, spans: list, found: list, boxed: str | None, final: str, several: bool) -> str | None:
+    """Why what surrounds the answer makes it a hedge: boxes that disagree, or another value on
+    the line after the answer (the box, else the answer sentence)."""
+    if boxed is not None:
+        return disagreeing_boxes(text, found, several) or hedge_after(text, spans[-1][1] + 1, boxed, several)
+    at = text.rfind(final)      # (an option letter read as its value is not in the text)
+    return hedge_after(text, at + len(final), final, several, boxed=False) if at >= 0 else None
 
 
 def _equal(a, b) -> bool:

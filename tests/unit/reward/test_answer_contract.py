@@ -130,3 +130,14 @@ def test_right_answers_in_any_spacing_or_sentence_score_right(gold, response):
 def test_what_follows_the_box_on_its_line(gold, response, hedged):
     v = grade_math(response, gold, CFG)
     assert v.correct is not hedged and v.details["reason"].startswith("hedged") is hedged, v.details
+
+
+@pytest.mark.parametrize("gold, response, hedged", [
+    ("12", "The answer is 12. Or 13.", True),                # the line after the answer sentence
+    ("12", "The answer is 12. Maybe 13.", True),
+    ("12", "The answer is 12. I hope it is correct, 13 was close.", False),
+    ("14", "The answer is 14.\n\nLet me know if you have questions about steps 1 to 3.", False),
+])
+def test_what_follows_the_answer_sentence_on_its_line(gold, response, hedged):
+    v = grade_math(response, gold, CFG)
+    assert v.correct is not hedged and v.details["reason"].startswith("hedged") is hedged, v.details
