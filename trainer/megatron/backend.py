@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
-from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu
+from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
 from trainer.megatron.model import (
     build_gpt_model,
@@ -117,7 +117,7 @@ class MegatronBackend(TrainBackend):
                                                                       cfg.optim, dtype)
             # The optimizer made its fp32 main copies from the (bf16) parameters: give them the
             # checkpoint's own values instead, so training starts from exactly those weights.
-            gpu.load_main_params(self._module(), self.optimizer, hf_local)
+            optim_state.load_main_params(self._module(), self.optimizer, hf_local)
         else:
             o = cfg.optim
             self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2),
@@ -354,7 +354,7 @@ class MegatronBackend(TrainBackend):
         from megatron.core import parallel_state as ps
 
         group = ps.get_tensor_model_parallel_group()
-        mains = gpu.main_params(self._module(), self.optimizer) if self.on_gpu else {}
+        mains = optim_state.main_params(self._module(), self.optimizer) if self.on_gpu else {}
         out = {}
         for name, t in self._module().state_dict().items():
             if not isinstance(t, torch.Tensor):

@@ -1,14 +1,18 @@
-"""Resume checkpoints through `megatron.core.dist_checkpointing` (sharded, reshardable).
+"""Resume checkpoints through `megatron.core.dist_checkpointing` (sharded, reshardable), one
+format for every device and optimizer.
 
 Every tensor is saved with its place in the full (global) tensor, so a checkpoint written with
 one tensor-parallel layout loads into another. The optimizer state rides on the model's
-sharding: on CPU the torch AdamW moments are mapped onto the parameters' sharded tensors with
-Megatron's own `optim_state_to_sharding_state`; on GPU Megatron's optimizer provides its
-`sharded_state_dict` (in the 'fully_reshardable' format, see gpu.py). The model's sharded
-state is taken from the GPTModel itself, never from Megatron's DDP wrapper, whose default
-`sharded_state_dict` would prefix every key with `module.` (so GPU and CPU checkpoints share
-their keys, as Megatron-LM's own checkpointing unwraps the model first). AdamW's scalar `step` (equal for every parameter) and the update count
-travel as common (unsharded) state.
+sharding in model space (optim_state.py): per parameter its fp32 main weight and Adam moments
+under `optimizer.state.{param,exp_avg,exp_avg_sq}.<model key>` (Megatron's
+`make_sharded_optimizer_tensor`), Adam's step (`adam_step`, = the update count) and the update
+count as common state. The CPU path's
+torch AdamW and the GPU path's two Megatron optimizers are all read and written this way, so a
+checkpoint resumes on either device, with either optimizer, in any TP/PP/DP layout; Megatron's
+own optimizer checkpoint formats differ between its optimizers and are not used. The model's
+sharded state is taken from the GPTModel itself, never from Megatron's DDP wrapper, whose
+default `sharded_state_dict` would prefix every key with `module.` (as Megatron-LM's own
+checkpointing unwraps the model first).
 
 The training loop checkpoints the Megatron backend through this module (trainer/checkpoint.py
 puts it in `step-<N>/dist/`); the per-rank `state_dict()` only reloads into the same layout.
@@ -21,9 +25,7 @@ from pathlib import Path
 import torch
 
 from services.protocol import collectives
-from trainer.megatron import gpu
-
-_EXCLUDED = ("step",)
+from trainer.megatron import optim_state
 
 
 def _model_sharded(backend) -> dict:
@@ -31,19 +33,20 @@ def _model_sharded(backend) -> dict:
     return backend._module().sharded_state_dict()
 
 
-def _cpu_optimizer_sharded(optimizer, params, model_sd, template: bool) -> dict:
-    from megatron.core.dist_checkpointing.optimizer import (
-        get_param_id_to_sharded_param_map,
-        optim_state_to_sharding_state,
-    )
+def _optimizer_sharded(backend, model_sd: dict, state: dict[str, dict[str, torch.Tensor]]) -> dict:
+    """{name: {kind: the tensor on the model parameter's sharding}} for every parameter that the
+    model's sharded state dict holds (matched by identity, as Megatron's own optimizers do)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
-    state = optimizer.state_dict()
-    if template:
-        state["state"] = {i: {"exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-                          for i, p in enumerate(params)}
-    id_map = get_param_id_to_sharded_param_map(model_sd, params)
-    optim_state_to_sharding_state(state, id_map, exclude_keys=_EXCLUDED)
-    return state
+    names = {id(p): n for n, p in backend._module().named_parameters()}
+    out = {}
+    for t in nested_values(model_sd):
+        name = names.get(id(getattr(t, "data", None)))
+        if name is not None:
+            out[name] = {kind: make_sharded_optimizer_tensor(t, state[name][kind], prefix=f"optimizer.state.{kind}")
+                         for kind in optim_state.KINDS}
+    return out
 
 
 def save(backend, ckpt_dir: str | Path) -> None:
@@ -59,17 +62,16 @@ def save(backend, ckpt_dir: str | Path) -> None:
     model_sd = _model_sharded(backend)
     sd = {"model": model_sd, "updates": backend.updates}
     if backend.updates > 0:
-        if backend.on_gpu:
-            sd["optimizer"] = gpu.optimizer_sharded_state(backend.optimizer, model_sd, is_loading=False)
-        else:
-            sd["optimizer"] = _cpu_optimizer_sharded(backend.optimizer, backend.params, model_sd, False)
-            sd["adam_step"] = backend.updates
+        state = optim_state.read(backend._module(), backend.optimizer)
+        sd["optimizer"] = _optimizer_sharded(backend, model_sd, state)
+        sd["adam_step"] = backend.updates   # every optimizer here takes one Adam step per update
     dist_checkpointing.save(sd, str(ckpt_dir))
     collectives.barrier()
 
 
 def load(backend, ckpt_dir: str | Path) -> None:
-    """Collective: restore model, optimizer and update count (any TP layout of the writer)."""
+    """Collective: restore model, optimizer and update count (any layout, device or optimizer
+    of the writer)."""
     from megatron.core import dist_checkpointing
 
     ckpt_dir = str(ckpt_dir)
@@ -78,19 +80,12 @@ def load(backend, ckpt_dir: str | Path) -> None:
     model_sd = _model_sharded(backend)
     sd = {"model": model_sd}
     if updates > 0:
-        if backend.on_gpu:
-            sd["optimizer"] = gpu.optimizer_sharded_state(backend.optimizer, model_sd, is_loading=True)
-        else:
-            sd["optimizer"] = _cpu_optimizer_sharded(backend.optimizer, backend.params, model_sd, True)
+        template = {n: {k: torch.zeros_like(p, dtype=torch.float32) for k in optim_state.KINDS}
+                    for n, p in backend._module().named_parameters()}
+        sd["optimizer"] = _optimizer_sharded(backend, model_sd, template)
     loaded = dist_checkpointing.load(sd, ckpt_dir)
     backend.load_model_state(loaded["model"])
     if updates > 0:
-        opt = loaded["optimizer"]
-        if backend.on_gpu:
-            gpu.load_optimizer_state(backend.optimizer, opt)
-        else:
-            step = torch.tensor(float(common["adam_step"]))
-            for entry in opt["state"].values():
-                entry["step"] = step.clone()
-            backend.optimizer.load_state_dict(opt)
+        optim_state.init_state(backend.optimizer, step=int(common["adam_step"]))
+        optim_state.write(backend._module(), backend.optimizer, loaded["optimizer"])
     backend.updates = updates

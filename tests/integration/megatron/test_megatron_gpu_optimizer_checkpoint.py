@@ -1,20 +1,21 @@
-"""Save -> load of the GPU path's checkpoint with Megatron's real optimizers, on CPU (issue 31).
+"""The Megatron dist checkpoint has one format for the CPU path and both GPU optimizers (issue 31).
 
-The H200 run never wrote a Megatron checkpoint (both optimizers failed in `sharded_state_dict`,
-see tests/unit/megatron/test_megatron_gpu_checkpoint.py). This goes on where it stopped: the
-backend's own `dist_ckpt.save` / `dist_ckpt.load` (their GPU branch: `gpu.optimizer_sharded_state`,
-`gpu.load_optimizer_state`) write and read a real dist checkpoint of the bf16 model with
-`Float16OptimizerWithFloat16Params` and with `DistributedOptimizer` ('fully_reshardable'), and a
-fresh model and optimizer come back with the same parameters, fp32 main weights, Adam moments
-and step. Megatron's optimizers run on CPU tensors with CUDA type names and placement stood in
+The H200 run never wrote a Megatron checkpoint (both optimizers failed in Megatron's
+`sharded_state_dict`, see tests/unit/megatron/test_megatron_gpu_checkpoint.py). Going on from
+there on CPU showed two more defects: megatron-core 0.16.1's distributed optimizer with torch's
+AdamW (no TE/Apex, as on the H200) could not load its own 'fully_reshardable' checkpoint into a
+fresh optimizer (`assert len(steps) == 1`, then `KeyError: 'step'`), and the optimizer part of
+the checkpoint differed between the CPU path, the Float16 optimizer and the distributed one, so
+a checkpoint resumed only on the device and optimizer that wrote it. The backend now saves the
+optimizer state in model space (trainer/megatron/optim_state.py). Here the backend's own
+`dist_ckpt.save` / `dist_ckpt.load` write and read real dist checkpoints (writer processes) with
+each writer/reader pair: the CPU path (torch AdamW, fp32) and the GPU path's bf16 model with
+`Float16OptimizerWithFloat16Params` or `DistributedOptimizer`; the reader gets the writer's fp32
+main weights, Adam moments and update count, and parameters equal to those main weights in its
+own dtype (a bf16 writer's fp32 main weights, not their rounding, become a CPU reader's weights).
+
+Megatron's GPU optimizers run on CPU tensors with CUDA type names and placement stood in
 (tests/support/megatron_gpu_on_cpu.py): they cannot be constructed here otherwise.
-
-Found by this test, and fixed in gpu.py: with torch's AdamW (no TransformerEngine, no Apex, as
-on the H200) megatron-core 0.16.1's distributed optimizer could not load a 'fully_reshardable'
-checkpoint into a fresh optimizer: `assert len(steps) == 1` on its empty state while building
-the load template, then `KeyError: 'step'` while loading the parameter state.
-
-A real process group and dist_checkpointing's writer processes, so it is an integration test.
 """
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ import pytest
 import torch
 from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
 
-from trainer.megatron import dist_ckpt, gpu
+from trainer.megatron import dist_ckpt, gpu, optim_state
 
 pytestmark = pytest.mark.timeout(300)
+SIDES = ("cpu", "float16", "distributed")
 
 
 @pytest.fixture(scope="module")
@@ -33,76 +35,72 @@ def backend(tmp_path_factory):
     yield from mc.in_process_backend(mc.make_model_dir(tmp_path_factory.mktemp("qwen2")))
 
 
-def _as_gpu_path(backend, model, ddp, opt, updates: int):
-    """The backend with the GPU path's model and optimizer in place of its CPU ones."""
-    backend.model, backend.optimizer, backend.on_gpu, backend.updates = ddp, opt, True, updates
-    backend.params = [p for p in model.parameters() if p.requires_grad]
+class Side:
+    """The backend's model and optimizer for one side: its own CPU ones, or a GPU-path pair."""
 
+    def __init__(self, backend, kind: str, seed: int):
+        self.backend, self.kind = backend, kind
+        self.cpu = (backend.model, backend.optimizer, backend.on_gpu, backend.updates, backend.params)
+        if kind == "cpu":
+            self.model, self.opt = backend._module(), backend.optimizer
+            return
+        self.model, config = bf16_model(backend, seed=seed)
+        self.ddp, self.opt = gpu_optimizer(backend, self.model, config, distributed=kind == "distributed")
 
-def _snapshot(model, opt) -> dict:
-    inner = [o.optimizer for o in opt.chained_optimizers]
-    state = [(float(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone())
-             for i in inner for g in i.param_groups for p in g["params"] for s in [i.state[p]]]
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "mains": gpu.main_params(model, opt), "state": state}
+    def __enter__(self):
+        b = self.backend
+        if self.kind != "cpu":
+            b.model, b.optimizer, b.on_gpu = self.ddp, self.opt, True
+            b.params = [p for p in self.model.parameters() if p.requires_grad]
+        return self
 
+    def __exit__(self, *exc):
+        b = self.backend
+        b.model, b.optimizer, b.on_gpu, b.updates, b.params = self.cpu
 
-@pytest.mark.parametrize("distributed", [False, True], ids=["float16-optimizer", "distributed-optimizer"])
-def test_save_then_load_restores_parameters_main_weights_and_adam_state(backend, tmp_path, distributed):
-    cpu_state = (backend.model, backend.optimizer, backend.on_gpu, backend.updates, backend.params)
-    try:
-        model, config = bf16_model(backend, seed=0)
-        ddp, opt = gpu_optimizer(backend, model, config, distributed)
-        gen = torch.Generator().manual_seed(1)
-        with cuda_on_cpu():
-            for _ in range(2):
-                gpu.zero_grad(ddp, opt)
-                for p in ddp.parameters():
+    def train(self, steps: int) -> None:
+        b, gen = self.backend, torch.Generator().manual_seed(7)
+        for _ in range(steps):
+            if self.kind == "cpu":
+                mbs = mc.micro_batches()
+                assert b.train_step(mbs, mc.make_loss_fn(mc.n_valid(mbs)), 1.0).applied
+                continue
+            with cuda_on_cpu():
+                gpu.zero_grad(self.ddp, self.opt)
+                for p in self.ddp.parameters():
                     p.main_grad.copy_(torch.randn(p.shape, generator=gen))
-                assert gpu.step(ddp, opt, lr=1e-2)[0]
-            _as_gpu_path(backend, model, ddp, opt, updates=2)
-            dist_ckpt.save(backend, tmp_path / "dist")
-        before = _snapshot(model, opt)
+                assert gpu.step(self.ddp, self.opt, lr=1e-2)[0]
+                b.updates += 1
 
-        fresh, config = bf16_model(backend, seed=5)   # other weights: the load must replace them
-        ddp2, opt2 = gpu_optimizer(backend, fresh, config, distributed)
-        _as_gpu_path(backend, fresh, ddp2, opt2, updates=0)
+    def snapshot(self) -> dict:
+        state = optim_state.read(self.model, self.opt)
+        return {"state": state, "params": {n: p.detach().clone() for n, p in self.model.named_parameters()}}
+
+
+@pytest.mark.parametrize("writer,reader", [(w, r) for w in SIDES for r in SIDES if "cpu" in (w, r) or w == r]
+                         + [("float16", "distributed"), ("distributed", "float16")])
+def test_a_checkpoint_resumes_with_any_optimizer_on_any_device(backend, tmp_path, writer, reader):
+    backend.updates = 0
+    with Side(backend, writer, seed=0) as w:
+        w.train(2)
+        with cuda_on_cpu():
+            dist_ckpt.save(backend, tmp_path / "dist")
+        before = w.snapshot()
+    if reader == "cpu":   # the CPU side's own model: give it other weights, the load must replace them
+        with torch.no_grad():
+            for p in backend._module().parameters():
+                p.add_(1.0)
+    with Side(backend, reader, seed=5) as r:
         with cuda_on_cpu():
             dist_ckpt.load(backend, tmp_path / "dist")
-        after = _snapshot(fresh, opt2)
-        loaded_updates = backend.updates
-    finally:
-        backend.model, backend.optimizer, backend.on_gpu, backend.updates, backend.params = cpu_state
-    assert loaded_updates == 2
-    for n, p in before["params"].items():
-        assert torch.equal(after["params"][n], p), n
-    for n, m in before["mains"].items():
-        assert torch.equal(after["mains"][n], m), n
-    assert len(after["state"]) == len(before["state"]) > 0
-    for (s0, a0, b0), (s1, a1, b1) in zip(before["state"], after["state"], strict=True):
-        assert s0 == s1 == 2.0 and torch.equal(a0, a1) and torch.equal(b0, b1)
-
-
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "not fixed yet: the optimizer part of a Megatron dist checkpoint differs by device and optimizer "
-    "(CPU: torch AdamW state under optimizer.state.exp_avg*.<key> + common adam_step; GPU "
-    "Float16 optimizer: + optimizer.state.fp32_param.<key> and its param groups; distributed "
-    "optimizer: fully_reshardable param_state), so a GPU checkpoint does not resume on the CPU "
-    "path and the reverse (architecture: one format on both devices)"))
-@pytest.mark.parametrize("distributed", [False, True], ids=["float16-optimizer", "distributed-optimizer"])
-def test_a_gpu_checkpoint_resumes_on_the_cpu_path(backend, tmp_path, distributed):
-    cpu_state = (backend.model, backend.optimizer, backend.on_gpu, backend.updates, backend.params)
-    try:
-        model, config = bf16_model(backend, seed=0)
-        ddp, opt = gpu_optimizer(backend, model, config, distributed)
-        with cuda_on_cpu():
-            gpu.zero_grad(ddp, opt)
-            for p in ddp.parameters():
-                p.main_grad.normal_()
-            assert gpu.step(ddp, opt, lr=1e-2)[0]
-            _as_gpu_path(backend, model, ddp, opt, updates=1)
-            dist_ckpt.save(backend, tmp_path / "dist")
-    finally:
-        backend.model, backend.optimizer, backend.on_gpu, backend.updates, backend.params = cpu_state
-    dist_ckpt.load(backend, tmp_path / "dist")
-    assert backend.updates == 1
+        assert backend.updates == 2
+        after = r.snapshot()
+        steps = {float(s["step"]) for o in getattr(r.opt, "chained_optimizers", [r.opt])
+                 for s in getattr(o, "optimizer", o).state.values()}
+    assert steps == {2.0}
+    for name, entry in before["state"].items():
+        for kind, t in entry.items():
+            assert torch.equal(after["state"][name][kind], t), (kind, name)
+        # parameters: the writer's fp32 main weight in the reader's dtype (bf16: its rounding)
+        dtype = after["params"][name].dtype
+        assert torch.equal(after["params"][name], entry["param"].to(dtype)), name

@@ -14,8 +14,7 @@ required argument fails here rather than on the cluster:
    gpu.py (`DistributedDataParallel`, `MegatronOptimizer`, `GPTModel`).
 2. The GPU configs are really constructed (their `__post_init__` validation runs on CPU):
    `DistributedDataParallelConfig`, `OptimizerConfig` (bf16/fp16/fp32, with and without the
-   distributed optimizer) and the bf16 `TransformerConfig` of the GPU path; the distributed
-   optimizer's checkpoint format is one the release declares fully reshardable.
+   distributed optimizer) and the bf16 `TransformerConfig` of the GPU path.
 3. Megatron's `DistributedDataParallel` wraps the model for real on CPU (it does not need
    CUDA), and the dist-checkpoint state is taken from the unwrapped GPTModel: the wrapper's own
    `sharded_state_dict` would prefix every key with `module.`.
@@ -28,12 +27,12 @@ What could NOT be checked here, and why:
   consuming `PackedSeqParams(qkv_format="thd")` (the dataclass and `GPTModel.forward`'s
   `packed_seq_params` argument are bound; whether TE accepts int32 `cu_seqlens` is not run).
 - `get_megatron_optimizer` and the optimizers it builds (Float16/Distributed/FP32Optimizer)
-  allocate CUDA tensors in their constructors, so `step()`, `sharded_state_dict()` and
-  `load_state_dict()` are only bound against `MegatronOptimizer`'s signatures, not run; in
-  particular that `step()` returns the 3-tuple gpu.step unpacks is read from the 0.16.1
-  source, not checked.
+  accept only CUDA tensors, so here their calls are only bound; they do run, with CUDA type
+  names and placement stood in, in tests/unit/megatron/test_megatron_gpu_checkpoint.py and
+  tests/integration/megatron/test_megatron_gpu_optimizer_checkpoint.py (`gpu.step`, the
+  model-space state of optim_state.py, checkpoints with both optimizers).
 - The values of string options (`optimizer="adam"`, `qkv_format="thd"`): only the argument
-  names are bound, except the distributed-optimizer sharding type (checked in 2).
+  names are bound.
 """
 from __future__ import annotations
 
@@ -115,13 +114,6 @@ def test_gpu_configs_construct(dtype, distributed):
     opt = gpu.optimizer_config(OptimConfig(lr=3e-6, grad_clip=0.5, beta2=0.99), mcfg, dtype)
     assert (opt.lr, opt.clip_grad, opt.adam_beta2, opt.params_dtype) == (3e-6, 0.5, 0.99, dtype)
     assert (opt.bf16, opt.fp16) == (dtype == torch.bfloat16, dtype == torch.float16)
-
-
-def test_distributed_optimizer_checkpoint_format_is_reshardable():
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    kind = gpu.SHARDED_STATE_METADATA["distrib_optim_sharding_type"]
-    assert kind in DistributedOptimizer.checkpoint_fully_reshardable_formats
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import pytest
 import torch
 from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
 
-from trainer.megatron import gpu
+from trainer.megatron import gpu, optim_state
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -73,8 +73,9 @@ def _place(key: str, t) -> tuple:
 
 
 def test_optimizer_checkpoint_state_lands_on_its_own_parameter(trained):
-    """The state the checkpoint is written from (`gpu.optimizer_sharded_state`, the call that
-    failed on the H200): each main weight and Adam moment sits under its own parameter's key."""
+    """Megatron's own `sharded_state_dict` (the call that failed on the H200; the backend now
+    checkpoints through optim_state.py, but Megatron's optimizers still assume one dtype): each
+    main weight and Adam moment sits under its own parameter's key."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
 
     model, opt = trained
@@ -83,8 +84,9 @@ def test_optimizer_checkpoint_state_lands_on_its_own_parameter(trained):
     param_at = {_place(t.key, t): names[id(t.data)] for t in nested_values(model_sd)
                 if id(getattr(t, "data", None)) in names}
     with cuda_on_cpu():
-        sd = gpu.optimizer_sharded_state(opt, model_sd, is_loading=False)
-    mains = gpu.main_params(model, opt)
+        sd = opt.sharded_state_dict(model_sd, is_loading=False,
+                                    metadata={"distrib_optim_sharding_type": "fully_reshardable"})
+    mains = optim_state.main_params(model, opt)
     assert mains.keys() == set(names.values())
     seen = set()
     for t in nested_values(sd):
@@ -110,8 +112,8 @@ def test_main_weights_hold_the_checkpoint_exactly_and_are_what_export_reads(trai
         for n, p in model.named_parameters():
             p.copy_(fp32[n])            # what loading into the parameters alone keeps: a rounding
     assert not any(torch.equal(p.float(), fp32[n]) for n, p in model.named_parameters())
-    assert gpu.load_main_params(model, opt, fp32) == len(fp32)
-    exported = gpu.main_params(model, opt)
+    assert optim_state.load_main_params(model, opt, fp32) == len(fp32)
+    exported = optim_state.main_params(model, opt)
     assert exported.keys() == fp32.keys()
     for n, t in exported.items():
         assert t.dtype == torch.float32 and torch.equal(t, fp32[n]), n
@@ -131,7 +133,7 @@ def test_bf16_backend_exports_the_source_checkpoint_exactly(backend, tmp_path, d
         local = backend.load_hf(backend.model_dir)
         ddp, opt = gpu_optimizer(backend, model, config, distributed)
         backend.model, backend.optimizer, backend.on_gpu = ddp, opt, True
-        gpu.load_main_params(model, opt, local)
+        optim_state.load_main_params(model, opt, local)
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
         backend.export_hf(tmp_path / "out")
     finally:
