@@ -37,6 +37,8 @@ MATH = {   # response -> reference
     r"\boxed{(1+10^{-9})^{10^{9}}}": "1",
     r"\boxed{\prod_{k=1}^{1000000} k}": "1",
     r"\boxed{" * 12_000: "1",
+    r"\boxed{" * 12_000 + "1" + "}" * 12_000: "1",
+    r"\boxed{12}, " + "k = 1, " * 20_000: "12",      # a long line after the box
     r"\boxed{12 \vee 13}": "12",
     r"\boxed{12}, or possibly 13": "12",
     r"\boxed{12 = 13}": "12",

@@ -28,6 +28,7 @@ _SEVERAL = re.compile(r"\\text\s*\{\s*or\s*\}|\bor\b|\\lor|\\pm|\\mp|\\cup|\\\{|
 _STATED = re.compile(r"\banswer\s*(?:is|:|=)\s*", re.IGNORECASE)
 _CONCLUDES = re.compile(r"\b(wait|actually|correct(ion|ed|ing)?|mistake|wrong|instead|rather|re-?check\w*|"
                         r"redo|finally|final|therefore|thus|hence|so|answer)\b", re.IGNORECASE)
+_LINE_READ = 1000          # characters of the line after the answer read for another value
 _SENTENCE_END = re.compile(r"[.!?](?![\d=])|\n")     # 3.5 and x != 5 go on, "is 3." ends a sentence
 
 
@@ -52,7 +53,7 @@ def hedge_after(text: str, end: int, answer: str, several: bool, boxed: bool = T
     list or a new paragraph after the answer is not an alternative."""
     if several:
         return None
-    rest = text[end:].split("\n", 1)[0]
+    rest = text[end:end + _LINE_READ].split("\n", 1)[0]
     if boxed:
         rest = re.sub(r"^\s*(?:\$\$?|\\\]|\\\))", " ", rest)     # the math the box stood in closes
         answer = f"${answer}$"
@@ -92,13 +93,11 @@ def final_sentence(text: str) -> str:
     return (named or parts or [""])[-1]
 
 
-def stated_after_last_box(text: str, boxes: list[tuple[int, str]]) -> str | None:
+def stated_after_last_box(text: str, box_end: int) -> str | None:
     """The answer sentence ("The final answer is 10,455.") that follows the last box, if one
-    does: the box was an intermediate value, the sentence states the answer."""
-    if not boxes:
-        return None
-    at, content = boxes[-1]
-    rest = text[text.find(content, at) + len(content):]
+    does: the box was an intermediate value, the sentence states the answer. `box_end`: where
+    the last box closes in `text`."""
+    rest = text[box_end:]
     return final_sentence(rest) if _STATED.search(rest) else None
 
 

@@ -253,7 +253,7 @@ def _distinct(level: _Level, joiners: frozenset[str] | None) -> str | None:
     $n$ is 34" names one number)."""
     seen: list[list[str]] = []
     for sides, words in level.parts:
-        if not sides or (joiners is not None and not any(c.isdigit() for s in sides for c in s)):
+        if not sides or sides in seen or (joiners is not None and not any(c.isdigit() for s in sides for c in s)):
             continue
         joined = joiners is None or all(w in joiners for w in words)
         if joined and any(not _same(sides, before) for before in seen):

@@ -27,7 +27,7 @@ from reward.answer_contract import (
     several_values,
     stated_after_last_box,
 )
-from reward.answer_cost import shape_cost, tree_cost
+from reward.answer_cost import MAX_CHARS, shape_cost, tree_cost
 from reward.answer_structure import despace
 from reward.answer_structure import stated as states_answer
 from reward.config import RewardConfig
@@ -115,7 +115,7 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
     if boxed is None and cfg.math_require_box:
         return _verdict(False, cfg, "no \\boxed{} answer", None, source="none")
     # "... \\boxed{255} for the first half ... The final answer is 10,455.": the sentence answers.
-    stated = None if boxed is None or cfg.math_require_box else stated_after_last_box(text, found)
+    stated = None if boxed is None or cfg.math_require_box else stated_after_last_box(text, spans[-1][1] + 1)
     if stated:
         boxed, final, source = None, stated, "the answer sentence after the last box"
     elif boxed is not None:
@@ -214,8 +214,10 @@ _BOX_ONLY = re.compile(r"\\(?:boxed|fbox)\{(.*)\}", re.DOTALL)
 
 def _unwrapped(content: str) -> str:
     """`\\boxed{\\boxed{12}}` is a box of 12 (any other box inside a box is read as part of the
-    content, where it offers a second value)."""
-    while (inner := _BOX_ONLY.fullmatch(content)) and box_spans(content)[0][2] == inner.group(1).strip():
+    content, where it offers a second value). Only within MAX_CHARS: a longer content is refused
+    by its length, and unwrapping 12,000 nested boxes one scan each would be quadratic."""
+    while len(content) <= MAX_CHARS and (inner := _BOX_ONLY.fullmatch(content)) \
+            and box_spans(content)[0][2] == inner.group(1).strip():
         content = inner.group(1).strip()
     return content
 

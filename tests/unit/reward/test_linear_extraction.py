@@ -74,3 +74,17 @@ def test_box_positions_and_contents():
     text = r"a \boxed{1} b \fbox{\{2\}} c \boxed{\boxed{3}} d \boxed{4"
     assert boxes(text) == [(2, "1"), (14, r"\{2\}"), (29, r"\boxed{3}")]
     assert [text[end] for _, end, _ in box_spans(text)] == ["}", "}", "}"]
+
+
+def test_nested_boxes_are_graded_with_one_scan(monkeypatch):
+    """12,000 nested boxes: one pass finds the outermost box, whose content is refused by its
+    length; it is not unwrapped box by box (one scan per level: quadratic)."""
+    import reward.math_grader as grader
+    calls = []
+    real = grader.box_spans
+    monkeypatch.setattr(grader, "box_spans", lambda text: calls.append(len(text)) or real(text))
+    nested = r"\boxed{" * 12_000 + "1" + "}" * 12_000
+    v = grade_math(nested, "1", RewardConfig(math_timeout_s=2.0))
+    assert not v.correct and v.details["reason"].startswith("too costly"), v.details
+    assert calls == [len(nested)]
+    assert grade_math(r"\boxed{\boxed{12}}", "12", RewardConfig(math_timeout_s=2.0)).correct
