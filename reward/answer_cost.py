@@ -89,6 +89,8 @@ def tree_cost(parsed) -> str | None:
         return f"too costly: {why}"
     except RecursionError:
         return "too costly: a tree too deep to walk"
+    except (ArithmeticError, ValueError, TypeError) as e:   # refused: the walk stopped before the end
+        return f"too costly: an answer the cost check cannot read ({type(e).__name__})"
     return None
 
 
@@ -206,7 +208,7 @@ def _symbolic_count(k: float, what: str) -> None:
 def _factorial(n: float | None, shift: int, digits: float) -> tuple[float | None, float]:
     if n is None:
         return None, digits
-    size = abs(n) - shift
+    size = max(abs(n) - shift, 0.0)       # Γ(0), (-1)!: no value, nothing to compute
     out = math.lgamma(size + 1) / math.log(10) if size < 1e300 else math.inf
     if out > MAX_DIGITS:
         raise TooCostly(f"a factorial with about {out:.3g} digits (limit {MAX_DIGITS})")
