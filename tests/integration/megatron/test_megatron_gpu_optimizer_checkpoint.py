@@ -13,6 +13,8 @@ each writer/reader pair: the CPU path (torch AdamW, fp32) and the GPU path's bf1
 `Float16OptimizerWithFloat16Params` or `DistributedOptimizer`; the reader gets the writer's fp32
 main weights, Adam moments and update count, and parameters equal to those main weights in its
 own dtype (a bf16 writer's fp32 main weights, not their rounding, become a CPU reader's weights).
+A two-rank job (gpu_optimizer_dp_worker.py) spreads the distributed optimizer's state over two
+DP ranks, and its checkpoint resumes at one.
 
 Megatron's GPU optimizers run on CPU tensors with CUDA type names and placement stood in
 (tests/support/megatron_gpu_on_cpu.py): they cannot be constructed here otherwise.
@@ -104,3 +106,47 @@ def test_a_checkpoint_resumes_with_any_optimizer_on_any_device(backend, tmp_path
         # parameters: the writer's fp32 main weight in the reader's dtype (bf16: its rounding)
         dtype = after["params"][name].dtype
         assert torch.equal(after["params"][name], entry["param"].to(dtype)), name
+
+
+def test_distributed_optimizer_state_spread_over_two_dp_ranks_resumes_at_one(backend, tmp_path):
+    """Two real ranks (gloo) each hold a different range of every parameter's main weight and
+    moments (gpu_optimizer_dp_worker.py); `optim_state.read` rebuilds the full tensors on both,
+    and their DP=2 checkpoint resumes in this single CPU process with exactly those values."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpu_optimizer_dp_worker import expected
+
+    from services.protocol import free_port
+
+    worker = Path(__file__).with_name("gpu_optimizer_dp_worker.py")
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(worker), str(backend.model_dir), str(tmp_path)],
+                              env=os.environ | {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    errors = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        if p.returncode:
+            errors.append(err[-3000:])
+    assert not errors, "\n----\n".join(errors)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert all(r["rebuilt"] for r in ranks)
+    assert all(0 < r["local_numel"] < r["total_numel"] for r in ranks)          # each holds a part
+    assert sum(r["local_numel"] for r in ranks) == ranks[0]["total_numel"]     # and the parts add up
+
+    backend.updates = 0
+    dist_ckpt.load(backend, tmp_path / "dist")
+    assert backend.updates == 3
+    got = optim_state.read(backend._module(), backend.optimizer)
+    for n in got:
+        for kind in optim_state.KINDS:
+            assert torch.equal(got[n][kind], expected(n, kind, got[n][kind].shape)), (kind, n)
+    assert {float(s["step"]) for s in backend.optimizer.state.values()} == {3.0}
