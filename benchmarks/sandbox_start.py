@@ -16,7 +16,6 @@ if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.p
 
 import statistics
 import subprocess
-import tempfile
 import time
 from unittest import mock
 
@@ -51,8 +50,7 @@ def main(quick: bool = False) -> dict:
     with mock.patch.object(sandbox_root, "library_stage", lambda prefix: None):
         per_library = sandbox_root.bwrap_root_args.__wrapped__()   # past the cache of the gathered form
     gathered = sandbox_root.bwrap_root_args()
-    work = tempfile.mkdtemp(prefix="tandem-bench-sandbox-")
-    inside = ["--bind", work, "/tmp/work"]
+    inside = ["--tmpfs", "/tmp", "--dir", "/tmp/work"]
     commands = {
         "interpreter -I -S, nothing to run": [*PYTHON, "pass"],
         "+ bubblewrap, host bound read-only (before the fresh root)":
@@ -70,7 +68,11 @@ def main(quick: bool = False) -> dict:
         "whole sandbox, 1-test stdin/stdout task, LiveCodeBench's imports":
             ("print(input())", ["x"], ["x"], None, "livecodebench"),
     }
-    samples: dict[str, list[float]] = {name: [] for name in [*commands, *tasks]}
+    # The same sandbox without its per-task cgroup (per-process limits and the harness's watch,
+    # as under a non-root grader): what the cgroup costs.
+    no_cgroup = Sandbox(RewardConfig(sandbox_cgroup=False))
+    tasks_without_cgroup = {"whole sandbox, 1-test function-call task, no cgroup": ("def f(x):\n    return x", [[1]], [1], "f")}
+    samples: dict[str, list[float]] = {name: [] for name in [*commands, *tasks, *tasks_without_cgroup]}
     samples["compiling the harness's source"] = []
     samples["first compile() of a process"] = []
     for _ in range(rounds):
@@ -79,6 +81,8 @@ def main(quick: bool = False) -> dict:
                 samples[name].append(_ms(lambda cmd=cmd: _run(cmd)))
             for name, args in tasks.items():
                 samples[name].append(_ms(lambda args=args: sandbox.run(*args)))
+            for name, args in tasks_without_cgroup.items():
+                samples[name].append(_ms(lambda args=args: no_cgroup.run(*args)))
             samples["compiling the harness's source"].append(_ms(lambda: compile(HARNESS, "h", "exec")))
             samples["first compile() of a process"].append(float(_run([*PYTHON, FIRST_COMPILE]).stdout))
     ms = {name: statistics.median(v) for name, v in samples.items()}
@@ -96,6 +100,8 @@ def main(quick: bool = False) -> dict:
         "harness_compile_ms": round(ms["compiling the harness's source"], 1),
         "first_compile_ms": round(ms["first compile() of a process"], 1),
         "call_task_ms": round(ms["whole sandbox, 1-test function-call task"], 1),
+        "call_task_no_cgroup_ms": round(ms["whole sandbox, 1-test function-call task, no cgroup"], 1),
+        "limits": sandbox.limits,
         "stdio_task_ms": round(ms["whole sandbox, 1-test stdin/stdout task"], 1),
         "stdio_task_livecodebench_ms": round(ms["whole sandbox, 1-test stdin/stdout task, LiveCodeBench's imports"], 1),
     }

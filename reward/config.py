@@ -50,6 +50,10 @@ class RewardConfig:
     # Code isolation: auto (bubblewrap when it works, else rlimits only, logged loudly), bwrap
     # (refuse to run code without it) or rlimits (never use bubblewrap).
     sandbox: str = "auto"
+    # Code: one cgroup per task bounds the memory (and, on cgroup v2, the processes) of the whole
+    # sandbox, where the grader can make one (reward/sandbox_cgroup.py); false: per-process
+    # limits and the harness's 20 ms watch of the whole sandbox instead (faster to start).
+    sandbox_cgroup: bool = True
     # Code: programs run as user id sandbox_uid_base + (worker pid mod 10000) when the grader
     # is root, so the process limit applies and root's files stay unreadable.
     sandbox_uid_base: int = 200000

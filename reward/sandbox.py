@@ -183,7 +183,7 @@ class Sandbox:
             self.uid = (self.cfg.sandbox_uid_base + os.getpid() % 10000
                         if root and _others_can_run_interpreter() else None)
         self.limits = "rlimits"
-        if self.isolation == "bwrap" and sandbox_cgroup.available():
+        if self.isolation == "bwrap" and self.cfg.sandbox_cgroup and sandbox_cgroup.available():
             self.limits = f"cgroup-{sandbox_cgroup.layout()[0]}"
             sandbox_cgroup.remove_stale()
 
