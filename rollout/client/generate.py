@@ -104,10 +104,15 @@ def parse_version(value) -> int:
 class GenerationClient:
     """`servers`: a list of URLs / `ServerRef`s (chosen by a hash of the sticky key, failing over
     in order), or a picker `(sticky_key, excluded_urls) -> ServerRef | url` (sync or async).
-    `seed_mode`: how servers treat `sampling_seed` (`SEED_MODES`; "auto" asks each server once)."""
+    `seed_mode`: how servers treat `sampling_seed` (`SEED_MODES`; "auto" asks each server once).
+    Failovers wait `retry_delay_s`, doubling after each one up to `MAX_RETRY_DELAY_S`: another
+    live server is tried at once, and a restarting one (the only server, killed and started
+    again at its address) gets time to come back — about 20 s with the defaults — before the
+    request fails and its group is retried (a prompt has three tries, rollout.max_attempts)."""
+    MAX_RETRY_DELAY_S = 4.0
 
     def __init__(self, servers: Sequence[ServerRef | str] | Picker, *, api_key: str | None = None,
-                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0, max_failovers: int = 3,
+                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0, max_failovers: int = 7,
                  max_interruptions: int = 64, retry_delay_s: float = 0.5, seed_mode: str = "auto"):
         if seed_mode not in SEED_MODES:
             raise ValueError(f"GenerationClient: seed_mode must be one of {SEED_MODES}, got {seed_mode!r}")
@@ -182,7 +187,7 @@ class GenerationClient:
                 if res.failovers > self.max_failovers:
                     raise GenerationError(f"generation failed on {res.failovers} servers; last: {e}") from None
                 log.warning("%s; retrying on another server", e)
-                await asyncio.sleep(self.retry_delay_s)
+                await asyncio.sleep(min(self.retry_delay_s * 2 ** (res.failovers - 1), self.MAX_RETRY_DELAY_S))
                 server = await self.pick(sticky_key, frozenset(failed))
                 continue
             before = len(res.output_ids)

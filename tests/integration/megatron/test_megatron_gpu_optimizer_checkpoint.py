@@ -25,6 +25,7 @@ import megatron_case as mc
 import pytest
 import torch
 from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
+from rank_processes import rank_errors
 
 from trainer.megatron import dist_ckpt, gpu, optim_state
 
@@ -127,15 +128,7 @@ def test_distributed_optimizer_state_spread_over_two_dp_ranks_resumes_at_one(bac
                               env=os.environ | {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                                 "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    errors = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            _, err = p.communicate()
-        if p.returncode:
-            errors.append(err[-3000:])
+    errors = rank_errors(procs)
     assert not errors, "\n----\n".join(errors)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert all(r["rebuilt"] for r in ranks)

@@ -92,3 +92,28 @@ def wait_no_sandbox_processes(timeout_s: float = 5.0) -> list[str]:
 
 REWARD_OVERRIDES = ["reward.num_workers=2", "reward.math_timeout_s=2.0", "reward.code_test_timeout_s=1.0",
                     "reward.code_total_timeout_s=4.0", "reward.code_memory_mb=256"]
+
+
+def scan_own_memory(pattern: str) -> str:
+    """Program text that makes itself dumpable again and searches every readable mapping of its
+    own memory (inherited from the harness by fork) for `pattern` (a bytes regex); it leaves the
+    first match, decoded, or "none" in `found`."""
+    return rf"""
+import ctypes, re
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+found = "none"
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        start, end = (int(x, 16) for x in span.split("-"))
+        if "r" not in perms or end - start > 1 << 26:
+            continue
+        try:
+            mem.seek(start)
+            m = re.search(rb"{pattern}", mem.read(end - start))
+        except (OSError, ValueError, OverflowError):
+            continue
+        if m:
+            found = m.group(0).decode()
+            break
+"""

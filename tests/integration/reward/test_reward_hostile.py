@@ -12,6 +12,7 @@ from grader_users import UNSHARE, USERS, why_not
 from reward_service_helpers import (
     REWARD_OVERRIDES,
     SECRET,
+    scan_own_memory,
     start_service,
     stop_service,
     wait_no_sandbox_processes,
@@ -27,25 +28,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(RewardC
 
 
 MEMORY_SECRET = "EXPECTED-SECRET-" + "481516"     # the program searches for the prefix only
-MEMORY_SCAN = r"""
-import ctypes, re
-ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
-found = "none"
-with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
-    for line in maps:
-        span, perms = line.split()[:2]
-        start, end = (int(x, 16) for x in span.split("-"))
-        if "r" not in perms or end - start > 1 << 26:
-            continue
-        try:
-            mem.seek(start)
-            m = re.search(rb"EXPECTED-SECRET-[0-9]{6}", mem.read(end - start))
-        except (OSError, ValueError, OverflowError):
-            continue
-        if m:
-            found = m.group(0).decode()
-            break
-"""
+MEMORY_SCAN = scan_own_memory("EXPECTED-SECRET-[0-9]{6}")
 
 
 def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, tuple[str, dict]]:

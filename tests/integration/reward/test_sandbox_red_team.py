@@ -14,6 +14,7 @@ import tempfile
 
 import pytest
 from grader_users import USERS, run_as, why_not
+from reward_service_helpers import scan_own_memory
 
 from reward.config import RewardConfig
 from reward.sandbox import Sandbox
@@ -21,22 +22,11 @@ from reward.sandbox import Sandbox
 CFG = {"code_test_timeout_s": 2.0, "code_total_timeout_s": 8.0, "code_memory_mb": 256}
 SECRET = "expected-53117"
 HIDDEN = "HIDDEN-INPUT-90210"
-SCAN_OWN_MEMORY = r"""
-import ctypes, gc, re
-ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
-found = [o for o in gc.get_objects() if isinstance(o, (str, bytes)) and "HIDDEN-INPUT" in str(o)]
-with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
-    for line in maps:
-        span, perms = line.split()[:2]
-        start, end = (int(x, 16) for x in span.split("-"))
-        if "r" not in perms or end - start > 1 << 26:
-            continue
-        try:
-            mem.seek(start)
-            found += re.findall(rb"HIDDEN-INPUT-[0-9]+", mem.read(end - start))
-        except (OSError, ValueError, OverflowError):
-            continue
-leak = next((x if isinstance(x, str) else x.decode() for x in found), "none")
+# Its own memory, and every string object the harness left in it.
+SCAN_OWN_MEMORY = scan_own_memory("HIDDEN-INPUT-[0-9]+") + r"""
+import gc
+found = [found] + [o for o in gc.get_objects() if isinstance(o, str) and "HIDDEN-INPUT" in o]
+leak = next((x for x in found if x != "none"), "none")
 """
 # Every descriptor of every process the program can open, for writing (a forged report in the
 # harness's own format) or for reading (whatever the grader sent: tests, expected outputs).

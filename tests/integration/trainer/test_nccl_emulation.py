@@ -21,6 +21,7 @@ import sys
 import textwrap
 
 import pytest
+from rank_processes import rank_errors
 from test_trainer_loop import SPECS, FakeController, groups, make_exp
 from trainer_feed import send
 
@@ -70,15 +71,7 @@ def test_two_ranks_train_a_step_under_nccls_device_rule(tmp_path, small_model_di
             procs.append(subprocess.Popen([python_bin, "-m", "launcher.cli", "trainer", "--exp", str(exp.root)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
         send(exp, groups(traj, SPECS[:2]))
-        errors = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                _, err = p.communicate()
-            if p.returncode != 0:
-                errors.append(err[-3000:])
+        errors = rank_errors(procs)
     finally:
         for p in procs:
             if p.poll() is None:
