@@ -8,7 +8,8 @@ worker's time whatever the program does; most attacks end at their test's limit,
 deadline, a program that closed its pipes and slept held a 1-test task for the grader's whole
 grace period (35 s against a 5 s limit, as reported in the issue); the goal is at most 100 ms.
 The unprivileged grader runs this module again under `unshare --user` (as on clusters, where the
-program can signal the harness: `stop_the_harness`).
+program can signal the harness: `stop_the_harness`), without a cgroup (a cluster user's grader
+has none to write; in the user namespace the real root's would look writable).
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ ATTACKS = {
 }
 
 
-def _measure(repeats: int) -> dict[str, dict]:
-    cfg = RewardConfig(code_test_timeout_s=TEST_S, code_total_timeout_s=TOTAL_S, code_memory_mb=256)
+def _measure(repeats: int, cgroup: bool = True) -> dict[str, dict]:
+    cfg = RewardConfig(code_test_timeout_s=TEST_S, code_total_timeout_s=TOTAL_S, code_memory_mb=256,
+                       sandbox_cgroup=cgroup)
     sandbox = Sandbox(cfg)
     out = {}
     for name, (program, n) in ATTACKS.items():
@@ -81,6 +83,6 @@ def main(quick: bool = False) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--inner"]:
-        print(json.dumps(_measure(int(sys.argv[2]))))
+        print(json.dumps(_measure(int(sys.argv[2]), cgroup=False)))
     else:
         cli(main)

@@ -78,7 +78,7 @@ UNISOLATED = ("refused: no filesystem or network isolation for generated code (b
               "sandbox-deps`) or set reward.allow_unisolated: true to grade anyway")
 # Seconds past the task's deadline the grader waits for the report before killing the sandbox
 # (the harness itself stops the program harness.REPORT_RESERVE_S before the deadline).
-REPORT_GRACE_S = 0.1
+REPORT_GRACE_S = 0.08
 # Seconds the probe and bubblewrap's own set-up may take before the sandbox counts as broken.
 SETUP_TIMEOUT_S = 30.0
 BWRAP_FLAGS = ["--dev", "/dev", "--proc", "/proc",

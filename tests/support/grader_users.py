@@ -5,7 +5,10 @@ user namespace and the program runs as the grader's own user, which sees (and ma
 that user's processes hold. The red-team tests run every attack both ways: `root` in the test's
 own process (when the tests run as root), `user` in a child process under `unshare --user
 --map-user=1000 --map-group=1000` — not root there, no capabilities, exactly as on a cluster
-node (the issue's reproduction). The child runs `python -m grader_users` on a JSON batch.
+node (the issue's reproduction), and with no cgroup of its own to write (`reward.sandbox_cgroup:
+false`): the user namespace maps the files of the real root's cgroups to it, which a cluster
+user's grader never owns, so it limits the sandbox with per-process limits and the harness's
+watch, as there. The child runs `python -m grader_users` on a JSON batch.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from pathlib import Path
 
 USERS = ("root", "user")
 UNSHARE = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+USER_CONFIG = {"sandbox_cgroup": False}    # see the module docstring
 
 
 def why_not(user: str) -> str | None:
@@ -61,7 +65,8 @@ def run_as(user: str, cases: list[dict], cfg: dict | None = None, timeout_s: flo
     if user == "root":
         return _run_here(cases, cfg)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.getcwd()])}
-    r = subprocess.run([*UNSHARE, sys.executable, "-m", "grader_users"], input=json.dumps([cases, cfg]),
+    r = subprocess.run([*UNSHARE, sys.executable, "-m", "grader_users"],
+                       input=json.dumps([cases, {**cfg, **USER_CONFIG}]),
                        capture_output=True, text=True, timeout=timeout_s, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"the unprivileged grader failed: {r.stderr[-2000:]}")

@@ -8,7 +8,7 @@ import socket
 import threading
 
 import pytest
-from grader_users import UNSHARE, USERS, why_not
+from grader_users import UNSHARE, USER_CONFIG, USERS, why_not
 from reward_service_helpers import (
     REWARD_OVERRIDES,
     SECRET,
@@ -95,8 +95,9 @@ def reward_service(request, tmp_path_factory):
     """The service run by root, and by an ordinary user (as on clusters: see grader_users)."""
     if why_not(request.param):
         pytest.skip(why_not(request.param))
-    prefix = UNSHARE if request.param == "user" else []
-    svc = start_service(tmp_path_factory.mktemp("reward") / "exp", REWARD_OVERRIDES, prefix)
+    user = request.param == "user"
+    overrides = [*REWARD_OVERRIDES, *(f"reward.{k}={str(v).lower()}" for k, v in USER_CONFIG.items() if user)]
+    svc = start_service(tmp_path_factory.mktemp("reward") / "exp", overrides, UNSHARE if user else [])
     yield svc
     stop_service(svc)
 
