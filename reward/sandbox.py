@@ -6,8 +6,9 @@ sees a fresh root holding only the interpreter, the libraries it loads and the a
 (`sandbox_root.py`), a size-capped tmpfs `/tmp` holding its working directory (nothing reaches
 the host's disk, and the directory vanishes with the sandbox's mount namespace whatever the
 program built in it), its own PID, network, IPC and UTS namespaces (no network at all), a
-seccomp filter without kernel keyrings (`sandbox_seccomp.py`), one cgroup for the memory and
-process count of the whole sandbox where one can be made (`sandbox_cgroup.py`), and an
+seccomp filter without kernel keyrings (`sandbox_seccomp.py`), one cgroup for the memory (on
+cgroup v2 also the process count) of the whole sandbox where one can be made
+(`sandbox_cgroup.py`), and an
 unprivileged user id when the grader is root (so the process limit applies).
 
 The grader and the harness talk on two pipes passed as extra descriptors (task frames in, the
@@ -194,7 +195,7 @@ class Sandbox:
             return None
         try:
             # + bubblewrap's init and the harness
-            return sandbox_cgroup.SandboxCgroup(self.cfg.code_memory_mb << 20, self.cfg.code_max_processes + 2)
+            return sandbox_cgroup.SandboxCgroup.create(self.cfg.code_memory_mb << 20, self.cfg.code_max_processes + 2)
         except OSError as e:
             log.warning("no cgroup for this sandbox (%s): per-process limits and the harness's watch", e)
             return None

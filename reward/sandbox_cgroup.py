@@ -54,9 +54,9 @@ def _writable_dir(path: Path) -> bool:
 
 
 @functools.cache
-def layout() -> tuple[str, tuple[Path, ...]] | None:
-    """("v2", (parent,)) or ("v1", (memory parent,)) where per-task cgroups can be made, or
-    None. Found once per process."""
+def layout() -> tuple[str, Path] | None:
+    """("v2", parent) or ("v1", memory parent) where per-task cgroups can be made, or None.
+    Found once per process."""
     try:
         own = _own_paths()
     except OSError:
@@ -69,11 +69,11 @@ def layout() -> tuple[str, tuple[Path, ...]] | None:
             except OSError:
                 continue
             if {"memory", "pids"} <= set(enabled) and _writable_dir(parent):
-                return "v2", (parent,)
+                return "v2", parent
     if "memory" in own:
         memory = _ROOT / "memory" / own["memory"].lstrip("/")
         if (memory / "memory.limit_in_bytes").exists() and _writable_dir(memory):
-            return "v1", (memory,)
+            return "v1", memory
     return None
 
 
@@ -84,47 +84,46 @@ def available() -> bool:
 def remove_stale() -> int:
     """Remove task cgroups left by graders that died mid-task (their pid in the name is gone);
     returns how many. Called once per process, before its first task."""
-    found = layout()
+    if layout() is None:
+        return 0
+    kind, parent = layout()
     removed = 0
-    for parent in found[1] if found else ():
-        for d in parent.glob("tandem-sbx-*-*"):
-            try:
-                os.kill(int(d.name.split("-")[2]), 0)
-                continue                     # its grader is alive
-            except ProcessLookupError:
-                pass
-            except (ValueError, PermissionError):
-                continue
-            leftover = SandboxCgroup.__new__(SandboxCgroup)
-            leftover.kind, leftover.dirs = found[0], [d]
-            leftover.close()
-            removed += not d.exists()
+    for d in parent.glob("tandem-sbx-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[2]), 0)
+            continue                     # its grader is alive
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        SandboxCgroup(kind, d).close()
+        removed += not d.exists()
     return removed
 
 
 class SandboxCgroup:
     """One task's cgroup: limits set at creation, removed by `close`."""
 
-    def __init__(self, memory_bytes: int, max_pids: int):
-        kind, parents = layout()
-        self.kind = kind
-        name = f"tandem-sbx-{os.getpid()}-{next(_COUNTER)}"
-        self.dirs = [p / name for p in parents]
-        for d in self.dirs:
-            d.mkdir()
+    def __init__(self, kind: str, path: Path):
+        self.kind, self.path = kind, path
+
+    @classmethod
+    def create(cls, memory_bytes: int, max_pids: int) -> SandboxCgroup:
+        kind, parent = layout()
+        self = cls(kind, parent / f"tandem-sbx-{os.getpid()}-{next(_COUNTER)}")
+        self.path.mkdir()
         try:
             if kind == "v2":
-                d = self.dirs[0]
-                self._write(d / "memory.max", memory_bytes)
-                self._write(d / "memory.swap.max", 0, optional=True)
-                self._write(d / "pids.max", max_pids)
+                self._write(self.path / "memory.max", memory_bytes)
+                self._write(self.path / "memory.swap.max", 0, optional=True)
+                self._write(self.path / "pids.max", max_pids)
             else:
-                memory = self.dirs[0]
-                self._write(memory / "memory.limit_in_bytes", memory_bytes)
-                self._write(memory / "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
+                self._write(self.path / "memory.limit_in_bytes", memory_bytes)
+                self._write(self.path / "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
         except OSError:
             self.close()
             raise
+        return self
 
     @staticmethod
     def _write(path: Path, value: int, optional: bool = False) -> None:
@@ -136,25 +135,21 @@ class SandboxCgroup:
 
     def add(self, pid: int) -> None:
         """Move `pid` (not yet started anything) into the cgroup."""
-        for d in self.dirs:
-            (d / "cgroup.procs").write_text(str(pid))
+        (self.path / "cgroup.procs").write_text(str(pid))
 
     def pids(self) -> list[int]:
-        out = set()
-        for d in self.dirs:
-            try:
-                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            except OSError:
-                pass
-        return sorted(out)
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
 
     def oom_killed(self) -> bool:
         """Whether the memory limit killed a process of the task."""
         try:
             if self.kind == "v2":
-                events = dict(line.split() for line in (self.dirs[0] / "memory.events").read_text().splitlines())
+                events = dict(line.split() for line in (self.path / "memory.events").read_text().splitlines())
                 return int(events.get("oom_kill", 0)) > 0
-            control = dict(line.split() for line in (self.dirs[0] / "memory.oom_control").read_text().splitlines())
+            control = dict(line.split() for line in (self.path / "memory.oom_control").read_text().splitlines())
             return int(control.get("oom_kill", 0)) > 0
         except (OSError, ValueError):
             return False
@@ -164,7 +159,7 @@ class SandboxCgroup:
         finishes tearing the processes down; a leftover empty directory is harmless)."""
         if self.kind == "v2":
             try:
-                (self.dirs[0] / "cgroup.kill").write_text("1")
+                (self.path / "cgroup.kill").write_text("1")
             except OSError:
                 pass
         for _ in range(200):
@@ -174,9 +169,8 @@ class SandboxCgroup:
                 except OSError:
                     pass
             try:
-                for d in self.dirs:
-                    if d.exists():
-                        d.rmdir()
+                if self.path.exists():
+                    self.path.rmdir()
                 return
             except OSError:
                 time.sleep(0.001)
