@@ -25,6 +25,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from launcher.config_source import Provenance, copies_in, dotted_keys, where_in_file
 from launcher.simulate.config import SimulateConfig
 from reward.config import RewardConfig
 from rollout.config import GenConfig, RolloutConfig
@@ -214,31 +215,12 @@ def _non_finite(obj, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    out = _non_finite(cfg)
+    out = []
     if cfg.controller.groups_per_step != cfg.trainer.groups_per_step:
         out.append(("controller.groups_per_step",
                     f"{cfg.controller.groups_per_step} differs from trainer.groups_per_step="
                     f"{cfg.trainer.groups_per_step}; admission and training must agree on B"))
     return out
-
-
-def _yaml_line(path: Path, dotted: str) -> int | None:
-    """Line (1-based) of a dotted key in a YAML file, for error messages; None if not found."""
-    try:
-        node = yaml.compose(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    line = None
-    for part in dotted.split("."):
-        if not isinstance(node, yaml.MappingNode):
-            return line
-        for k, v in node.value:
-            if getattr(k, "value", None) == part:
-                line, node = k.start_mark.line + 1, v
-                break
-        else:
-            return line
-    return line
 
 
 def _did_you_mean(schema: DictConfig, full_key: str) -> str:
@@ -272,24 +254,10 @@ def _explain(err: OmegaConfBaseException, schema: DictConfig) -> tuple[str, str]
 
 
 def _where(path: Path | None, key: str) -> str:
-    if path is None:
-        return key
-    line = _yaml_line(path, key) if key else None
-    return f"{path}:{line}: {key}" if line else f"{path}: {key}"
+    return where_in_file(path, key)
 
 
-def _dotted_keys(node, prefix: str = "") -> set[str]:
-    """Every key a YAML mapping sets, dotted ("trainer.optim.lr"), parents included."""
-    out = set()
-    if isinstance(node, dict):
-        for k, v in node.items():
-            key = f"{prefix}{k}"
-            out.add(key)
-            out |= _dotted_keys(v, key + ".")
-    return out
-
-
-def _apply_algorithm(cfg: DictConfig, explicit: set[str], src: Path | None, applied: dict | None) -> DictConfig:
+def _apply_algorithm(cfg: DictConfig, explicit: set[str], prov: Provenance, applied: dict | None) -> DictConfig:
     """Set the `trainer.algorithm` preset's keys (trainer/presets.py) that neither the file nor
     an override set explicitly: an explicit key always wins. Unknown names are left to the
     section's validation. `applied` (if given) receives {key: value} set and {key: None} kept."""
@@ -314,7 +282,7 @@ def _apply_algorithm(cfg: DictConfig, explicit: set[str], src: Path | None, appl
                 applied[key] = ("preset", value)
     except OmegaConfBaseException as e:
         key, msg = _explain(e, OmegaConf.structured(ExperimentConfig))
-        raise ConfigError(f"{_where(src, 'trainer.algorithm')}: preset {algorithm!r}: {key}: {msg}") from None
+        raise ConfigError(f"{prov.where('trainer.algorithm')}: preset {algorithm!r}: {key}: {msg}") from None
     return cfg
 
 
@@ -325,34 +293,54 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
     Order: dataclass defaults, the YAML file, the overrides, then the `trainer.algorithm`
     preset for every key of it that neither the file nor an override set (`applied`, if given,
     is filled with {key: ("preset" | "explicit", value)})."""
+    return load_config_traced(path, overrides, applied)[0]
+
+
+def problems_error(prov: Provenance, problems: list[tuple[str, str]]) -> ConfigError:
+    """The ConfigError of (key, message) problems, each on one line blaming what the user wrote."""
+    lines = prov.lines(problems)
+    if len(lines) == 1:
+        return ConfigError(lines[0])
+    return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+
+
+def _read_yaml(src: Path) -> dict:
+    try:
+        raw = yaml.safe_load(src.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{src}: no such file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{src}:{mark.line + 1}:{mark.column + 1}" if mark else str(src)
+        problem = getattr(e, "problem", None) or str(e)
+        ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if ctx and ctx_mark:
+            problem += f" ({ctx} at line {ctx_mark.line + 1})"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{src}: the top level must be a mapping of sections "
+                          f"({', '.join(SECTIONS)}), got {type(raw).__name__}")
+    return raw
+
+
+def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = (),
+                       applied: dict | None = None) -> tuple[ExperimentConfig, Provenance]:
+    """`load_config`, and where each key came from (for the checks that run after loading,
+    launcher/preflight.py, to blame what the user wrote as loading does)."""
     schema = OmegaConf.structured(ExperimentConfig)
     cfg = schema
     src = Path(path) if path is not None else None
-    explicit: set[str] = set()
+    prov = Provenance(path=src)
     if src is not None:
-        try:
-            raw = yaml.safe_load(src.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{src}: no such file") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{src}:{mark.line + 1}:{mark.column + 1}" if mark else str(src)
-            problem = getattr(e, "problem", None) or str(e)
-            ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
-            if ctx and ctx_mark:
-                problem += f" ({ctx} at line {ctx_mark.line + 1})"
-            raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{src}: the top level must be a mapping of sections "
-                              f"({', '.join(SECTIONS)}), got {type(raw).__name__}")
+        raw = _read_yaml(src)
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.create(raw))
         except OmegaConfBaseException as e:
             key, msg = _explain(e, schema)
             raise ConfigError(f"{_where(src, key)}: {msg}") from None
-        explicit |= _dotted_keys(raw)
+        prov.file_keys |= dotted_keys(raw)
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override '{ov}': expected key=value")
@@ -361,34 +349,37 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
         except OmegaConfBaseException as e:
             key, msg = _explain(e, schema)
             raise ConfigError(f"override '{ov}': {key}: {msg}") from None
-        explicit.add(ov.split("=", 1)[0].strip())
-    cfg = _apply_algorithm(cfg, explicit, src, applied)
+        prov.override_keys.add(ov.split("=", 1)[0].strip())
+    applied = {} if applied is None else applied
+    cfg = _apply_algorithm(cfg, prov.file_keys | prov.override_keys, prov, applied)
+    prov.preset_keys = {k for k, (how, _) in applied.items() if how == "preset"}
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         where = f"{src}: " if src else ""
         raise ConfigError(f"{where}missing required value: {', '.join(missing)} "
                           f"(set it in the file or as an override, e.g. {missing[0]}=...)")
+    prov.copies = copies_in(OmegaConf.to_container(cfg, resolve=False))
     try:
         OmegaConf.resolve(cfg)
         obj: ExperimentConfig = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         key, msg = _explain(e, schema)
-        raise ConfigError(f"{_where(src, key)}: {msg}") from None
-    problems = []
+        raise problems_error(prov, [(key, msg)]) from None
+    # Non-finite values first: "got nan" says more than the range check a NaN or inf also fails.
+    problems = _non_finite(obj)
     for section in SECTIONS:
         check = getattr(getattr(obj, section), "problems", None)
         if check:
             problems += [(f"{section}.{k}", m) for k, m in check()]
     problems += _cross_section_problems(obj)
     if problems:
-        lines = [f"{_where(src, k)}: {m}" for k, m in problems]
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+        raise problems_error(prov, problems)
     obj.experiment.exp_dir = str(Path(obj.experiment.exp_dir).expanduser().absolute())
     model = Path(obj.experiment.model).expanduser()
     if obj.experiment.model.startswith((".", "~")) or model.exists():
         # Roles may run elsewhere (another cwd, a cluster node): pin local paths down now.
         obj.experiment.model = str(model.absolute())
-    return obj
+    return obj, prov
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

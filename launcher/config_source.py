@@ -1,0 +1,126 @@
+"""Where each setting of an experiment came from, so an error blames what the user wrote.
+
+A resolved config mixes four sources: dataclass defaults, the YAML file, command-line
+overrides and the `trainer.algorithm` preset; some keys are copies of others (`trainer.
+max_staleness: ${controller.max_staleness}`). A problem found on the resolved values is
+attributed here: a copy's problem goes to the key it copies (and is then said once, not once per
+copy), a preset's to `trainer.algorithm`, and the key is located where it was last set — the
+command line (`command line: rollout.temperature`) for an override, `file:line` for the file.
+Blaming the file's line for an override, or a key the user never wrote, sends them to the wrong
+place.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# A value that is exactly one interpolation of another key: a copy ("${controller.max_staleness}").
+_COPY = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+ALGORITHM_KEY = "trainer.algorithm"
+
+
+def yaml_line(path: Path, dotted: str) -> int | None:
+    """Line (1-based) of a dotted key in a YAML file, or of its deepest parent that is there;
+    None if not even the first part is."""
+    try:
+        node = yaml.compose(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return line
+        for k, v in node.value:
+            if getattr(k, "value", None) == part:
+                line, node = k.start_mark.line + 1, v
+                break
+        else:
+            return line
+    return line
+
+
+def where_in_file(path: Path | None, key: str) -> str:
+    """`file:line: key` (or `file: key`, or just `key` without a file)."""
+    if path is None:
+        return key
+    line = yaml_line(path, key) if key else None
+    return f"{path}:{line}: {key}" if line else f"{path}: {key}"
+
+
+def dotted_keys(node, prefix: str = "") -> set[str]:
+    """Every key a YAML mapping sets, dotted ("trainer.optim.lr"), parents included."""
+    out = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            out.add(key)
+            out |= dotted_keys(v, key + ".")
+    return out
+
+
+def copies_in(node, prefix: str = "") -> dict[str, str]:
+    """{key: the key it copies} for every value of an unresolved config that is `${other.key}`."""
+    out: dict[str, str] = {}
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                out |= copies_in(v, key + ".")
+            elif isinstance(v, str) and (m := _COPY.match(v)):
+                out[key] = m.group(1)
+    return out
+
+
+def _covers(keys: set[str], key: str) -> bool:
+    """`key` or one of its parents is in `keys` (an override `rollout={...}` sets its children)."""
+    parts = key.split(".")
+    return any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1))
+
+
+@dataclass
+class Provenance:
+    """What set each key: the file, an override, the preset, or a copy of another key."""
+    path: Path | None = None
+    file_keys: set[str] = field(default_factory=set)
+    override_keys: set[str] = field(default_factory=set)
+    preset_keys: set[str] = field(default_factory=set)
+    copies: dict[str, str] = field(default_factory=dict)
+
+    def written(self, key: str) -> bool:
+        return _covers(self.override_keys, key) or key in self.file_keys
+
+    def user_key(self, key: str) -> str:
+        """The key the user wrote that `key`'s value comes from: itself if written, else the
+        key it copies (followed through copies of copies), else `trainer.algorithm` for a preset
+        value, else `key` (a default)."""
+        seen = set()
+        while not self.written(key) and key in self.copies and key not in seen:
+            seen.add(key)
+            key = self.copies[key]
+        if not self.written(key) and key in self.preset_keys:
+            return ALGORITHM_KEY
+        return key
+
+    def where(self, key: str) -> str:
+        """`command line: key` when an override set it last, else `file:line: key`."""
+        if _covers(self.override_keys, key):
+            return f"command line: {key}"
+        return where_in_file(self.path, key)
+
+    def lines(self, problems: list[tuple[str, str]]) -> list[str]:
+        """One `where: message` line per key the user wrote, in order; a copy's or a preset's
+        problem is said under that key (naming the derived key), once."""
+        out, said = [], set()
+        for key, msg in problems:
+            blamed = self.user_key(key)
+            if blamed in said:
+                continue
+            said.add(blamed)
+            if blamed != key:
+                via = "the preset's value of" if blamed == ALGORITHM_KEY else "as"
+                msg = f"{msg} ({via} {key})"
+            out.append(f"{self.where(blamed)}: {msg}")
+        return out
