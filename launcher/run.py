@@ -18,6 +18,7 @@ from .config import ConfigError, ExperimentConfig, load_config, load_experiment,
 from .lifecycle import run_experiment
 from .plan import cpu_placement_for
 from .roles import GEN_ADMIN_KEY, GEN_API_KEY, gpu_layout
+from .run_info import record_launch
 
 
 def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[ExperimentConfig, ExpDir]:
@@ -41,6 +42,7 @@ def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[Exper
                           f"(for the embedded default, `make train-math` builds it with `tandem sft`)")
     exp.root.mkdir(parents=True, exist_ok=True)
     save_resolved(cfg, exp.root)
+    record_launch(exp.root, file, resume)   # file, commit and time: the report's title
     generate_keys(exp.keys)
     write_gen_keys(exp)
     return cfg, exp
