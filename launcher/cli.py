@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launcher.config import ConfigError, load_config, load_experiment, to_yaml
+from launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
 from launcher.placement import pin_from_env
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
@@ -32,8 +32,11 @@ def _config_show(args) -> int:
 
 
 def _config_check(args) -> int:
-    cfg = load_config(args.file, args.overrides)
-    print(f"{args.file}: OK (experiment '{cfg.experiment.name}', exp_dir {cfg.experiment.exp_dir})")
+    from launcher.preflight import check_before_launch
+    cfg, prov = load_config_traced(args.file, args.overrides)
+    check_before_launch(cfg, prov, files=not args.skip_files)   # what `tandem run` checks before a launch
+    skipped = " (model, data sets and episode function not checked)" if args.skip_files else ""
+    print(f"{args.file}: OK (experiment '{cfg.experiment.name}', exp_dir {cfg.experiment.exp_dir}){skipped}")
     return 0
 
 
@@ -47,11 +50,15 @@ def _add_config_commands(sub) -> None:
     p = sub.add_parser("config", help="show, check or document experiment configs")
     csub = p.add_subparsers(dest="config_cmd", required=True, metavar="{show,check,docs}")
     for name, fn, text in (("show", _config_show, "print the resolved config"),
-                           ("check", _config_check, "validate a config file")):
+                           ("check", _config_check, "validate a config file and everything a launch would check first")):
         c = csub.add_parser(name, help=text)
         c.add_argument("file", help="experiment YAML file")
         c.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. trainer.optim.lr=1e-6")
         c.set_defaults(func=fn)
+        if name == "check":
+            c.add_argument("--skip-files", action="store_true",
+                           help="check the config and the layout only, not that the model, data sets and "
+                                "episode function exist (a cluster's file checked away from its filesystem)")
     c = csub.add_parser("docs", help="print docs/configuration.md from the config dataclasses")
     c.set_defaults(func=_config_docs)
 

@@ -122,5 +122,6 @@ class Provenance:
             if blamed != key:
                 via = "the preset's value of" if blamed == ALGORITHM_KEY else "as"
                 msg = f"{msg} ({via} {key})"
-            out.append(f"{self.where(blamed)}: {msg}")
+            # "=3 does not divide ...": a message that goes on from its key (launcher/preflight.py)
+            out.append(f"{self.where(blamed)}{'' if msg.startswith('=') else ': '}{msg}")
         return out

@@ -191,13 +191,19 @@ def plan_for(cfg: ExperimentConfig, place_cpus: bool = True) -> Plan:
     if plan.cpus is not None:
         services = f"CPUs {format_ranges(plan.cpus.services)} (light services pool)"
         plan.cpu_roles = {k: services for k in plan.cpu_roles}
-    # One machine, CPU roles only: the GPU tables would describe GPUs nothing uses.
-    plan.uses_gpus = not (la.backend == "local" and la.nodes == 1 and cfg.gen.backend == "embedded"
-                          and cfg.trainer.backend == "torch")
+    plan.uses_gpus = uses_gpus(cfg)
     if la.backend == "slurm" and cfg.gen.num_servers not in (1, plan.num_servers):
         plan.notes.append(f"gen.num_servers={cfg.gen.num_servers} is ignored on slurm: the plan "
                           f"starts {plan.num_servers} servers")
     return plan
+
+
+def uses_gpus(cfg: ExperimentConfig) -> bool:
+    """False for one machine running CPU roles only (embedded servers, the torch trainer): its GPU
+    plan would describe GPUs nothing uses, so neither `tandem plan` draws it nor a launch checks it."""
+    la = cfg.launcher
+    return not (la.backend == "local" and la.nodes == 1 and cfg.gen.backend == "embedded"
+                and cfg.trainer.backend == "torch")
 
 
 def cpu_placement_for(cfg, available=None) -> CpuPlacement | None:

@@ -9,23 +9,24 @@ import logging
 import os
 import secrets
 import shutil
-from pathlib import Path
 
 from services.protocol import ExpDir, generate_keys
 
 from .backends import backend_for
-from .config import ConfigError, ExperimentConfig, load_config, load_experiment, save_resolved
+from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
 from .lifecycle import run_experiment
-from .plan import cpu_placement_for
-from .roles import GEN_ADMIN_KEY, GEN_API_KEY, gpu_layout
+from .preflight import check_before_launch
+from .roles import GEN_ADMIN_KEY, GEN_API_KEY
 from .run_info import record_launch
 
 
 def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[ExperimentConfig, ExpDir]:
     """Resolve the config and create (or reopen, with --resume) the experiment directory."""
-    cfg = load_config(file, overrides)
-    gpu_layout(cfg)         # sets gen.num_servers from the plan; a layout the backend cannot start fails
-    cpu_placement_for(cfg)  # a CPU placement that does not fit fails before the directory exists
+    cfg, prov = load_config_traced(file, overrides)
+    # What `tandem config check` checks, before the directory exists or any job is submitted: the
+    # layout (sets gen.num_servers from the plan with sglang), the data sets, the model, the
+    # episode function.
+    check_before_launch(cfg, prov)
     exp = ExpDir(cfg.experiment.exp_dir)
     if exp.config.exists():
         if not resume:
@@ -37,9 +38,6 @@ def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[Exper
                               "staleness accounting would not agree")
     elif resume:
         raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
-    if not Path(cfg.experiment.model).exists():
-        raise ConfigError(f"experiment.model: {cfg.experiment.model} does not exist "
-                          f"(for the embedded default, `make train-math` builds it with `tandem sft`)")
     exp.root.mkdir(parents=True, exist_ok=True)
     save_resolved(cfg, exp.root)
     record_launch(exp.root, file, resume)   # file, commit and time: the report's title

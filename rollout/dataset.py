@@ -161,3 +161,41 @@ def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
         return [Prompt(r["id"], r["problem"], kind, {"tests": r["tests"], "visible_tests": r["visible_tests"]})
                 for r in rows]
     return load_jsonl(dataset, task)
+
+
+def dataset_problem(dataset: str, task: str, rows: int = 100) -> str | None:
+    """Why `dataset` cannot feed a run of `task`, or None: checked before a launch (`tandem
+    config check`, `tandem run`), so a missing or unreadable file is said in one line instead
+    of failing in a rollout worker after the roles started (on SLURM, after the queue). A file
+    is opened and read until a usable row, by the rules the workers use (which skip a bad row),
+    looking at `rows` non-empty rows at most: a data set with none usable there is refused."""
+    if dataset.startswith("synthetic:"):
+        kind = dataset.split(":", 1)[1]
+        from rollout.synthetic import GENERATORS
+        return None if kind in GENERATORS else f"unknown synthetic task {kind!r}; choose from {sorted(GENERATORS)}"
+    path = Path(dataset)
+    if not path.exists():
+        return f"{dataset}: no such file"
+    if not path.is_file():
+        return f"{dataset}: not a file"
+    first, seen = None, 0
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                seen += 1
+                try:
+                    _row_to_prompt(json.loads(raw.decode("utf-8")), task, f"{dataset}:{lineno}")
+                    return None
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    first = first or f"{dataset}:{lineno}: not JSON ({getattr(e, 'msg', None) or e.reason})"
+                except DatasetError as e:
+                    first = first or str(e)
+                if seen >= rows:
+                    break
+    except OSError as e:
+        return f"{dataset}: cannot read it ({e.strerror or e})"
+    if not seen:
+        return f"{dataset}: holds no rows"
+    return f"no usable {task} row in the first {seen}: {first}"

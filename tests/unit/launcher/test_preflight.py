@@ -1,0 +1,127 @@
+"""What a launch checks before anything starts (launcher/preflight.py): the layout `tandem plan`
+refuses, the data sets, the model, the episode function — each one `where: key: message` line,
+from `tandem config check` and from `tandem run`'s prepare alike, before the experiment
+directory exists (so before any SLURM job is submitted).
+
+The model here is an empty directory: the check is that the model path exists, not that the
+weights load (the roles do that)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.config import ConfigError, load_config_traced
+from launcher.preflight import check_before_launch
+from launcher.run import prepare
+
+CLUSTER = """\
+experiment:
+  name: pre
+  model: {model}
+  exp_dir: {exp_dir}
+launcher:
+  backend: slurm
+  nodes: 2
+  gpus_per_node: 8
+gen:
+  backend: sglang
+  tp_size: 1
+rollout:
+  dataset: {dataset}
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    return model, data
+
+
+def _write(tmp_path, model, dataset, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(CLUSTER.format(model=model, dataset=dataset, exp_dir=tmp_path / "run"))
+    return path
+
+
+def _check(path, *overrides):
+    cfg, prov = load_config_traced(path, list(overrides))
+    check_before_launch(cfg, prov)
+    return cfg
+
+
+def _line(path, needle):
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_a_good_cluster_file_passes_and_gets_its_server_count(tmp_path, files):
+    cfg = _check(_write(tmp_path, *files))
+    assert cfg.gen.num_servers == 12   # 16 GPUs at 3:1, one server per GPU
+
+
+def test_the_plans_layout_check_runs_with_the_file_line(tmp_path, files):
+    path = _write(tmp_path, *files)
+    path.write_text(path.read_text().replace("tp_size: 1", "tp_size: 3"))
+    with pytest.raises(ConfigError) as e:
+        _check(path)
+    assert str(e.value) == (f"{path}:{_line(path, 'tp_size: 3')}: gen.tp_size=3 does not divide "
+                            f"launcher.gpus_per_node=8: some tensor-parallel group would straddle two nodes")
+    with pytest.raises(ConfigError, match=r"^command line: gen\.tp_size=16 is larger than a node"):
+        _check(path, "gen.tp_size=16")
+
+
+def test_a_missing_or_unusable_data_set_is_refused(tmp_path, files):
+    model, data = files
+    path = _write(tmp_path, model, tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError) as e:
+        _check(path)
+    assert str(e.value) == f"{path}:{_line(path, 'dataset:')}: rollout.dataset: {tmp_path / 'nope.jsonl'}: no such file"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "1+1?"}\nnot json\n')   # a math row without its answer, then no row
+    with pytest.raises(ConfigError, match=r"command line: rollout\.dataset: no usable math row in the first 2: "
+                                          r".*bad\.jsonl:1: math row has no 'answer'$"):
+        _check(path, f"rollout.dataset={bad}")
+    bad.write_text(bad.read_text() + data.read_text())   # the workers skip bad rows: one usable is enough
+    _check(path, f"rollout.dataset={bad}")
+    with pytest.raises(ConfigError, match=r"rollout\.eval_dataset: .*missing\.jsonl: no such file"):
+        _check(_write(tmp_path, model, data), f"rollout.eval_dataset={tmp_path / 'missing.jsonl'}")
+
+
+def test_what_the_run_generates_is_not_refused(tmp_path, files):
+    model, _ = files
+    _check(_write(tmp_path, model, "synthetic:math"))
+    with pytest.raises(ConfigError, match="unknown synthetic task 'chess'"):
+        _check(_write(tmp_path, model, "synthetic:chess"))
+
+
+def test_the_model_and_the_episode_function_are_checked(tmp_path, files):
+    model, data = files
+    path = _write(tmp_path, tmp_path / "no-model", data)
+    with pytest.raises(ConfigError, match=r"experiment\.model: .*no-model does not exist$"):
+        _check(path)
+    with pytest.raises(ConfigError, match=r"^command line: rollout\.workflow: cannot import 'no_such_module'"):
+        _check(_write(tmp_path, model, data), "rollout.workflow=no_such_module:episode")
+    with pytest.raises(ConfigError, match=r"rollout\.workflow: rollout\.workflow has no function 'nope'"):
+        _check(_write(tmp_path, model, data), "rollout.workflow=rollout.workflow:nope")
+
+
+def test_every_problem_is_said_at_once(tmp_path, files):
+    model, _ = files
+    path = _write(tmp_path, tmp_path / "no-model", tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError) as e:
+        _check(path, "gen.tp_size=3")
+    lines = str(e.value).splitlines()
+    assert lines[0] == "invalid configuration:"
+    assert [ln.split(": ")[1].split("=")[0] for ln in lines[1:]] == ["gen.tp_size", "rollout.dataset", "experiment.model"]
+
+
+def test_run_refuses_before_the_experiment_directory_exists(tmp_path, files):
+    """`tandem run` (either backend: the SLURM one submits only after prepare) stops here."""
+    model, _ = files
+    path = _write(tmp_path, model, tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match="rollout.dataset"):
+        prepare(str(path), [], resume=False)
+    assert not (tmp_path / "run").exists()
