@@ -1,5 +1,8 @@
-"""`python -m benchmarks [--quick] [names...]`: run every benchmark one after another (never in
-parallel: they share the machine's two cores and compare ratios within one run).
+"""`python -m benchmarks [--quick|--record] [names...]`: run every benchmark one after another
+(never in parallel: they share the machine's two cores and compare ratios within one run).
+
+Results go to one directory of this run, `benchmarks/runs/<time>/`; `--record` writes the
+committed `benchmarks/results/` instead (the figures the docs cite; see benchmarks/common.py).
 
 A benchmark is a module of this folder with a `main(quick)` function; the others (`common`,
 `script_path`, the `long_tail` workload) are helpers and are skipped. Each benchmark also runs
@@ -14,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import discard_tables
+from benchmarks.common import add_output_flags, apply_output_flags, discard_tables, output_dir
 
 
 def benchmark_names() -> list[str]:
@@ -33,10 +36,12 @@ def benchmark_names() -> list[str]:
 def main() -> int:
     known = benchmark_names()
     p = argparse.ArgumentParser(prog="python -m benchmarks",
-                                description="Run benchmarks; each writes benchmarks/results/<name>.json.")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, to check they run (writes no results)")
+                                description="Run benchmarks; each writes <name>.json into benchmarks/runs/<time>/ "
+                                            "(benchmarks/results/ with --record).")
+    add_output_flags(p)
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(known)})")
     args = p.parse_args()
+    apply_output_flags(p, args)
     unknown = [n for n in args.names if n not in known]
     if unknown:
         p.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -51,6 +56,8 @@ def main() -> int:
             print(f"benchmark {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)
         print(f"({name}: {time.time() - t0:.1f}s)")
+    if not args.quick:
+        print(f"\nresults of this run: {output_dir()}" + ("" if args.record else " (not recorded)"))
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -9,7 +9,7 @@ delivered after it, i.e. generation, grading, delivery and training all flowing 
 longest gap between steps, and the accounting of `launcher/audit.py` over the whole run: groups
 lost, trained twice, returned (pushed but never receipted, so generated again), prompts skipped,
 stale drops. A last row checks that a non-finite setting is refused before anything starts.
-`tests/integration/test_faults.py` asserts the same; this records it (results/faults.json).
+`tests/integration/test_faults.py` asserts the same; this measures it (faults.json; see benchmarks/common.py for where).
 """
 from __future__ import annotations
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
     import script_path  # noqa: F401
 
-import json
 import time
 
-from benchmarks.common import RESULTS, cli, print_table, write_results
+from benchmarks.common import cli, print_table, read_results, write_results
 from launcher.config import load_config
 from launcher.simulate.engine import Simulation
 from launcher.simulate.scenario import build, lengths_for, simulate, sweep, with_overrides
@@ -43,11 +42,11 @@ _quick: list[str] = []
 
 def calibrated_error() -> dict:
     """The check against real runs is made by benchmarks/async_vs_sync.py (it owns the runs)."""
-    path = RESULTS / "async_vs_sync.json"
-    if not path.exists():
+    found = read_results("async_vs_sync")   # this run's, else the committed one
+    if found is None:
         return {"calibrated_error_async_over_sync": None,
                 "calibrated_error_reason": "run `python -m benchmarks async_vs_sync` first"}
-    r = json.loads(path.read_text())
+    r, _ = found
     # async_vs_sync.json's names (older results used the names on the left)
     names = {"calibrated_error_async_over_sync": "sim_error_speedup_eta4_over_eta0",
              "calibrated_from_eta0_error_async_over_sync": "sim_from_eta0_error_speedup_eta4_over_eta0",

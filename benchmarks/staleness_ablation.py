@@ -10,8 +10,9 @@ CPUs), so the controller keeps eta steps of groups in flight and the trainer mee
 each cell reports the staleness its trained groups actually had. Then `recompute` against
 `loglinear` proximal log-probs at eta=8: step time and accuracy.
 
-Writes benchmarks/results/staleness_ablation.json (`cells`, one per run) and
-staleness_ablation.png (accuracy after RL against eta, one line per objective, ± 1 s.e.).
+Writes staleness_ablation.json (`cells`, one per run) and staleness_ablation.png (accuracy after
+RL against eta, one line per objective, ± 1 s.e.) into this run's directory, or into the committed
+benchmarks/results/ with `--record` (benchmarks/common.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cli, print_table, write_results
+from benchmarks.common import cli, output_path, print_table, write_results
 from services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +156,7 @@ def main(quick: bool = False) -> dict:
     print_table("staleness ablation: mean over seeds", ["objective", "eta", "seeds", "after", "± s.e.", "s/step"], rows)
     headline = {"steps": steps, "eval_n": eval_n, **summary, "cells": cells}
     if not quick:
-        plot(cells, RESULTS / "staleness_ablation.png")
+        plot(cells, output_path("staleness_ablation.png"))
         write_results("staleness_ablation", headline)
     return headline
 

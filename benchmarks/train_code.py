@@ -2,7 +2,7 @@
 
 The same measurement as benchmarks/train_math.py (`measure`), on `configs/code-tiny.yaml`:
 the cached code warm-up, then 200 steps of RL whose rewards and evaluation run every program
-in the reward sandbox. Writes benchmarks/results/train_code.json.
+in the reward sandbox. Writes train_code.json (where: benchmarks/common.py).
 """
 from __future__ import annotations
 

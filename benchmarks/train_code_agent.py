@@ -5,7 +5,7 @@ the cached `code-agent` warm-up, then RL whose samples revise their programs fro
 the visible examples; held-out pass rate of the last turn and of the first, before and after,
 on the same problems. Two seeds (experiment.seed 1 and 2), since single runs of the code task
 differ by several points: the mean gain and its standard error are the headline. Writes
-benchmarks/results/train_code_agent.json.
+train_code_agent.json (where: benchmarks/common.py).
 """
 from __future__ import annotations
 

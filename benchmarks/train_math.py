@@ -7,7 +7,8 @@ shipped defaults, CPU placement on) — in a scratch directory, and keeps the ru
 `summary.json` figures: wall seconds, held-out greedy accuracy before and after (n = 500) with
 their standard errors, the held-out curve of the run (`rollout.eval_every`), trajectories/s,
 the staleness reached and what the run left for TensorBoard and W&B; the run's report is copied
-to `benchmarks/results/train_<task>_report.png` (with several seeds, the last seed's). `--quick` runs 3 steps of an untrained model
+beside them as `train_<task>_report.png` (with several seeds, the last seed's; into
+benchmarks/results/ with `--record`, as the JSON). `--quick` runs 3 steps of an untrained model
 to check the mechanics and writes nothing.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import RESULTS, cli, print_table, write_results
+from benchmarks.common import cli, output_path, print_table, write_results
 from services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def run_once(task: str, quick: bool = False, seed: int | None = None) -> dict:
         trackers = {"tensorboard_event_files": len(list((exp / "tb").glob("events.out.tfevents.*"))),
                     "wandb_offline_runs": len(list((exp / "wandb").glob("offline-run-*")))}
         if not quick:   # the run's report, beside its figures (docs/running.md shows it)
-            shutil.copy(exp / "report" / "report.png", RESULTS / f"train_{name}_report.png")
+            shutil.copy(exp / "report" / "report.png", output_path(f"train_{name}_report.png"))
     ev = summary["eval"]
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
           for k in ("before", "after")}

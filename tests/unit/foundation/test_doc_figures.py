@@ -10,7 +10,7 @@ The convention (also in docs/architecture.md, "Benchmarks and the figures in the
   `<!-- figures: benchmarks/results/controller.json -->` (several files: separated by spaces
   or commas). It covers the lines after it up to the next heading or the next citation. Each
   cited path is relative to the checkout and must exist: a benchmark's result
-  (`python -m benchmarks NAME` writes `benchmarks/results/NAME.json`, tables included) or
+  (`python -m benchmarks NAME --record` writes `benchmarks/results/NAME.json`, tables included) or
   another committed file (a YAML of datasheet values, a JSON of a paper's published figures).
   `file.json#prefix` narrows a JSON to its top-level keys starting with `prefix`
   (`benchmarks/results/async_vs_sync.json#eta0_`): cite as narrowly as the file allows.
@@ -238,12 +238,12 @@ HOW_TO_FIX = """
 How to fix (the rules: this test's docstring, or docs/architecture.md "Benchmarks and the figures
 in these docs"):
 - "cites no result": put `<!-- figures: benchmarks/results/NAME.json -->` on its own line before
-  the figure, in its section, naming a committed file that holds it (`python -m benchmarks NAME`
-  writes benchmarks/results/NAME.json, printed tables included); or describe it without the
+  the figure, in its section, naming a committed file that holds it (`python -m benchmarks NAME
+  --record` writes benchmarks/results/NAME.json, printed tables included); or describe it without the
   number; or, if it is a setting, default, limit or target rather than a measurement, write it in
   code (SIGKILL after `15 s`).
 - "is not in": quote the cited file's value at the precision you show, cite the file that holds
-  it, or rerun the benchmark (on a quiet machine) and commit its result.
+  it, or rerun the benchmark with --record (on a quiet machine) and commit its result.
 """
 
 
