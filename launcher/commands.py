@@ -95,6 +95,9 @@ def _simulate(args) -> int:
             etas = etas if etas is not None else [cfg.controller.max_staleness]
             sw = sweep(cfg, ratios, etas, calibration, jobs=args.jobs)
             print_sweep(sw, cfg.controller.max_staleness)
+            if sw.best() is None:   # a table of '-' answers nothing: never a success
+                print("tandem: no point of the sweep could be simulated (see above)", file=sys.stderr)
+                return 2
             if args.plot:
                 print(f"plot: {plot_sweep(sw, args.plot, title=cfg.experiment.name)}")
             out = {f"{c.ratio} eta={c.eta}": (_result_json(c.result) if c.result else {"error": c.error})

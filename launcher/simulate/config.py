@@ -15,7 +15,7 @@ class SimulateConfig:
     # GPU type: a name in configs/hardware/ (H800, H100, A100) or a path to such a YAML file.
     hardware: str = "H800"
     # Model shape: a name in configs/hardware/models.yaml (e.g. R1-Distill-Qwen-1.5B); empty =
-    # read config.json of experiment.model.
+    # read config.json of experiment.model, else the models.yaml entry its directory name matches.
     model_size: str = ""
     # Prompt length in tokens (every prompt).
     prompt_tokens: int = 512

@@ -118,21 +118,43 @@ def load_gpu(name_or_path: str) -> GPU:
         raise ConfigError(f"{path}: bad or missing hardware field: {e}") from None
 
 
+def _named_shape(table: dict, name: str) -> ModelShape:
+    d = {k: v for k, v in table[name].items() if k != "source"}
+    return ModelShape(name=name, **d)
+
+
+def shape_name_for(model: str, table: dict) -> str | None:
+    """The models.yaml entry a model path names: its last component equals an entry's name or
+    the last component of its Hub `source` (case-insensitive), e.g.
+    `/shared/models/DeepSeek-R1-Distill-Qwen-1.5B` -> `R1-Distill-Qwen-1.5B`."""
+    last = Path(str(model).rstrip("/")).name.lower()
+    for key, entry in table.items():
+        source = str((entry or {}).get("source", ""))
+        if last and last in (key.lower(), source.rsplit("/", 1)[-1].lower()):
+            return key
+    return None
+
+
 def load_model_shape(name: str, model_dir: str | None = None) -> ModelShape:
-    """A named shape from configs/hardware/models.yaml, or the config.json of a HF directory."""
+    """A named shape from configs/hardware/models.yaml; else the config.json of the experiment's
+    model directory; else the models.yaml entry the directory's name matches (a cluster config
+    names `/shared/models/DeepSeek-R1-Distill-Qwen-1.5B`, which this machine need not have)."""
+    table = _read_yaml(HARDWARE_DIR / "models.yaml")
     if name:
-        table = _read_yaml(HARDWARE_DIR / "models.yaml")
         if name not in table:
             raise ConfigError(f"simulate.model_size={name!r}: not in {HARDWARE_DIR / 'models.yaml'} "
                               f"(known: {', '.join(table)})")
-        d = {k: v for k, v in table[name].items() if k != "source"}
-        return ModelShape(name=name, **d)
+        return _named_shape(table, name)
     cfg_path = Path(model_dir or "") / "config.json"
     try:
         c = json.loads(cfg_path.read_text())
     except (OSError, json.JSONDecodeError):
-        raise ConfigError(f"simulate.model_size is empty and {cfg_path} is not readable; set "
-                          f"simulate.model_size to a name in configs/hardware/models.yaml") from None
+        known = shape_name_for(model_dir or "", table)
+        if known:
+            return _named_shape(table, known)
+        raise ConfigError(f"simulate.model_size is empty, {cfg_path} is not readable and "
+                          f"{Path(model_dir or '').name!r} names no model in configs/hardware/models.yaml; "
+                          f"set simulate.model_size to one of: {', '.join(table)}") from None
     try:
         return ModelShape(name=Path(model_dir).name, layers=c["num_hidden_layers"],
                           hidden=c["hidden_size"], heads=c["num_attention_heads"],
