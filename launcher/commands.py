@@ -81,9 +81,20 @@ def _simulate(args) -> int:
     calibration = None
     if args.calibrate:
         from launcher.simulate.calibrate import calibrate
+        from launcher.simulate.fit_check import adopt_run_workload, check_fit, explicit_simulate_keys
         from launcher.simulate.report import print_calibration
         calibration = calibrate(args.calibrate)
         print_calibration(calibration)
+        fit = check_fit(calibration, args.calibrate)   # the fitted run, predicted: is the fit any good?
+        print(fit.text())
+        if fit.poor() and not args.accept_poor_fit:
+            print(f"tandem simulate: the calibration misses its own run by {100 * fit.error:+.0f}% (over "
+                  f"15%); its predictions would not hold (--accept-poor-fit to simulate anyway)", file=sys.stderr)
+            return 2
+        if fit.poor():
+            print(f"warning: simulating with a calibration {100 * fit.error:+.0f}% off its own run")
+        for note in adopt_run_workload(cfg, calibration, explicit_simulate_keys(args.file, args.overrides)):
+            print(f"note: {note}")
     try:
         if args.sweep is None:
             sc, r = simulate(cfg, calibration)
@@ -137,6 +148,8 @@ def register(sub) -> None:
                    help="simulate every combination, e.g. --sweep ratio=1:1,3:1 eta=0,2,4")
     s.add_argument("--calibrate", metavar="EXP_DIR",
                    help="fit the cost model to EXP_DIR/metrics.jsonl instead of the datasheet model")
+    s.add_argument("--accept-poor-fit", action="store_true",
+                   help="with --calibrate: simulate even when the fit misses its own run by over 15%%")
     s.add_argument("--plot", metavar="OUT.png", help="with --sweep: draw throughput vs ratio and eta")
     s.add_argument("--json", metavar="OUT.json", help="also write the predictions as JSON")
     s.add_argument("--jobs", type=int, default=_default_jobs(),

@@ -156,6 +156,12 @@ class Calibration:
     provenance: dict[str, str] = field(default_factory=dict)
     # The run's CPU placement record (launcher.placement), when the local launcher logged one.
     placement: dict | None = None
+    # The run's workload: mean prompt tokens and `empirical:<run>` output lengths (None when its
+    # groups did not log them). The costs were fitted on it; simulating another workload (the
+    # `simulate` defaults are a reasoning model's 512-token prompts and ~4K-token answers)
+    # prices what the run never measured (launcher/simulate/fit_check.py).
+    prompt_tokens: int | None = None
+    output_lengths: str | None = None
 
     def costs(self, layout: Layout, max_running: int, kv_capacity: float = math.inf) -> Costs:
         # Trainer compute scales with its GPU count; fixed costs do not.
@@ -255,6 +261,8 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     handled = [(_num(r, "gen_overhead_s"), _num(r, "gen_requests")) for r in recs]
     handled = [(s, n) for s, n in handled if s is not None and n]
     request_s = sum(s for s, _ in handled) / sum(n for _, n in handled) if handled else 0.0
+    groups = [r for r in recs if r.get("event") == "group" and isinstance(r.get("output_tokens"), list)]
+    prompts = [p for r in groups if (p := _num(r, "prompt_tokens"))]
     placements = [r for r in recs if r.get("event") == "cpu_placement"]
     placement = placements[-1] if placements else None
     notes.append(placement_note(placement))
@@ -273,4 +281,6 @@ def calibrate(exp_dir: str | Path) -> Calibration:
                        decode_padded=per_step is not None,
                        samples={"gen windows": len(gen), "trainer steps": len(train),
                                 "weight syncs": max(len(pub), len(load))},
-                       notes=notes, provenance=provenance, placement=placement)
+                       notes=notes, provenance=provenance, placement=placement,
+                       prompt_tokens=round(sum(prompts) / len(prompts)) if prompts else None,
+                       output_lengths=f"empirical:{exp_dir}" if any(r["output_tokens"] for r in groups) else None)
