@@ -12,6 +12,11 @@ package's grader pool (as `tandem reward grade` does), with the run's `reward` s
 problems, prompt (the chat template of one user turn) and grading are those of the run's own
 held-out evaluation (`rollout/evaluation.py`), so the figures compare.
 
+`--checkpoint final` (what `tandem eval --exp` does when the run's servers are gone: the run
+ended) serves the run's final policy: the newest weights it published (`<exp>/weights/v<N>/`,
+already a Hugging Face directory, so nothing is converted) unless a checkpoint is newer. A run
+that left neither is said in one line.
+
 The server and the temporary model directory (under `<exp>/`, where the run's storage is) are
 removed whatever happens: an error, Ctrl-C or SIGTERM.
 """
@@ -21,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -33,6 +39,10 @@ from services.protocol import ExpDir, GradeItem, write_json_atomic
 
 SERVER_START_TIMEOUT_S = 600.0
 EXPORT_TIMEOUT_S = 1800.0
+
+
+FINAL = "final"
+_VERSION_DIR = re.compile(r"(?:v|step-)(\d+)")
 
 
 class EvalError(RuntimeError):
@@ -61,6 +71,41 @@ async def export_checkpoint(exp: ExpDir, spec: str, base_model: str, out: Path) 
         raise RuntimeError(f"converting the checkpoint failed:\n{stderr.decode()[-3000:]}")
     info = json.loads(stdout.decode().strip().splitlines()[-1])
     return int(info["version"]), info["checkpoint"]
+
+
+def _versions(root: Path, prefix: str) -> list[int]:
+    """Policy versions of `root`'s `<prefix><N>` entries (weights/v<N>, checkpoints/step-<N>)."""
+    try:
+        names = [p.name for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _VERSION_DIR.fullmatch(n)) and n.startswith(prefix))
+
+
+def final_policy(exp: ExpDir) -> tuple[int, Path | None]:
+    """(version, its published HF directory or None: export the checkpoint of that version).
+
+    The newest published weights win ties: serving them converts nothing (and works for a
+    Megatron run, whose sharded checkpoints do not convert here)."""
+    published = [v for v in _versions(exp.weights, "v") if (exp.weights / f"v{v}" / "config.json").exists()]
+    checkpoints = _versions(exp.checkpoints, "step-")
+    if not published and not checkpoints:
+        raise EvalError(f"{exp.root}: no policy to evaluate: no published weights in {exp.weights} "
+                        f"and no checkpoint in {exp.checkpoints}")
+    if published and (not checkpoints or published[-1] >= checkpoints[-1]):
+        return published[-1], exp.weights / f"v{published[-1]}"
+    return checkpoints[-1], None
+
+
+async def model_for(exp: ExpDir, spec: str, base_model: str, tmp: Path) -> tuple[int, Path, str]:
+    """(version, HF directory to serve, what it is) for `--checkpoint spec` (vN, N, latest, final)."""
+    if spec == FINAL:
+        version, published = final_policy(exp)
+        if published is not None:
+            return version, published, f"the run's final weights, {published}"
+        spec = f"v{version}"
+    version, ckpt = await export_checkpoint(exp, spec, base_model, tmp / "model")
+    return version, tmp / "model", f"{ckpt} as a Hugging Face model"
 
 
 class PrivateServer:
@@ -178,12 +223,12 @@ async def evaluate_checkpoint(cfg, exp: ExpDir, spec: str, n: int, out: Path | N
     tmp = Path(tempfile.mkdtemp(dir=exp.root, prefix=".eval-"))
     server = None
     try:
-        version, ckpt = await export_checkpoint(exp, spec, cfg.experiment.model, tmp / "model")
-        say(f"v{version}: {ckpt} as a Hugging Face model in {time.time() - t0:.1f} s")
+        version, model_dir, what = await model_for(exp, spec, cfg.experiment.model, tmp)
+        say(f"v{version}: {what} ({time.time() - t0:.1f} s)")
         prompts = held_out_prompts(cfg, n)
         if not prompts:
             raise EvalError("no held-out problems (rollout.eval_dataset / rollout.dataset)")
-        server = PrivateServer(tmp / "model", tmp, exp.logs / f"eval-v{version}-gen.log", threads,
+        server = PrivateServer(model_dir, tmp, exp.logs / f"eval-v{version}-gen.log", threads,
                                max_running=concurrency)
         say(f"generation server on {await server.start()}; {len(prompts)} problems, greedy, "
             f"max_tokens {cfg.rollout.max_new_tokens}")

@@ -1,11 +1,18 @@
 """`tandem rollout --exp DIR [--rank R]` (a rollout worker) and `tandem eval --exp DIR --out F`
 (greedy accuracy of the policy the generation servers hold now, on held-out problems; with
-`--checkpoint vN`, of a trainer checkpoint on a server of its own: rollout/checkpoint_eval.py)."""
+`--checkpoint vN`, of a trainer checkpoint on a server of its own: rollout/checkpoint_eval.py).
+
+`tandem eval --exp` on a run whose servers are gone (it ended) first asks its controller, for a
+few seconds at most, whether it is there; if not, it evaluates the run's final policy on a
+server of its own (`--checkpoint final`) instead of waiting on a controller that will never
+answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +23,8 @@ from services.protocol import (
     PickServer,
     RequestClient,
     Shutdown,
+    StatusRequest,
+    SyncRequestClient,
     load_keys,
     read_service,
     setup_role_logging,
@@ -97,16 +106,62 @@ async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
         await generator.close()
 
 
+# Seconds `tandem eval` waits for the run's controller to answer before taking the run as ended.
+PROBE_S = 3.0
+
+
+def controller_answers(exp: ExpDir, timeout_s: float = PROBE_S) -> bool:
+    """Whether the run's controller is up (a status request answered): no announcement, or a
+    controller on this machine whose process is gone, is known without waiting."""
+    try:
+        info = read_service(exp, "controller")
+    except TimeoutError:
+        return False
+    address, pid = str(info.get("address", "")), info.get("pid")
+    if pid and address.startswith(("tcp://127.0.0.1:", "tcp://localhost:")):
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, ValueError):
+            pass
+    try:
+        client = SyncRequestClient(load_keys(exp.keys), address, timeout_s=timeout_s)
+    except Exception:   # keys or address unreadable: nothing to ask
+        return False
+    try:
+        client.request(StatusRequest())
+        return True
+    except Exception:   # no reply in time, or a reply that is not one
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+
+
 def cmd_eval(args) -> int:
+    from rollout.checkpoint_eval import FINAL, cmd_eval_checkpoint
     if args.checkpoint:
-        from rollout.checkpoint_eval import cmd_eval_checkpoint
+        return cmd_eval_checkpoint(args)
+    exp = ExpDir(args.exp)
+    if not controller_answers(exp):
+        if args.tag:   # the launcher's before/after: its servers must be up; a private one is not that figure
+            print(f"tandem eval: the run's controller ({exp.service_file('controller')}) does not answer",
+                  file=sys.stderr)
+            return 1
+        print("tandem eval: the run's generation servers are not running (the run has ended): evaluating "
+              "its final policy on a server of its own", file=sys.stderr, flush=True)
+        args.checkpoint = FINAL
         return cmd_eval_checkpoint(args)
     if not args.out:
-        print("tandem eval: --out is required without --checkpoint", file=sys.stderr)
+        print("tandem eval: --out is required while the run is going (without --checkpoint)", file=sys.stderr)
         return 2
-    exp = ExpDir(args.exp)
     setup_role_logging(exp, "eval", 0)
-    result = asyncio.run(evaluate(args.cfg, exp, args.n or args.cfg.rollout.eval_size))
+    try:
+        result = asyncio.run(evaluate(args.cfg, exp, args.n or args.cfg.rollout.eval_size or 100))
+    except TimeoutError as e:   # the run ended (or its controller died) while this waited
+        print(f"tandem eval: the run stopped answering ({e})", file=sys.stderr)
+        return 1
     write_json_atomic(Path(args.out), result)
     if args.tag:   # the run's before/after figures: also a record, for the report and trackers
         from rollout.evaluation import eval_record
@@ -129,11 +184,11 @@ def register(sub) -> None:
                                                "<exp>/eval-v<N>.json)")
     p.add_argument("--tag", default="", help="without --checkpoint: also log the result as an `eval` record "
                                              "of metrics.jsonl with this tag (the launcher's before/after)")
-    p.add_argument("--n", type=int, default=0, help="problems (default: rollout.eval_size; with --checkpoint, "
-                                                    "else 100)")
-    p.add_argument("--checkpoint", default=None, metavar="vN|N|latest",
+    p.add_argument("--n", type=int, default=0, help="problems (default: rollout.eval_size, else 100)")
+    p.add_argument("--checkpoint", default=None, metavar="vN|N|latest|final",
                    help="evaluate this trainer checkpoint (<exp>/checkpoints/step-N) on a generation server of "
-                        "its own, through its OpenAI-compatible API")
+                        "its own, through its OpenAI-compatible API; final: the run's last policy (its newest "
+                        "published weights, else checkpoint), what a run that has ended is evaluated on")
     p.add_argument("--threads", type=int, default=0, help="with --checkpoint: torch threads of its server")
     p.add_argument("--answers", default=None, help="with --checkpoint: also write every problem, response and "
                                                    "verdict to this JSONL file")

@@ -138,3 +138,49 @@ def test_versions_resolve_as_the_trainer_numbers_them(run):
     for bad in ("v-1", "two", "4"):
         with pytest.raises(NoSuchCheckpoint):
             resolve(exp.checkpoints, bad)
+
+
+def test_an_ended_run_is_scored_on_its_final_weights(run, tmp_path, tiny_model_dir):
+    """`tandem eval --exp` without --checkpoint on a run that has ended: its controller's
+    announcement is left behind, of a process that is gone; the command does not wait on it but
+    serves the newest weights the run published (v6, the *trained* weights: newer than the
+    checkpoints v2 and v5) on a server of its own."""
+    import shutil
+    cfg, exp, trained, _ = run
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    exp.service_file("controller").parent.mkdir(parents=True, exist_ok=True)
+    exp.service_file("controller").write_text(json.dumps({"address": "tcp://127.0.0.1:9", "pid": int(gone)}))
+    published = exp.weights / "v6"
+    trained.save_pretrained(published)
+    for f in tiny_model_dir.iterdir():   # tokenizer and chat template, as the trainer publishes them
+        if f.is_file() and not (published / f.name).exists():
+            shutil.copy2(f, published / f.name)
+    answers_file = tmp_path / "answers.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    try:
+        proc = subprocess.run(eval_argv(exp, "--n", N, "--answers", answers_file), capture_output=True, text=True,
+                              timeout=280, env=env)
+    finally:
+        shutil.rmtree(exp.weights)
+        shutil.rmtree(exp.service_file("controller").parent)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "final policy" in proc.stderr and f"final weights, {published}" in proc.stderr, proc.stderr
+    result = json.loads((exp.root / "eval-v6.json").read_text())
+    assert result["version"] == 6 and result["n"] == N
+    from rollout.evaluation import held_out_prompts
+    responses = [json.loads(line)["response"] for line in answers_file.read_text().splitlines()]
+    assert responses == greedy_answers(cfg, trained, held_out_prompts(cfg, N))
+    assert not list(exp.root.glob(".eval-*")) and not _processes_mentioning(str(exp.root))
+
+
+def test_an_ended_run_with_nothing_to_serve_is_said_in_one_line(run, tmp_path):
+    from launcher.config import save_resolved
+    cfg, _, _, _ = run
+    save_resolved(cfg, tmp_path / "bare")
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "eval", "--exp", str(tmp_path / "bare")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"tandem eval: {tmp_path / 'bare'}: no policy to evaluate: no published weights in "
+        f"{tmp_path / 'bare' / 'weights'} and no checkpoint in {tmp_path / 'bare' / 'checkpoints'}")
