@@ -12,10 +12,14 @@ The variants (docs/algorithms.md), for sample i of group g with n samples and re
 
     group mean (GRPO, default)   b_i = (1/n) sum_{j in g} r_j
     leave-one-out (RLOO)         b_i = (1/(n-1)) sum_{j in g, j != i} r_j     (n = 1: b_i = r_i)
-    normalisation "batch"        A = (a - mean) / std over all output tokens of the batch (default)
-    normalisation "group"        A_i = a_i / (std_g + eps), std_g the sample standard deviation
-                                 (ddof 1) of the group's rewards (GRPO, DeepSeekMath); a group of
-                                 one sample is not scaled
+    normalisation "batch"        A = (a - mean) / (std + eps) over all output tokens of the batch
+                                 (default; AReaL's adv_norm at batch level)
+    normalisation "group"        A_i = a_i / (std_g + eps), std_g the standard deviation of the
+                                 group's rewards (GRPO, DeepSeekMath); a group of one is not scaled
+
+    `std` ("sample" or "population", trainer.adv_norm_std) is the convention of both: sample
+    divides the sum of squares by (count - 1) — AReaL v1.0.3's NormConfig.std_unbiased default,
+    over tokens; verl's and TRL's torch.std, over a group's rewards — population by count.
     no normalisation             A = r - b (Dr. GRPO: the std division biases towards groups
                                  that are almost all right or all wrong)
 
@@ -37,14 +41,16 @@ import numpy as np
 
 def sequence_advantages(rewards: Sequence[float], group_ids: Sequence[str], output_lens: Sequence[int],
                         group_baseline: bool = True, normalize: bool = True, eps: float = 1e-5,
-                        leave_one_out: bool = False, norm_scope: str = "batch") -> np.ndarray:
+                        leave_one_out: bool = False, norm_scope: str = "batch", std: str = "sample"
+                        ) -> np.ndarray:
     """Per-sequence advantage (float64); every output token of sequence i gets result[i].
 
     group_baseline: subtract the mean reward of the sequence's group (all its samples).
-    normalize: then subtract the mean and divide by the std (population) over all output
-    tokens of the batch; a batch with zero spread is only centred (no division by ~0).
+    normalize: then subtract the mean and divide by the std over all output tokens of the batch;
+    a batch with zero spread (or a single token, under the sample std) is only centred.
     leave_one_out: the baseline excludes the sample itself (RLOO; only with group_baseline).
-    norm_scope: "batch" (above) or "group": divide by the group's reward std (ddof 1) + eps.
+    norm_scope: "batch" (above) or "group": divide by the group's reward std + eps.
+    std: "sample" (ddof 1) or "population" (ddof 0), for either scope.
     """
     r = np.asarray(rewards, dtype=np.float64)
     lens = np.asarray(output_lens, dtype=np.float64)
@@ -53,6 +59,9 @@ def sequence_advantages(rewards: Sequence[float], group_ids: Sequence[str], outp
                          f"({len(lens)}) must have one entry per sequence")
     if norm_scope not in ("batch", "group"):
         raise ValueError(f"norm_scope must be 'batch' or 'group', got {norm_scope!r}")
+    if std not in ("sample", "population"):
+        raise ValueError(f"std must be 'sample' or 'population', got {std!r}")
+    ddof = 1 if std == "sample" else 0
     adv = r.copy()
     keys = {g: k for k, g in enumerate(dict.fromkeys(group_ids))}
     idx = np.array([keys[g] for g in group_ids], dtype=np.int64)
@@ -66,11 +75,13 @@ def sequence_advantages(rewards: Sequence[float], group_ids: Sequence[str], outp
     if normalize and norm_scope == "group":
         means = sums / counts
         sq = np.bincount(idx, weights=(r - means[idx]) ** 2, minlength=len(keys))
-        std = np.sqrt(sq / np.maximum(counts - 1, 1))
-        return np.where(counts[idx] > 1, adv / (std[idx] + eps), adv)
-    if normalize and lens.sum() > 0:
-        mean = float((adv * lens).sum() / lens.sum())
-        var = float((((adv - mean) ** 2) * lens).sum() / lens.sum())
+        group_std = np.sqrt(sq / np.maximum(counts - ddof, 1))
+        return np.where(counts[idx] > 1, adv / (group_std[idx] + eps), adv)
+    n_tokens = lens.sum()
+    if normalize and n_tokens > 0:
+        mean = float((adv * lens).sum() / n_tokens)
+        sq = float((((adv - mean) ** 2) * lens).sum())
+        var = sq / (n_tokens - ddof) if n_tokens > ddof else 0.0
         adv = adv - mean
         if var > eps * eps:
             adv = adv / (np.sqrt(var) + eps)

@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from services.protocol import collectives
+from trainer.objectives import LOSS_TERMS
 
 
 @dataclass
@@ -82,6 +86,23 @@ class StepResult:
     stats: dict[str, float] = field(default_factory=dict)
     # False when the gradient was not finite and the update was skipped.
     applied: bool = True
+    # Loss terms that were NaN or inf on any rank: {term: micro-batches}; the update was not
+    # applied and the loop stops the step (agreed_nonfinite).
+    nonfinite: dict[str, int] = field(default_factory=dict)
+
+
+def agreed_nonfinite(stats: dict[str, float]) -> dict[str, int]:
+    """{term: micro-batches} of the loss terms (trainer/objectives.py LOSS_TERMS) that were NaN or inf
+    on any rank in this update, from the `nonfinite_<term>` stats: the same dict on every rank
+    (one all-reduce when a process group is up), so every rank refuses the update together and
+    no collective is left waiting. Called by every backend between the backward passes and the
+    optimizer step: a non-finite loss must stop the update explicitly, not by hoping its NaN
+    reaches the gradient norm (Megatron's bf16 optimizer, with no loss scaler, would apply it).
+    Stats must be counted once per token (Megatron's _count_once) before this call."""
+    counts = torch.tensor([stats.get(f"nonfinite_{t}", 0.0) for t in LOSS_TERMS], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        collectives.all_reduce(counts)
+    return {t: int(c) for t, c in zip(LOSS_TERMS, counts.tolist(), strict=True) if c > 0}
 
 
 class TrainBackend(ABC):

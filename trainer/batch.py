@@ -88,6 +88,7 @@ class Shaping:
     """How rewards and samples are shaped before advantages (trainer keys of the same names)."""
     leave_one_out: bool = False
     norm_scope: str = "batch"
+    norm_std: str = "sample"
     overlong_buffer: int = 0
     overlong_max_len: int = 0
     overlong_penalty: float = 1.0
@@ -117,7 +118,8 @@ def token_advantages(batch: StepBatch, rewards, shaping: Shaping, group_baseline
             lens.append(int((turns == k).sum()))
             units.append((i, k))
     adv = sequence_advantages(unit_rewards, keys, lens, group_baseline=group_baseline, normalize=normalize,
-                              leave_one_out=shaping.leave_one_out, norm_scope=shaping.norm_scope)
+                              leave_one_out=shaping.leave_one_out, norm_scope=shaping.norm_scope,
+                              std=shaping.norm_std)
     out = [np.zeros(len(o), np.float64) for o in batch.output_ids]
     for (i, k), a in zip(units, adv, strict=True):
         if k is None:

@@ -57,8 +57,9 @@ class TrainerConfig:
     # (w = min(w, behav_imp_weight_cap): TIS), mask (w outside [behav_imp_weight_low,
     # behav_imp_weight_cap] masked: MIS, IcePop). Masked tokens still count in the averages.
     behav_weight: str = "cap-mask"
-    # Upper bound of the behaviour weight (cap-mask, truncate, mask); null = no cap (cap-mask only).
-    behav_imp_weight_cap: float | None = None
+    # Upper bound of the behaviour weight (cap-mask, truncate, mask); null = no cap (cap-mask at
+    # token or seq-mean level only). 5.0 with cap-mask is AReaL v1.0.3's default (token_mask).
+    behav_imp_weight_cap: float | None = 5.0
     # Lower bound of the behaviour weight (mask only).
     behav_imp_weight_low: float = 0.0
     # token: one weight per token; seq-mean: the geometric mean of the sequence's token weights;
@@ -80,6 +81,9 @@ class TrainerConfig:
     # batch: normalise over the global batch (above); group: divide by the std of the prompt
     # group's rewards (GRPO). normalize_advantages: false = no normalisation (Dr. GRPO).
     adv_norm_scope: str = "batch"
+    # The standard deviation both scopes divide by: sample (ddof 1: AReaL v1.0.3's std_unbiased
+    # default, verl's and TRL's torch.std) or population (ddof 0).
+    adv_norm_std: str = "sample"
     # Multi-turn episodes whose trajectories carry turn_rewards: each model turn is credited with
     # its own reward, baselined on the same turn of its group (docs/algorithms.md); false = every
     # token of an episode gets the episode's reward.
@@ -91,6 +95,12 @@ class TrainerConfig:
     kl_estimator: str = "k3"
     # Entropy bonus: entropy_coef * entropy (aggregated like the loss) is subtracted; 0 = off.
     entropy_coef: float = 0.0
+    # Every log-ratio is clamped to [-log_ratio_clamp, log_ratio_clamp] before exp: the policy
+    # ratio, the behaviour weight at every level (a sequence's sum too) and k3 (verl v0.7.0: 20);
+    # in (0, 30], so no product of a weight and a ratio overflows float32.
+    log_ratio_clamp: float = 20.0
+    # The per-token KL estimate is clamped to [-kl_clamp, kl_clamp] (verl v0.7.0, AReaL v1.0.3: 10).
+    kl_clamp: float = 10.0
     # DAPO's soft overlong penalty: outputs longer than overlong_max_len - overlong_buffer tokens
     # lose up to overlong_penalty reward, linearly; 0 = off.
     overlong_buffer: int = 0

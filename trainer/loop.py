@@ -82,6 +82,7 @@ class Trainer:
         self.backend = backend or build_backend(self.tcfg, cfg.experiment.model, cfg.experiment.seed)
         self.rank = self.backend.rank
         self.version = 0
+        self.nonfinite_steps = 0    # steps stopped by a NaN/inf loss term (this process)
         self.buffer = ReplayBuffer()
         self.staleness = Counter()          # step - admit_version of every trained group
         self.token_staleness = Counter()    # step - min(output_versions) of every trained group
@@ -246,7 +247,7 @@ class Trainer:
         objective.start_of_step(plan, be, t.temperature, self.settings)
         t1 = time.perf_counter()
         totals = dict.fromkeys(STAT_SUMS, 0.0) | dict.fromkeys(STAT_MAXES, 0.0)
-        grad_norms, skipped = [], 0
+        grad_norms, skipped, stop = [], 0, None
         for i, mp in enumerate(plan.minibatches):
             loss_fn = objective.make_loss_fn(self.settings, mp, i, len(plan.minibatches), self.version)
             result = be.train_step(mp.micro_batches, loss_fn, t.temperature)
@@ -257,6 +258,11 @@ class Trainer:
                     totals[k] = max(totals[k], v)
                 elif k in totals:
                     totals[k] += v
+            if result.nonfinite:   # every rank sees the same dict: all stop here together
+                stop = objective.NonFiniteStop(self.version, i, len(plan.minibatches), result.nonfinite)
+                log.error("%s", stop)
+                self.nonfinite_steps += 1
+                break
         totals = self._reduce_stats(totals)
         t2 = time.perf_counter()
         valid = max(totals["valid"], 1.0)
@@ -286,6 +292,7 @@ class Trainer:
             "buffer_partial": self.buffer.n_partial if self.rank == 0 else 0,
             **({f"buffer_{k}": v for k, v in self.buffer.counters.items()} if self.rank == 0 else {}),
             **objective.step_metrics(totals, len(plan.minibatches), self.settings), **plan.shaping,
+            **objective.nonfinite_fields(stop, self.nonfinite_steps),
         }
 
     def _reduce_stats(self, totals: dict) -> dict:

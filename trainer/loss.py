@@ -25,6 +25,12 @@ entropy bonus (docs/algorithms.md has the table of recipes):
 
 with c_t the aggregation factor, keep_t = 0 for tokens masked by the weight handling or in a
 masked sample, w'_t the handled weight and obj_t the clipped surrogate.
+
+Each exp takes a clamped log-ratio and the KL estimate is clamped (objectives.py, "Bounds"), so
+finite log-probs give a finite loss and gradient. Non-finite inputs (a NaN log-prob from a
+generator, say) still give a non-finite term: the three terms (LOSS_TERMS) are checked here and
+reported as `nonfinite_<term>` stats, and the backend then applies no update and the loop stops
+the step, naming the term (trainer/backend.py: agreed_nonfinite) — never a silent skip.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import objectives as obj
+from trainer.objectives import LOSS_TERMS
 
 
 @dataclass
@@ -56,6 +63,10 @@ class PPOSettings:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    # Every log-ratio is clamped to [-log_ratio_clamp, log_ratio_clamp] before exp; the KL
+    # estimate to [-kl_clamp, kl_clamp] (objectives.py).
+    log_ratio_clamp: float = obj.LOG_RATIO_BOUND
+    kl_clamp: float = obj.KL_BOUND
 
     @property
     def proximal_mode(self) -> str:
@@ -91,7 +102,8 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
     global valid-token count after all-reducing): `loss` (the policy-gradient term),
     `objective` (the value returned), `clipped` (tokens where the clipped branch won),
     `dual_clipped`, `imp_weight_sum`, `imp_weight_max`, `capped` (tokens masked by the weight
-    handling), `ratio_sum`, `valid`, `kl_sum`, `sample_masked`.
+    handling), `ratio_sum`, `valid`, `kl_sum`, `sample_masked`, and `nonfinite_<term>` (1 when
+    that term of this micro-batch is NaN or inf, for each of LOSS_TERMS).
     """
     s = settings
     mask = loss_mask.bool()
@@ -112,7 +124,8 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
     else:
         prox = obj.proximal_logp(mode, logp32, behav, None if prox_logp is None else prox_logp.to(dt),
                                  versions, version, progress)
-        imp_weight = obj.behaviour_weight(prox, behav, s.behav_weight_level, mask, seg, n_local)
+        imp_weight = obj.behaviour_weight(prox, behav, s.behav_weight_level, mask, seg, n_local,
+                                          s.log_ratio_clamp)
     used_weight, weight_masked = obj.apply_weight_mode(
         imp_weight, s.behav_weight if mode != "behaviour" else "cap-mask",
         s.behav_imp_weight_cap if mode != "behaviour" else None, s.behav_imp_weight_low)
@@ -122,7 +135,7 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
     if sample_mask is not None:
         sample_masked = mask & ~sample_mask.bool()
         keep = keep & ~sample_masked
-    ratio = obj.policy_ratio(logp32, prox, s.ratio_level, mask, seg, n_local)
+    ratio = obj.policy_ratio(logp32, prox, s.ratio_level, mask, seg, n_local, s.log_ratio_clamp)
     adv = advantages.to(dt)
     eps_low, eps_high = s.clip_range
     objective, clip_won, dual_won = obj.clipped_surrogate(ratio, adv, eps_low, eps_high, s.dual_clip_c)
@@ -130,20 +143,23 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
     token_loss = torch.where(keep, token_loss, torch.zeros_like(token_loss))
     weights = obj.aggregation_weights(s.loss_agg, mask, n_valid, n_seqs, seg, n_local or 0, s.loss_agg_norm)
     loss = obj.aggregate(token_loss, weights, s.loss_agg, n_valid)
+    terms = {"policy": loss}
     in_sample = mask & ~sample_masked
     kl_sum = 0.0
     if s.kl_coef:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs the initial policy's log-probs (ref_logp)")
-        kl = obj.kl_estimate(logp32, ref_logp.to(dt), s.kl_estimator)
+        kl = obj.kl_estimate(logp32, ref_logp.to(dt), s.kl_estimator, s.log_ratio_clamp, s.kl_clamp)
         kl = torch.where(in_sample, kl, torch.zeros_like(kl))
-        loss = loss + s.kl_coef * obj.aggregate(kl, weights, s.loss_agg, n_valid)
+        terms["kl"] = s.kl_coef * obj.aggregate(kl, weights, s.loss_agg, n_valid)
+        loss = loss + terms["kl"]
         kl_sum = float(kl.detach().sum())
     if s.entropy_coef:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs the entropy of the training forward")
         ent = torch.where(in_sample, entropy.to(dt), torch.zeros_like(behav))
-        loss = loss - s.entropy_coef * obj.aggregate(ent, weights, s.loss_agg, n_valid)
+        terms["entropy"] = -s.entropy_coef * obj.aggregate(ent, weights, s.loss_agg, n_valid)
+        loss = loss + terms["entropy"]
     with torch.no_grad():
         w_valid = imp_weight[mask]
         stats = {
@@ -158,5 +174,15 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
             "valid": float(mask.sum()),
             "kl_sum": kl_sum,
             "sample_masked": float(sample_masked.sum()),
+            **nonfinite_stats(terms),
         }
     return loss, stats
+
+
+def nonfinite_stats(terms: dict[str, torch.Tensor]) -> dict[str, float]:
+    """{`nonfinite_<term>`: 1.0 if that term's value is NaN or inf, else 0.0} for every term of
+    LOSS_TERMS (0.0 for a term this micro-batch does not compute)."""
+    if set(terms) - set(LOSS_TERMS):
+        raise ValueError(f"unknown loss terms {sorted(set(terms) - set(LOSS_TERMS))}")
+    return {f"nonfinite_{name}": float(name in terms and not bool(torch.isfinite(terms[name].detach())))
+            for name in LOSS_TERMS}

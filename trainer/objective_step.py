@@ -15,6 +15,8 @@ the tokens of the first minibatch only (all of them with ppo_n_minibatches = 1).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from trainer.backend import PackedBatch, TokenOutputs, TrainBackend
 from trainer.batch import MinibatchPlan, Shaping, StepPlan
 from trainer.loss import PPOSettings, ppo_token_loss
@@ -32,11 +34,13 @@ def settings_from_config(t) -> PPOSettings:
         eps_clip_low=t.eps_clip_low, eps_clip_high=t.eps_clip_high, dual_clip_c=t.dual_clip_c,
         proximal=t.proximal, behav_weight=t.behav_weight, behav_imp_weight_low=t.behav_imp_weight_low,
         behav_weight_level=t.behav_weight_level, ratio_level=t.ratio_level, loss_agg=t.loss_agg,
-        loss_agg_norm=t.loss_agg_norm, kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef)
+        loss_agg_norm=t.loss_agg_norm, kl_coef=t.kl_coef, kl_estimator=t.kl_estimator, entropy_coef=t.entropy_coef,
+        log_ratio_clamp=t.log_ratio_clamp, kl_clamp=t.kl_clamp)
 
 
 def shaping_from_config(t) -> Shaping:
-    return Shaping(leave_one_out=t.leave_one_out, norm_scope=t.adv_norm_scope, overlong_buffer=t.overlong_buffer,
+    return Shaping(leave_one_out=t.leave_one_out, norm_scope=t.adv_norm_scope, norm_std=t.adv_norm_std,
+                   overlong_buffer=t.overlong_buffer,
                    overlong_max_len=t.overlong_max_len if t.overlong_buffer > 0 else 0,
                    overlong_penalty=t.overlong_penalty, mask_truncated=t.mask_truncated,
                    turn_credit=t.turn_credit)
@@ -73,7 +77,8 @@ def make_loss_fn(settings: PPOSettings, mp: MinibatchPlan, k: int, n_updates: in
         start = f.get("prox_logp") if recomputed else (out.logp if k == 0 else None)
         if start is not None and "versions" in f:
             select = f["loss_mask"].bool() & (f["versions"] == version)
-            stats.update(mismatch_sums(start.to(f["behav_logp"].device), f["behav_logp"], select))
+            stats.update(mismatch_sums(start.to(f["behav_logp"].device), f["behav_logp"], select,
+                                       settings.log_ratio_clamp))
         return loss, stats
     return loss_fn
 
@@ -93,3 +98,30 @@ def step_metrics(totals: dict, n_updates: int, settings: PPOSettings) -> dict:
         "mismatch_ratio_max": totals["mismatch_ratio_max"] if n else None,
         "mismatch_source": "proximal" if settings.proximal_mode == "recompute" else "first_update",
     }
+
+
+@dataclass
+class NonFiniteStop:
+    """A step stopped because loss terms were NaN or inf in update `update` (0-based) of `n`:
+    that update was not applied and the step's later updates were not run (earlier ones were)."""
+    version: int
+    update: int
+    n: int
+    terms: dict[str, int]
+
+    def __str__(self) -> str:
+        named = ", ".join(f"{t} ({c} micro-batch{'es' if c > 1 else ''})" for t, c in self.terms.items())
+        rest = self.n - self.update - 1
+        return (f"step {self.version}: loss term {named} is NaN or inf in update {self.update + 1} of "
+                f"{self.n}: the step stops here (that update not applied"
+                f"{f', {rest} later update(s) not run' if rest else ''}); the log-ratios and the KL are "
+                f"bounded (trainer.log_ratio_clamp, trainer.kl_clamp), so a log-prob, advantage or "
+                f"entropy itself was NaN or inf")
+
+
+def nonfinite_fields(stop: NonFiniteStop | None, total: int) -> dict:
+    """The step record's account of a NaN/inf loss: `nonfinite_loss` ({term: micro-batches},
+    empty when the step ran whole), `updates_not_run` and `nonfinite_steps_total`."""
+    return {"nonfinite_loss": dict(stop.terms) if stop else {},
+            "updates_not_run": stop.n - stop.update - 1 if stop else 0,
+            "nonfinite_steps_total": total}

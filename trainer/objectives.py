@@ -6,6 +6,15 @@ policy (the generation server's log-probs), `A` the advantage, `mask` the output
 `seg[t]` is the index of the token's sequence in the micro-batch (sequences are never split
 across micro-batches, so every per-sequence quantity below is exact within one micro-batch).
 Everything that carries no gradient is detached here, not by the caller.
+
+Bounds (docs/algorithms.md, "Bounds"): every `exp` here takes a log-ratio clamped to
+[-bound, bound] first (`trainer.log_ratio_clamp`, 20 as verl v0.7.0 clamps its PPO ratio,
+its k3 KL and its rollout importance weights), so no weight or ratio overflows however far the
+log-probs drift (a sequence product of 100 tokens at log-ratio 0.6 would be e^60); the KL
+estimate itself is clamped to [-kl_clamp, kl_clamp] (`trainer.kl_clamp`, 10 as verl's and
+AReaL's KL estimators). Inside the bounds a clamp is the identity, value and gradient alike, so
+no ordinary number changes; beyond them the gradient through the clamped quantity is 0 (as in
+both sources).
 """
 from __future__ import annotations
 
@@ -19,6 +28,20 @@ from trainer.presets import (  # noqa: F401  (the settings' names, shared with c
     WEIGHT_LEVELS,
     WEIGHT_MODES,
 )
+
+# The defaults of trainer.log_ratio_clamp and trainer.kl_clamp (verl v0.7.0,
+# verl/trainer/ppo/core_algos.py: kl_penalty_forward, compute_policy_loss_vanilla).
+LOG_RATIO_BOUND = 20.0
+KL_BOUND = 10.0
+# The loss's terms (loss.py), each checked for NaN/inf per micro-batch: the clipped
+# policy-gradient term, the KL penalty, the entropy bonus. `nonfinite_<term>` stats count the
+# micro-batches; every backend refuses the update on any (backend.py: agreed_nonfinite).
+LOSS_TERMS = ("policy", "kl", "entropy")
+
+
+def bounded_exp(log_ratio: torch.Tensor, bound: float = LOG_RATIO_BOUND) -> torch.Tensor:
+    """exp(clamp(log_ratio, -bound, bound)): the only way this module exponentiates a log-ratio."""
+    return torch.exp(torch.clamp(log_ratio, -bound, bound))
 
 
 def segment_ids(cu_seqlens: torch.Tensor, device=None) -> torch.Tensor:
@@ -73,7 +96,8 @@ def proximal_logp(mode: str, logp: torch.Tensor, behav: torch.Tensor, recomputed
 
 
 def behaviour_weight(prox: torch.Tensor, behav: torch.Tensor, level: str, mask: torch.Tensor,
-                     seg: torch.Tensor | None = None, n_seqs: int = 0) -> torch.Tensor:
+                     seg: torch.Tensor | None = None, n_seqs: int = 0, bound: float = LOG_RATIO_BOUND
+                     ) -> torch.Tensor:
     """The raw behaviour importance weight (detached), per token.
 
     token:        w_t = exp(prox_t - behav_t)
@@ -81,11 +105,13 @@ def behaviour_weight(prox: torch.Tensor, behav: torch.Tensor, level: str, mask: 
                   (the geometric mean of the sequence's token weights)
     seq-product:  w_t = exp( sum_{u in y_i} (prox_u - behav_u) )
                   (the sequence's likelihood ratio pi_prox(y_i) / pi_behav(y_i))
-    |y_i| and the sums run over the sequence's output tokens (`mask`).
+    |y_i| and the sums run over the sequence's output tokens (`mask`). The exponent (the token's
+    log-weight, the sequence's mean or sum: always in log space) is clamped to [-bound, bound],
+    so w <= e^bound at every level.
     """
     log_w = (prox - behav).detach()
     if level == "token":
-        return torch.exp(log_w)
+        return bounded_exp(log_w, bound)
     if level not in WEIGHT_LEVELS:
         raise ValueError(f"behav_weight_level must be one of {WEIGHT_LEVELS}, got {level!r}")
     if seg is None:
@@ -94,7 +120,7 @@ def behaviour_weight(prox: torch.Tensor, behav: torch.Tensor, level: str, mask: 
     total = segment_sum(log_w * m, seg, n_seqs)
     if level == "seq-mean":
         total = total / segment_sum(m, seg, n_seqs).clamp(min=1.0)
-    return torch.exp(total)[seg]
+    return bounded_exp(total, bound)[seg]
 
 
 def apply_weight_mode(w: torch.Tensor, mode: str, cap: float | None, low: float
@@ -118,22 +144,24 @@ def apply_weight_mode(w: torch.Tensor, mode: str, cap: float | None, low: float
 
 
 def policy_ratio(logp: torch.Tensor, prox: torch.Tensor, level: str, mask: torch.Tensor,
-                 seg: torch.Tensor | None = None, n_seqs: int = 0) -> torch.Tensor:
+                 seg: torch.Tensor | None = None, n_seqs: int = 0, bound: float = LOG_RATIO_BOUND
+                 ) -> torch.Tensor:
     """The ratio against the proximal policy, per token (with gradient through logp).
 
     token (PPO):     r_t = exp(logp_t - prox_t)
     sequence (GSPO): r_t = s_i = exp( (1/|y_i|) * sum_{u in y_i} (logp_u - prox_u) ) for t in i,
                      the length-normalised sequence ratio (pi(y_i)/pi_prox(y_i))^(1/|y_i|).
+    The exponent is clamped to [-bound, bound] (verl's compute_policy_loss_vanilla: +-20).
     """
     if level == "token":
-        return torch.exp(logp - prox)
+        return bounded_exp(logp - prox, bound)
     if level != "sequence":
         raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {level!r}")
     if seg is None:
         raise ValueError("ratio_level: sequence needs the sequence boundaries (cu_seqlens)")
     m = mask.to(logp.dtype)
     mean = segment_sum((logp - prox) * m, seg, n_seqs) / segment_sum(m, seg, n_seqs).clamp(min=1.0)
-    return torch.exp(mean)[seg]
+    return bounded_exp(mean, bound)[seg]
 
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
@@ -196,33 +224,44 @@ def aggregate(token_values: torch.Tensor, weights: torch.Tensor | float, mode: s
     return (token_values * weights).sum()
 
 
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str,
+                bound: float = LOG_RATIO_BOUND, kl_bound: float = KL_BOUND) -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) (Schulman's k1/k2/k3), with gradient.
 
-    d = ref_logp - logp:   k1 = -d,   k2 = d^2 / 2,   k3 = exp(d) - 1 - d   (>= 0; GRPO's choice)
+    d = ref_logp - logp:   k1 = -d,   k2 = d^2 / 2,   k3 = exp(d') - 1 - d'   (>= 0; GRPO's choice)
+    with d' = clamp(d, -bound, bound) (verl v0.7.0's kl_penalty_forward: +-20), then every
+    estimate clamped to [-kl_bound, kl_bound] (+-10: verl's k3; AReaL v1.0.3's KLEstimator,
+    areal/utils/data.py, clamps all three). Unclamped, a token at log-prob -20 under the policy
+    and -0.05 under the reference gives k3 = e^19.95 ~ 4.6e8 and as large a gradient.
     The tokens were sampled by the behaviour policy, not pi_theta; like GRPO, no correction.
     """
     d = ref_logp.detach() - logp
     if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d * d
-    if estimator == "k3":
-        return torch.exp(d) - 1.0 - d
-    raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+        k = -d
+    elif estimator == "k2":
+        k = 0.5 * d * d
+    elif estimator == "k3":
+        d = torch.clamp(d, -bound, bound)
+        k = torch.exp(d) - 1.0 - d
+    else:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    return torch.clamp(k, -kl_bound, kl_bound)
 
 
-def mismatch_sums(trainer_logp: torch.Tensor, behav: torch.Tensor, select: torch.Tensor) -> dict[str, float]:
+def mismatch_sums(trainer_logp: torch.Tensor, behav: torch.Tensor, select: torch.Tensor,
+                  bound: float = LOG_RATIO_BOUND) -> dict[str, float]:
     """Training-inference mismatch over the selected tokens, as sums (no gradient).
 
     rho = exp(trainer_logp - behav), the trainer's probability of a token over the generator's,
     both for the same policy version. k3 = rho - 1 - log(rho) estimates KL(generator || trainer)
     from the generator's samples (>= 0, ~0 when they agree). Returned: `mismatch_tokens`,
-    `mismatch_k3_sum`, `mismatch_ratio_sum`, `mismatch_ratio_max`.
+    `mismatch_k3_sum`, `mismatch_ratio_sum`, `mismatch_ratio_max`. log rho is clamped to
+    [-bound, bound] like every log-ratio of the objective, so a garbage log-prob from the
+    generator shows as a ratio of e^bound, not as inf in the step record.
     """
     with torch.no_grad():
         sel = select.bool()
-        log_rho = (trainer_logp.detach().double() - behav.detach().double())[sel]
+        log_rho = (trainer_logp.detach().double() - behav.detach().double())[sel].clamp(-bound, bound)
         rho = torch.exp(log_rho)
         return {"mismatch_tokens": float(sel.sum()),
                 "mismatch_k3_sum": float((rho - 1.0 - log_rho).sum()),

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from services.protocol import collectives
-from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
+from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +210,15 @@ class TorchBackend(TrainBackend):
             loss.backward()
             for k, v in mb_stats.items():
                 stats[k] = max(stats.get(k, v), v) if k.endswith("_max") else stats.get(k, 0.0) + v
+        lr = self.optimizer.param_groups[0]["lr"]
+        nonfinite = agreed_nonfinite(stats)
+        if nonfinite:   # the loop names the terms and stops the step
+            self.optimizer.zero_grad(set_to_none=False)
+            return StepResult(grad_norm=math.nan, lr=lr, stats=stats, applied=False, nonfinite=nonfinite)
         if self.world_size > 1:
             self._all_reduce_grads(params)
         clip = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-        lr = self.optimizer.param_groups[0]["lr"]
         if not math.isfinite(grad_norm):
             log.warning("non-finite gradient norm %s: update skipped", grad_norm)
             self.optimizer.zero_grad(set_to_none=False)

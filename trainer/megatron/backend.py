@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from services.protocol import collectives
-from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend
+from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
 from trainer.megatron.model import (
@@ -232,6 +232,13 @@ class MegatronBackend(TrainBackend):
         if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
             self._sum_shared_embedding_grads()
         stats = self._count_once(stats)
+        nonfinite = agreed_nonfinite(stats)
+        if nonfinite:   # the loop names the terms and stops the step; no rank steps
+            if self.on_gpu:
+                gpu.zero_grad(self.model, self.optimizer)
+            else:
+                self.optimizer.zero_grad()
+            return StepResult(grad_norm=math.nan, lr=lr, stats=stats, applied=False, nonfinite=nonfinite)
         if self.on_gpu:
             applied, grad_norm = gpu.step(self.model, self.optimizer, lr)
             self.updates += applied

@@ -99,3 +99,19 @@ def test_behaviour_weight_cap_masks_off_policy_tokens(exp, small_model_dir, traj
     rec, _ = run_step(exp, small_model_dir, groups, behav_imp_weight_cap=5.0)
     assert rec["masked_fraction"] == pytest.approx(2 / rec["valid_tokens"])
     assert rec["imp_weight_max"] == pytest.approx(np.exp(3.0), rel=1e-4)
+
+
+def test_a_non_finite_loss_stops_the_step_by_name(exp, small_model_dir, traj, caplog):
+    """A NaN in the first minibatch's loss (here a behaviour log-prob; the buffer refuses those
+    from the wire, so in a run it would be the model's own) stops the step: that update is not
+    applied, the second is not run, the log names the term and the step, the record counts it."""
+    groups = on_policy_groups(small_model_dir, traj)
+    t = groups[0].samples[0]
+    t.output_logprobs = t.output_logprobs.copy()
+    t.output_logprobs[1] = np.nan
+    with caplog.at_level("ERROR", logger="trainer.loop"):
+        rec, grads = run_step(exp, small_model_dir, groups, ppo_n_minibatches=2)
+    assert grads == []                                   # the optimizer never stepped
+    assert rec["nonfinite_loss"] == {"policy": 1} and rec["updates_not_run"] == 1
+    assert rec["updates_skipped"] == 1 and rec["nonfinite_steps_total"] == 1
+    assert any("step 0: loss term policy" in r.getMessage() for r in caplog.records), caplog.text

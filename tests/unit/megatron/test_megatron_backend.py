@@ -149,3 +149,26 @@ def test_export_hf_is_exact_and_loads(backend, model_dir, tmp_path):
     assert sorted(exported) == sorted(original)
     assert all(torch.equal(exported[k], original[k]) for k in original)
     assert hf.model.embed_tokens.weight.shape[0] == mc.VOCAB
+
+
+def test_a_non_finite_loss_term_refuses_the_update(backend):
+    """The same loss (trainer/loss.py) and the same refusal (trainer/backend.py agreed_nonfinite)
+    as the torch backend: a NaN advantage in one micro-batch names the policy term, and no
+    parameter moves (Megatron's bf16 optimizer, with no loss scaler, would otherwise apply it)."""
+    from trainer.loss import PPOSettings, ppo_token_loss
+
+    mbs = mc.micro_batches(seed=5)
+    total = mc.n_valid(mbs)
+    before, updates = mc.logps(backend, mbs), backend.updates
+
+    def loss_fn(mb, out):
+        adv = mb.fields["adv"].clone()
+        if torch.equal(mb.input_ids, mbs[0].input_ids):
+            adv[1] = float("nan")
+        logp = out.logp
+        return ppo_token_loss(logp, logp.detach(), None, adv, mb.fields["loss_mask"],
+                              PPOSettings(proximal="behaviour"), total)
+    res = backend.train_step(mbs, loss_fn, 1.0)
+    assert not res.applied and res.nonfinite == {"policy": 1}
+    assert backend.updates == updates
+    assert torch.equal(mc.logps(backend, mbs), before)

@@ -21,24 +21,30 @@ def test_no_baseline_keeps_rewards():
     assert adv.tolist() == [5, -5, 1]
 
 
-def test_normalisation_is_over_tokens_of_the_global_batch():
+@pytest.mark.parametrize("std, ddof", [("population", 0), ("sample", 1)])
+def test_normalisation_is_over_tokens_of_the_global_batch(std, ddof):
     # rewards 1, 0 (group a) and 3 (group b); no baseline; lengths 1, 3, 2 tokens
     adv = sequence_advantages([1, 0, 3], ["a", "a", "b"], [1, 3, 2], group_baseline=False, normalize=True,
-                              eps=0.0)
+                              eps=0.0, std=std)
     tokens = [1, 0, 0, 0, 3, 3]                     # the rewards broadcast to tokens, by hand
     mean = sum(tokens) / 6                          # 7/6
-    std = math.sqrt(sum((t - mean) ** 2 for t in tokens) / 6)
-    assert adv.tolist() == pytest.approx([(1 - mean) / std, (0 - mean) / std, (3 - mean) / std])
+    sd = math.sqrt(sum((t - mean) ** 2 for t in tokens) / (6 - ddof))
+    assert adv.tolist() == pytest.approx([(1 - mean) / sd, (0 - mean) / sd, (3 - mean) / sd])
     per_token = np.repeat(adv, [1, 3, 2])
     assert per_token.mean() == pytest.approx(0, abs=1e-12)
-    assert per_token.std() == pytest.approx(1, abs=1e-12)
+    assert per_token.std(ddof=ddof) == pytest.approx(1, abs=1e-12)
 
 
 def test_baseline_then_normalisation():
     adv = sequence_advantages([5, -5, 5, 5], ["a", "a", "b", "b"], [2, 2, 2, 2], group_baseline=True,
-                              normalize=True, eps=0.0)
+                              normalize=True, eps=0.0, std="population")
     # after baseline: 5, -5, 0, 0; token mean 0; token std sqrt((25+25)/4)
     s = math.sqrt(50 / 4)
+    assert adv.tolist() == pytest.approx([5 / s, -5 / s, 0, 0])
+    # the sample std over the 8 tokens: sqrt(4 * 25 / 7); the default
+    adv = sequence_advantages([5, -5, 5, 5], ["a", "a", "b", "b"], [2, 2, 2, 2], group_baseline=True,
+                              normalize=True, eps=0.0)
+    s = math.sqrt(100 / 7)
     assert adv.tolist() == pytest.approx([5 / s, -5 / s, 0, 0])
 
 
