@@ -34,7 +34,7 @@ from services.protocol.trackers import finish_trackers, tracker_hints
 from .backends import Backend, Ended, LaunchError
 from .config import ConfigError, ExperimentConfig
 from .plan import PlanError
-from .progress import Progress, summarize
+from .progress import Progress, mark_resumed, summarize
 from .report import write_report
 from .roles import GEN_ADMIN_KEY, GEN_API_KEY, Role, eval_output, eval_role, experiment_roles, waves
 
@@ -88,6 +88,8 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         print(f"tandem run: {e}", file=sys.stderr, flush=True)
         _restore(previous_term)
         return 2
+    if resume:   # where this launch's work starts in the run's stream (summary, report)
+        mark_resumed(exp)
     progress = Progress(exp, cfg.trainer.total_steps, resume)
     evaluating = cfg.rollout.eval_size > 0
     # A resumed run is the same run: its starting policy was evaluated by the first launch.

@@ -87,8 +87,17 @@ def test_generation_server_crash_is_survived_and_trainer_crash_resumes(tmp_path,
     assert resumed_steps == list(range(resumed_steps[0], 7)) and resumed_steps[0] <= max(done_before) + 1
     assert leftovers(exp) == []
     # One run: each step counted once, progress not re-printed, the first launch's servers gone.
-    assert json.loads((exp.root / "summary.json").read_text())["steps"] == 6
+    summary = json.loads((exp.root / "summary.json").read_text())
+    assert summary["steps"] == 6
     assert f"step {resumed_steps[0]}/6" in out and "step 1/6" not in out
+    # This launch's work only: its first steps train groups the first launch generated, and their
+    # accuracy is found (not `nan%`); throughput spans this launch's steps, not the gap before it.
+    assert "nan" not in out, out[-3000:]
+    assert summary["throughput"]["steps"] == len(resumed_steps) and summary["throughput"]["trajectories_per_s"] > 0
+    marks = read_metrics(exp, "launcher", "resumed")
+    assert len(marks) == 1 and marks[0]["last_step"] == max(done_before)
+    first_resumed = next(r for r in after if r["step"] == resumed_steps[0] and r["time"] > marks[0]["resumed_at"])
+    assert summary["rl_s"] <= after[-1]["time"] - first_resumed["time"] + first_resumed["step_s"] + 0.1
     registry = json.loads((exp.checkpoints / "controller" / "state.json").read_text())["registry"]
     assert [s["address"] for s in registry] == [json.loads(exp.service_file("gen-0").read_text())["url"]]
 
