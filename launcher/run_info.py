@@ -2,15 +2,15 @@
 
 A report read weeks later must say what produced it: the experiment file, when it started, and
 the code's commit. The resolved `config.yaml` holds the values but not where they came from, so
-each launch appends {time, config, commit, resume}; a resumed run gains a line, which is also
-where the report draws its "resumed" marks. The commit is read from the checkout's `.git`
+each launch appends {time, config, commit, resume}; a resumed run gains a line. The commit is read from the checkout's `.git`
 files (no `git` process: roles and unit tests start none), and is `None` outside a checkout.
 
 `RunInfo` is what the report says about the run: its title line, and why its held-out panel
 may be empty (evaluation off, or configured but nothing recorded).
 
-Runs older than this file (or made by tests) still get marks: a resumed trainer goes back to
-its last checkpoint, so its step numbers fall (`resume_times_from_steps`).
+Resumed-at marks (`resume_times`) come from the launcher's `resumed` record in metrics.jsonl,
+else from this file; runs older than both still get them: a resumed trainer goes back to its
+last checkpoint, so its step numbers fall (`resume_times_from_steps`).
 """
 from __future__ import annotations
 
@@ -106,10 +106,11 @@ def resume_times_from_steps(records: list[dict]) -> list[float]:
 
 def resume_times(exp_root: str | os.PathLike, records: list[dict]) -> list[float]:
     """Wall-clock times the run was resumed at, from the first source that has them: the
-    launches file, `resumed` records in the metrics, the trainer's step numbers."""
-    launched = [r["time"] for r in read_launches(exp_root) if r.get("resume")]
+    launcher's `resumed` records in the metrics (where the summary's figures of a launch start),
+    the launches file, the trainer's step numbers."""
     logged = [r.get("resumed_at", r["time"]) for r in records if r.get("event") == "resumed" and "time" in r]
-    return sorted(launched or logged) or resume_times_from_steps(records)
+    launched = [r["time"] for r in read_launches(exp_root) if r.get("resume")]
+    return sorted(logged or launched) or resume_times_from_steps(records)
 
 
 @dataclass

@@ -3,7 +3,7 @@ rollout.eval_size=0 rollout.eval_every=0` on a 2-core machine (a barely warmed-u
 so nearly every answer is wrong: rewards -1.0 to -0.97; one step with tokens of its own version,
 so one mismatch point at a ratio of 1.000001). `recorded/math_tiny_10_steps.jsonl.gz` is its
 metrics.jsonl without the controller's admission and the reward service's records, floats cut
-to 6 digits. What the report draws and what `simulate --calibrate` fits are tested on it,
+to 6 digits except in the trainer's step records. What the report draws and what `simulate --calibrate` fits are tested on it,
 without starting a training run."""
 from __future__ import annotations
 

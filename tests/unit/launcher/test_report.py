@@ -35,7 +35,7 @@ def test_figure_panels_show_trends_integer_bins_and_the_zoom(tmp_path):
     exp = ExpDir(tmp_path / "run")
     write_synthetic_run(exp, n_steps=60, step_s=2.0)
     fig, counts = build_figure(exp)
-    assert counts == {"steps": 60, "groups": 240, "weight_syncs": 60, "held_out_points": 7}
+    assert counts == {"steps": 60, "groups": 240, "weight_syncs": 60, "held_out_points": 7, "notes": {}}
     axes = fig.axes
     reward = axes[0]
     raw, smoothed = reward.lines[0].get_ydata(), reward.lines[1].get_ydata()

@@ -44,6 +44,8 @@ def test_each_launch_appends_its_file_and_time_and_a_resume_is_marked(tmp_path):
                                                               ("configs/math-tiny.yaml", True)]
     assert launches[0]["commit"] == git_commit()
     assert resume_times(tmp_path, []) == [again["time"]] and again["time"] >= first["time"]
+    # the launcher's own mark in the metrics, where a resumed launch's figures start, comes first
+    assert resume_times(tmp_path, [{"event": "resumed", "time": 5.0, "resumed_at": 4.0}]) == [4.0]
 
 
 def test_without_the_file_a_resume_shows_in_the_trainers_step_numbers():
@@ -67,3 +69,16 @@ def test_run_info_names_the_run_and_why_the_held_out_panel_is_empty(tmp_path):
     assert "evaluation off" in info.why_no_held_out()
     (exp.root / "launches.jsonl").write_text(json.dumps({"time": 1.0}) + "\nnot json\n")
     assert "commit: not recorded" in run_info(exp, []).subtitle()
+
+
+def test_tandem_run_records_its_launches(tmp_path):
+    """`prepare` (what `tandem run` does before starting anything) appends the launch."""
+    from launcher.run import prepare
+    (tmp_path / "model").mkdir()
+    exp_yaml = tmp_path / "exp.yaml"
+    exp_yaml.write_text(f"experiment: {{name: rec, model: {tmp_path / 'model'}, exp_dir: {tmp_path / 'rec'}}}\n"
+                        "rollout: {dataset: 'synthetic:math'}\n")
+    _, exp = prepare(str(exp_yaml), [], resume=False)
+    prepare(str(exp_yaml), [], resume=True)
+    assert [(r["config"], r["resume"]) for r in read_launches(exp.root)] == [(str(exp_yaml), False),
+                                                                            (str(exp_yaml), True)]
