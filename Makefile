@@ -67,24 +67,27 @@ wheelhouse: install
 	$(PY) slurm/wheelhouse.py build --out $(or $(WHEELHOUSE),.wheelhouse) --python-version $(PYTHON_VERSION) \
 	  --platform $(PLATFORM) $(if $(NODE_HAS),--node-has $(NODE_HAS))
 
+# Results go to benchmarks/runs/<time>/ (not committed); BENCH_ARGS="--record" rewrites the
+# committed benchmarks/results/ the docs cite, BENCH_ARGS="--quick protocol" checks one runs.
 bench: install
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 # The embedded default runs: warm the tiny model up once (cached in .cache/), then run RL.
-# EXP=path.yaml runs another experiment file; ARGS="trainer.total_steps=10" adds overrides.
+# EXP=path.yaml runs another experiment file; ARGS="trainer.total_steps=10" adds overrides;
+# SFT_ARGS="--steps 100" passes options to the warm-up (`tandem sft --help`).
 # Each run gets its own directory, runs/<name>-<timestamp>.
 RUN_ID := $(shell date +%Y%m%d-%H%M%S)
 train-math: install
-	$(VENV)/bin/tandem sft --task math --out .cache/tiny-math-sft
+	$(VENV)/bin/tandem sft --task math --out .cache/tiny-math-sft $(SFT_ARGS)
 	$(VENV)/bin/tandem run $(or $(EXP),configs/math-tiny.yaml) experiment.exp_dir=runs/math-$(RUN_ID) $(ARGS)
 
 train-code: install
-	$(VENV)/bin/tandem sft --task code --out .cache/tiny-code-sft
+	$(VENV)/bin/tandem sft --task code --out .cache/tiny-code-sft $(SFT_ARGS)
 	$(VENV)/bin/tandem run $(or $(EXP),configs/code-tiny.yaml) experiment.exp_dir=runs/code-$(RUN_ID) $(ARGS)
 
 # Multi-turn: programs revised from execution feedback on the visible examples (rollout/code_feedback.py).
 train-code-agent: install
-	$(VENV)/bin/tandem sft --task code-agent --out .cache/tiny-code-agent-sft
+	$(VENV)/bin/tandem sft --task code-agent --out .cache/tiny-code-agent-sft $(SFT_ARGS)
 	$(VENV)/bin/tandem run $(or $(EXP),configs/code-agent-tiny.yaml) experiment.exp_dir=runs/code-agent-$(RUN_ID) $(ARGS)
 
 lint: install

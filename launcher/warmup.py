@@ -62,7 +62,9 @@ def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n:
     base = Path(tempfile.mkdtemp(prefix="tandem-tiny-"))
     init_tiny(base, seed=seed)
     kind = "code" if task == "code-agent" else task
-    rows = list(generate(kind, 50_000, seed=seed))
+    # A pool of 50,000 solved tasks, or what `steps` batches can draw if that is fewer (the default
+    # steps draw more; a short warm-up need not encode 50,000 prompts first).
+    rows = list(generate(kind, min(50_000, steps * settings.batch_size), seed=seed))
     if kind == "code":
         rows = [{"prompt": r["problem"], "solution": r["solution"]} for r in rows]
     if task == "code-agent":
