@@ -6,7 +6,9 @@ when the run ended, or returned (the trainer never receipted it, so its prompt i
 again) — never nowhere (lost) and never twice (trained twice). The trainer's step records carry
 the ids they trained and dropped and its last record the ids it still held; the workers'
 `group` records the ids they delivered and `unreceipted` records the ids they returned; their
-data positions the prompts they gave up on. `tandem audit --exp DIR` prints it; the fault suite and `benchmarks/faults.py` assert it.
+data positions the prompts they gave up on. `tandem audit --exp DIR` prints it (a verdict, then
+each count with what it means; `--json`: the counts as JSON); the fault suite and
+`benchmarks/faults.py` assert it.
 """
 from __future__ import annotations
 
@@ -70,17 +72,50 @@ def audit(exp: ExpDir) -> Audit:
     return out
 
 
-def cmd_audit(args) -> int:
-    result = audit(ExpDir(args.exp))
-    print(json.dumps(result.as_dict(), indent=1))
+# What each count means, in the order a reader follows a group: (label, key, meaning).
+ROWS = (("delivered", "delivered", "groups the rollout workers pushed to the trainer"),
+        ("trained", "trained", ""),
+        ("dropped", "dropped", "over-stale or refused; their slots given back"),
+        ("held at the end", "held_at_end", "in the trainer's buffer when it exited"),
+        ("returned", "returned", "never receipted: their prompts are generated again"),
+        ("returned but trained", "returned_but_trained", "the receipt was lost, not the group: its prompt trains again"),
+        ("lost", "lost", "delivered, then nowhere"),
+        ("trained twice", "trained_twice", ""),
+        ("prompts skipped", "prompts_skipped", "workers gave up on them after repeated failures"))
+
+
+def audit_text(exp: ExpDir, result: Audit) -> str:
+    """What `tandem audit` prints: a verdict line, one row per count (with what it means),
+    the longest gap between steps, and the ids of lost and twice-trained groups."""
+    d = result.as_dict()
+    bad = [f"{d[k]} {label}" for label, k in (("lost", "lost"), ("trained twice", "trained_twice")) if d[k]]
+    verdict = ("PROBLEM: " + ", ".join(bad)) if bad else "OK: every delivered group is accounted for"
+    lines = [f"audit of {exp.root} ({result.steps} training steps): {verdict}"]
+    width = max(len(label) for label, _, _ in ROWS)
+    for label, key, meaning in ROWS:
+        lines.append(f"  {label:<{width}}  {d[key]:>7,}" + (f"  ({meaning})" if meaning else ""))
+    lines.append(f"  {'longest step gap':<{width}}  {d['max_step_gap_s']:>7.2f} s")
     if result.lost:
-        print(f"lost groups: {' '.join(result.lost[:20])}")
+        lines.append(f"lost groups: {' '.join(result.lost[:20])}")
     if result.trained_twice:
-        print(f"trained twice: {' '.join(result.trained_twice[:20])}")
+        lines.append(f"trained twice: {' '.join(result.trained_twice[:20])}")
+    return "\n".join(lines)
+
+
+def cmd_audit(args) -> int:
+    exp = ExpDir(args.exp)
+    result = audit(exp)
+    if args.json:
+        out = result.as_dict()
+        out.update({k: v[:20] for k, v in (("lost_ids", result.lost), ("trained_twice_ids", result.trained_twice)) if v})
+        print(json.dumps(out, indent=1))
+    else:
+        print(audit_text(exp, result))
     return 1 if result.lost or result.trained_twice else 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("audit", help="every group's fate in a run: lost, trained twice, prompts skipped")
     p.add_argument("--exp", required=True, help="experiment directory")
+    p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.set_defaults(func=cmd_audit)

@@ -1,9 +1,12 @@
-"""`launcher/audit.py` on a metrics stream written as the roles write theirs: each group's fate."""
+"""`launcher/audit.py` on a metrics stream written as the roles write theirs: each group's fate,
+and what `tandem audit` prints (a verdict and the counts in words; `--json`: one JSON object)."""
 from __future__ import annotations
 
 import json
 
 from launcher.audit import audit
+from launcher.cli import main
+from launcher.config import load_config, save_resolved
 from services.protocol import ExpDir, MetricsWriter
 
 
@@ -13,7 +16,7 @@ def _stream(exp: ExpDir, records: list[tuple[str, dict]]) -> None:
         writers[role].log(**fields)
 
 
-def test_every_group_delivered_is_accounted_for_and_the_rest_is_named(tmp_path):
+def _faulty_run(tmp_path) -> ExpDir:
     exp = ExpDir(tmp_path / "exp")
     _stream(exp, [
         *[("rollout", {"event": "group", "group_id": g}) for g in ("a", "b", "c", "d", "e", "f", "g")],
@@ -27,10 +30,35 @@ def test_every_group_delivered_is_accounted_for_and_the_rest_is_named(tmp_path):
     ])
     (exp.checkpoints).mkdir(parents=True)
     (exp.checkpoints / "rollout-0.json").write_text(json.dumps({"position": 9, "skipped": 1}))
-    result = audit(exp)
+    # the CLI reads the run's config, as for every command given --exp
+    save_resolved(load_config(None, ["experiment.name=audited", "experiment.model=none",
+                                     f"experiment.exp_dir={exp.root}"]), exp.root)
+    return exp
+
+
+def test_every_group_delivered_is_accounted_for_and_the_rest_is_named(tmp_path):
+    result = audit(_faulty_run(tmp_path))
     assert result.steps == 3 and result.trained == 4 and result.dropped == 1
     assert result.returned == 1 and result.returned_but_trained == 0
     assert result.lost == ["g"]                 # delivered, and never trained, dropped, held or returned
     assert result.trained_twice == ["a"]
     assert result.prompts_skipped == 1
     assert result.as_dict()["lost"] == 1
+
+
+def test_audit_prints_a_verdict_and_each_count_in_words(tmp_path, capsys):
+    exp = _faulty_run(tmp_path)
+    assert main(["audit", "--exp", str(exp.root)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"audit of {exp.root} (3 training steps): PROBLEM: 1 lost, 1 trained twice"
+    rows = {line[2:22].strip(): line[22:].split() for line in lines[1:] if line.startswith("  ")}
+    assert rows["delivered"][0] == "7" and rows["trained"] == ["4"] and rows["lost"][0] == "1"
+    assert rows["prompts skipped"][:2] == ["1", "(workers"] and rows["longest step gap"][1] == "s"
+    assert lines[-2:] == ["lost groups: g", "trained twice: a"]
+
+
+def test_audit_json_is_one_object(tmp_path, capsys):
+    exp = _faulty_run(tmp_path)
+    assert main(["audit", "--exp", str(exp.root), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out == {**audit(exp).as_dict(), "lost_ids": ["g"], "trained_twice_ids": ["a"]}
