@@ -157,8 +157,9 @@ def no_effect_problems(t) -> list[tuple[str, str]]:
     """Combinations of the objective's keys where one key does nothing, or nothing bounds the
     estimate: (key, message naming the other key). A setting that silently does nothing is a
     run that trains something other than what its config says (docs/algorithms.md lists them).
-    Only values that differ from the dataclass defaults are refused, so a preset that leaves a
-    key at its default never trips them."""
+    A key whose default is inert (kl_estimator, kl_clamp, adv_norm_scope, adv_norm_std,
+    eps_clip) is refused only when changed from it, so a preset that leaves it alone passes; a
+    cap under standard PPO is refused whatever its value (the areal preset derives a null one)."""
     out = []
     standard = t.proximal == "behaviour" or not t.use_decoupled_loss
     why = "trainer.proximal: behaviour" if t.proximal == "behaviour" else "trainer.use_decoupled_loss: false"
