@@ -29,13 +29,29 @@ _IGNORED_GENERATE = {"log_metrics", "conversation_id", "priority", "extra_key", 
                      "validation_time", "http_worker_ipc"}
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """FastAPI's rule for reading a body as JSON: `application/json` or `application/*+json`
+    (parameters such as `; charset=utf-8` allowed, case-insensitive)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 async def read_json(request, *, required: bool = True) -> dict:
-    """The body as a JSON object ({} for an empty body when not `required`)."""
+    """The body as a JSON object ({} for an empty body when not `required`).
+
+    A body is read only when its Content-Type says JSON, as SGLang 0.5.23's FastAPI routes read
+    it (`fastapi/routing.py`: another type, such as curl `-d`'s form type, is kept as bytes and
+    fails the request class's validation, a 400; with no Content-Type, FastAPI's default
+    `strict_content_type=True` does the same). A client that works here then works on SGLang."""
     raw = await request.read()
     if not raw.strip():
         if required:
             raise BadRequest(f"{request.path}: the request body must be a JSON object")
         return {}
+    content_type = request.headers.get("Content-Type")
+    if not is_json_media_type(content_type):
+        raise BadRequest(f"{request.path}: a JSON body needs the header Content-Type: application/json, as "
+                         f"SGLang requires (got {repr(content_type) if content_type else 'none'})")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
