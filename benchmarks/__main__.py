@@ -56,8 +56,8 @@ def main() -> int:
             print(f"benchmark {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)
         print(f"({name}: {time.time() - t0:.1f}s)")
-    if not args.quick:
-        print(f"\nresults of this run: {output_dir()}" + ("" if args.record else " (not recorded)"))
+    if not args.quick and output_dir(create=False).exists():
+        print(f"\nresults of this run: {output_dir(create=False)}" + ("" if args.record else " (not recorded)"))
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

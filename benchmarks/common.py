@@ -37,9 +37,9 @@ def set_recording(record: bool) -> None:
     _record = record
 
 
-def output_dir() -> Path:
+def output_dir(create: bool = True) -> Path:
     """Where this run's files go: benchmarks/results/ when recording, else benchmarks/runs/<time>/
-    (one directory for every benchmark of one `python -m benchmarks`)."""
+    (one directory for every benchmark of one `python -m benchmarks`); made on first write."""
     global _run_dir
     if _record:
         out = RESULTS
@@ -47,7 +47,8 @@ def output_dir() -> Path:
         if _run_dir is None or not _run_dir.is_relative_to(RUNS):
             _run_dir = RUNS / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = _run_dir
-    out.mkdir(parents=True, exist_ok=True)
+    if create:
+        out.mkdir(parents=True, exist_ok=True)
     return out
 
 
@@ -59,7 +60,7 @@ def output_path(filename: str) -> Path:
 def read_results(name: str) -> tuple[dict, Path] | None:
     """Another benchmark's figures: this run's `<name>.json` if it wrote one, else the committed
     one; None when neither exists."""
-    for path in (output_dir() / f"{name}.json", RESULTS / f"{name}.json"):
+    for path in (output_dir(create=False) / f"{name}.json", RESULTS / f"{name}.json"):
         if path.exists():
             return json.loads(path.read_text()), path
     return None

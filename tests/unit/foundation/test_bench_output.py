@@ -130,3 +130,14 @@ def test_no_benchmark_writes_the_committed_directory_on_its_own():
         if "RESULTS" in names:
             offenders.append(path.name)
     assert offenders == []
+
+
+def test_a_quick_run_leaves_no_trace(fresh, monkeypatch):
+    """--quick records nothing: a benchmark that only reads figures (the simulator reads
+    async_vs_sync's) makes no run directory either."""
+    def quick_main(quick: bool = False) -> None:
+        assert quick
+        common.read_results("async_vs_sync")
+    monkeypatch.setattr(sys, "argv", ["bench", "--quick"])
+    common.cli(quick_main)
+    assert not (fresh / "runs").exists()
