@@ -80,10 +80,10 @@ def test_resolved_config_reloads_identically(tmp_path):
 def test_mistakes_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="trainer.algorithm: must be one of areal"):
         load_config(write(tmp_path, GOOD_EXPERIMENT), ["trainer.algorithm=ppo2"])
-    with pytest.raises(ConfigError, match="trainer.kl_coef: .*torch backend only"):
+    with pytest.raises(ConfigError, match="command line: trainer.algorithm: .*torch backend only.*the preset's value of trainer.kl_coef"):
         load_config(write(tmp_path, GOOD_EXPERIMENT), ["trainer.algorithm=grpo", "trainer.backend=megatron"])
     with pytest.raises(ConfigError, match="trainer.behav_imp_weight_cap: behav_weight: truncate needs"):
-        load_config(write(tmp_path, GOOD_EXPERIMENT), ["trainer.behav_weight=truncate"])
+        load_config(write(tmp_path, GOOD_EXPERIMENT), ["trainer.behav_weight=truncate", "trainer.behav_imp_weight_cap=null"])
     with pytest.raises(ConfigError, match="trainer.loss_agg_norm"):
         load_config(write(tmp_path, GOOD_EXPERIMENT), ["trainer.loss_agg_norm=100"])
     with pytest.raises(ConfigError, match="trainer.proximal: loglinear needs use_decoupled_loss"):
