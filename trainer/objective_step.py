@@ -12,6 +12,13 @@ when the step has none). The trainer's log-probs are the proximal forward's when
 the first update's training forward, which runs with the start parameters before any update:
 the tokens of the first minibatch only (all of them with ppo_n_minibatches = 1). The record's
 `mismatch_source` says which ("proximal" or "first_update").
+
+Per-version drift (same tokens and source, one version older): over the output tokens generated
+one version before the one being trained, the same k3 gives `version_kl`, an estimate of
+KL(policy v-1 || policy v) on the policy's own samples (plus the mismatch above, which it
+includes). It is how far one update moves the policy — what makes staleness matter: the
+staleness ablation (benchmarks/staleness_ablation.py) reports it to place its runs against a
+real run's per-update KL. Null when the step has no such token (eta = 0).
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from trainer.objectives import mismatch_sums
 
 # Stats the loss function adds to the loop's (summed, resp. maxed over micro-batches and ranks).
 EXTRA_SUMS = ("objective", "dual_clipped", "kl_sum", "sample_masked", "mismatch_tokens", "mismatch_k3_sum",
-              "mismatch_ratio_sum")
+              "mismatch_ratio_sum", "drift_tokens", "drift_k3_sum")
 EXTRA_MAXES = ("mismatch_ratio_max",)
 
 
@@ -76,9 +83,12 @@ def make_loss_fn(settings: PPOSettings, mp: MinibatchPlan, k: int, n_updates: in
             stats["entropy_sum"] = float((out.entropy.detach() * f["loss_mask"]).sum())
         start = f.get("prox_logp") if recomputed else (out.logp if k == 0 else None)
         if start is not None and "versions" in f:
+            start = start.to(f["behav_logp"].device)
             select = f["loss_mask"].bool() & (f["versions"] == version)
-            stats.update(mismatch_sums(start.to(f["behav_logp"].device), f["behav_logp"], select,
-                                       settings.log_ratio_clamp))
+            stats.update(mismatch_sums(start, f["behav_logp"], select, settings.log_ratio_clamp))
+            older = f["loss_mask"].bool() & (f["versions"] == version - 1)
+            drift = mismatch_sums(start, f["behav_logp"], older, settings.log_ratio_clamp)
+            stats.update(drift_tokens=drift["mismatch_tokens"], drift_k3_sum=drift["mismatch_k3_sum"])
         return loss, stats
     return loss_fn
 
@@ -87,6 +97,7 @@ def step_metrics(totals: dict, n_updates: int, settings: PPOSettings) -> dict:
     """The objective's and the mismatch's part of the step record, from the reduced totals."""
     valid = max(totals["valid"], 1.0)
     n = int(totals["mismatch_tokens"])
+    n_drift = int(totals["drift_tokens"])
     return {
         "objective": totals["objective"] / max(n_updates, 1),
         "dual_clip_fraction": totals["dual_clipped"] / valid,
@@ -97,6 +108,8 @@ def step_metrics(totals: dict, n_updates: int, settings: PPOSettings) -> dict:
         "mismatch_ratio_mean": totals["mismatch_ratio_sum"] / n if n else None,
         "mismatch_ratio_max": totals["mismatch_ratio_max"] if n else None,
         "mismatch_source": "proximal" if settings.proximal_mode == "recompute" else "first_update",
+        "version_kl": totals["drift_k3_sum"] / n_drift if n_drift else None,
+        "version_kl_tokens": n_drift,
     }
 
 

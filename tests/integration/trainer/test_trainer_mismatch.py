@@ -101,7 +101,8 @@ def test_same_weights_give_no_mismatch_and_a_shift_shows(tmp_path, small_model_d
 
 def test_only_tokens_of_the_version_trained_count(tmp_path, small_model_dir, generated):
     """Trained at version 1: the shifted log-probs belong to tokens labelled version 0 (an older
-    policy's, which may differ for good reasons) and are left out; the rest (version 1) agree."""
+    policy's, which may differ for good reasons) and are left out; the rest (version 1) agree.
+    The one-version-old tokens are the per-version drift instead: k3 at log rho = -0.3 on each."""
     def versions(t):
         v = np.ones(len(t.output_ids), np.int32)
         v[::2] = 0
@@ -109,3 +110,8 @@ def test_only_tokens_of_the_version_trained_count(tmp_path, small_model_dir, gen
     rec = step(tmp_path, small_model_dir, shifted(generated, versions=versions), 1)
     assert rec["mismatch_tokens"] == 48
     assert rec["mismatch_k3"] < 1e-8 and rec["mismatch_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    rho = math.exp(-SHIFT)
+    assert rec["version_kl_tokens"] == 48
+    assert rec["version_kl"] == pytest.approx(rho - 1 + SHIFT, abs=1e-4)
+    same = step(tmp_path / "v0", small_model_dir, generated, 0)
+    assert same["version_kl"] is None and same["version_kl_tokens"] == 0
