@@ -43,9 +43,17 @@ def experiment_file(workdir: Path, model: Path, name: str, total_steps: int) -> 
     return path
 
 
+def as_terminal_foreground() -> None:
+    """preexec_fn of a launcher that is sent a terminal's Ctrl-C: SIGINT at its default, as in a
+    foreground job. A shell starts background jobs (`make test &`, nohup) with SIGINT ignored,
+    and an ignored signal stays ignored across exec — the launcher would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def launch(cfg: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", "run", str(cfg), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=as_terminal_foreground)
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.faults import as_terminal_foreground
 from services.protocol import ExpDir, read_metrics
 
 
@@ -26,8 +27,10 @@ trainer: {{groups_per_step: 2, total_steps: 4, checkpoint_every: 1, max_tokens_p
 
 
 def tandem(*args, **kw) -> subprocess.Popen:
+    """The launcher as a terminal's foreground job would run it (Ctrl-C reaches it)."""
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=as_terminal_foreground, **kw)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
