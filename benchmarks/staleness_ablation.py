@@ -25,6 +25,7 @@ if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.p
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,14 +69,6 @@ def plan(quick: bool) -> list[tuple[str, int, int]]:
     return [(o, eta, s) for eta in ETAS for o in ("naive", "decoupled") for s in SEEDS]
 
 
-def _median(values: list[float]) -> float | None:
-    values = sorted(values)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 def run_cell(objective: str, eta: int, seed: int, model: Path, workdir: Path, steps: int, eval_n: int,
              extra: list[str], lr: float) -> dict:
     exp = workdir / f"{objective}-eta{eta}-seed{seed}-lr{lr:g}"
@@ -93,7 +86,7 @@ def run_cell(objective: str, eta: int, seed: int, model: Path, workdir: Path, st
     n = ev["n"] or 1
     kls = [r["version_kl"] for r in trained if r.get("version_kl") is not None]
     return {"objective": objective, "eta": eta, "seed": seed, "lr": lr,
-            "version_kl_median": _median(kls), "version_kl_max": max(kls, default=None),
+            "version_kl_median": statistics.median(kls) if kls else None, "version_kl_max": max(kls, default=None),
             "acc_before": ev["before"], "acc_after": ev["after"],
             "acc_se": math.sqrt(ev["after"] * (1 - ev["after"]) / n) if ev["after"] is not None else None,
             "eval_n": ev["n"],
