@@ -23,7 +23,7 @@ PAPER = ["experiment.name=areal-shape", "experiment.model=none", "launcher.backe
          "launcher.gpus_per_node=8", "launcher.gen_train_ratio=3:1", "gen.backend=sglang",
          "gen.tp_size=1", "gen.max_running_requests=512", "gen.mem_fraction_static=0.85",
          "rollout.n_samples=16", "rollout.max_new_tokens=32768", "trainer.groups_per_step=512",
-         "trainer.ppo_n_minibatches=4", "trainer.max_tokens_per_mb=32768",
+         "trainer.ppo_n_minibatches=4", "rollout.max_prompt_tokens=512", "trainer.max_tokens_per_mb=33280",
          "controller.max_concurrent_groups=100000", "rollout.concurrency=100000",
          # AReaL's trainer goes on while the servers load new weights.
          "trainer.wait_for_ack=false", "simulate.hardware=H800"]

@@ -35,12 +35,31 @@ def _parse_sweep(items: list[str]) -> tuple[list[str] | None, list[int] | None]:
     return ratios, etas
 
 
+def _memory(cfg, plan) -> None:
+    """Print the per-GPU memory estimate of `plan`; refuse (ConfigError) a role that does not fit."""
+    from rich.console import Console
+
+    from launcher.plan import PlanError
+    from launcher.simulate.memory import estimate, refusal
+    from launcher.simulate.memory import render as render_memory
+
+    if not plan.uses_gpus:
+        return
+    est = estimate(cfg, plan.train_dp)
+    render_memory(est, Console())
+    problem = refusal(est)
+    if problem:
+        raise PlanError(f"does not fit the GPUs (simulate.hardware={cfg.simulate.hardware}):\n{problem}")
+
+
 def _plan(args) -> int:
     from launcher.plan import plan_for, render
 
     cfg = load_config(args.file, args.overrides)
     if not args.suggest:
-        render(plan_for(cfg))
+        plan = plan_for(cfg)
+        render(plan)
+        _memory(cfg, plan)
         return 0
     from launcher.simulate.engine import SimulationError
     from launcher.simulate.report import print_sweep
@@ -58,7 +77,10 @@ def _plan(args) -> int:
     if best is None:
         print("tandem: no ratio could be simulated for this cluster (see above)", file=sys.stderr)
         return 2
-    render(plan_for(with_overrides(cfg, ratio=best.ratio)))
+    best_cfg = with_overrides(cfg, ratio=best.ratio)
+    best_plan = plan_for(best_cfg)
+    render(best_plan)
+    _memory(best_cfg, best_plan)
     if best.ratio != cfg.launcher.gen_train_ratio:
         print(f'suggestion: set launcher.gen_train_ratio: "{best.ratio}" (configured: '
               f'"{cfg.launcher.gen_train_ratio}")')

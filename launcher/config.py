@@ -220,7 +220,37 @@ def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         out.append(("controller.groups_per_step",
                     f"{cfg.controller.groups_per_step} differs from trainer.groups_per_step="
                     f"{cfg.trainer.groups_per_step}; admission and training must agree on B"))
+    out += _sequence_fits_micro_batch(cfg)
     return out
+
+
+def model_turns(rollout) -> int:
+    """Model turns a sample may hold: one for the built-in single-turn episode, else max_turns."""
+    from rollout.workflow import DEFAULT_WORKFLOW
+
+    return 1 if rollout.workflow == DEFAULT_WORKFLOW else rollout.max_turns
+
+
+def longest_sequence(rollout) -> int:
+    """Tokens of the longest sample a worker sends: its prompt and every model turn's output (a
+    multi-turn episode's environment turns come on top of this)."""
+    return rollout.max_prompt_tokens + model_turns(rollout) * rollout.max_new_tokens
+
+
+def _sequence_fits_micro_batch(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The longest sequence a worker can send (its prompt, then every model turn) must fit one
+    micro-batch: a longer one is left out of the loss (the trainer's `too_long` count), so a
+    budget equal to max_new_tokens silently dropped exactly the samples cut at the length limit."""
+    r, budget = cfg.rollout, cfg.trainer.max_tokens_per_mb
+    turns, need = model_turns(r), longest_sequence(r)
+    if budget >= need:
+        return []
+    outputs = f"{turns} x rollout.max_new_tokens" if turns > 1 else "rollout.max_new_tokens"
+    values = f"{turns} x {r.max_new_tokens}" if turns > 1 else str(r.max_new_tokens)
+    return [("trainer.max_tokens_per_mb",
+             f"{budget} is less than rollout.max_prompt_tokens + {outputs} = {r.max_prompt_tokens} + "
+             f"{values} = {need}: a sample that long would be left out of the loss (counted as "
+             f"too_long); raise trainer.max_tokens_per_mb to {need} or lower the other two")]
 
 
 def _did_you_mean(schema: DictConfig, full_key: str) -> str:

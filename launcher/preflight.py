@@ -50,11 +50,25 @@ def layout_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             plan_for(cfg, place_cpus=False)
     except ConfigError as e:
         out.append(_keyed(e, "launcher.gen_train_ratio"))
+    else:
+        out += memory_problems(cfg)
     try:
         cpu_placement_for(cfg)
     except ConfigError as e:
         out.append(_keyed(e, "launcher.cpus"))
     return out
+
+
+def memory_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The GPU roles' memory estimate (what `tandem plan` prints) refuses what cannot fit."""
+    from .plan import plan_for, uses_gpus
+    from .simulate.memory import estimate, refusal
+
+    if not uses_gpus(cfg):
+        return []
+    problem = refusal(estimate(cfg, plan_for(cfg, place_cpus=False).train_dp))
+    return [("trainer.max_tokens_per_mb", f"does not fit the GPUs (simulate.hardware="
+                                          f"{cfg.simulate.hardware}): {problem}")] if problem else []
 
 
 def model_problem(model: str) -> str | None:

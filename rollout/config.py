@@ -19,6 +19,11 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 1024
+    # Longest prompt (tokens, after the chat template) a group may have: a longer one is rejected
+    # by its worker (counted as rejected, never trained). With max_new_tokens it bounds a sequence,
+    # which must fit trainer.max_tokens_per_mb (the config check refuses less; verl's
+    # data.max_prompt_length).
+    max_prompt_tokens: int = 2048
     # Worker processes; each runs many episodes concurrently.
     num_workers: int = 1
     # Episodes a worker runs concurrently.
@@ -58,6 +63,8 @@ class RolloutConfig:
             out.append(("temperature", "must be > 0"))
         if self.max_new_tokens < 1:
             out.append(("max_new_tokens", "must be >= 1"))
+        if self.max_prompt_tokens < 1:
+            out.append(("max_prompt_tokens", "must be >= 1"))
         if not (0 < self.top_p <= 1):
             out.append(("top_p", "must be in (0, 1]"))
         if self.concurrency < 1 or self.num_workers < 1:

@@ -159,6 +159,10 @@ class RolloutWorker:
         status, reason, timer = "failed", "", PhaseTimer()
         try:
             trajectories = await self.workflow(ctx, prompt, ticket)
+            longest = max((len(t.prompt_ids) for t in trajectories), default=0)
+            if longest > self.rc.max_prompt_tokens:   # it could not fit trainer.max_tokens_per_mb
+                raise RejectGroup(f"prompt of {longest} tokens is longer than rollout.max_prompt_tokens="
+                                  f"{self.rc.max_prompt_tokens}")
             # The prompt is used up once the trainer holds the whole group (its receipts).
             await self.sink.send_group(trajectories, on_receipted=lambda: self.data.settle(index))
             status = "accepted"

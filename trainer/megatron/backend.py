@@ -34,6 +34,7 @@ from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
+from trainer.megatron.logprobs import chunked_token_logprobs
 from trainer.megatron.model import (
     build_gpt_model,
     check_parallel_fits,
@@ -100,7 +101,7 @@ class MegatronBackend(TrainBackend):
         self.padded_vocab = padded_vocab_size(self.shape.vocab_size, self.mcfg.vocab_multiple, tp)
         dtype = _DTYPES[self.mcfg.params_dtype] if self.on_gpu else torch.float32
         self.dtype = dtype
-        self.config = transformer_config(self.shape, dtype, self.on_gpu)
+        self.config = transformer_config(self.shape, dtype, self.on_gpu, recompute=self.mcfg.recompute)
         with cpu_compat.model_construction():
             model = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu), self.padded_vocab)
         if self.on_gpu:
@@ -170,9 +171,13 @@ class MegatronBackend(TrainBackend):
 
     def _outputs(self, mb: PackedBatch, logits: torch.Tensor, temperature: float,
                  with_entropy: bool) -> TokenOutputs:
-        logits = logits[0, :, : self.shape.vocab_size].float()
-        return token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy,
-                              self.entropy_grad and torch.is_grad_enabled())
+        logits = logits[0, :, : self.shape.vocab_size]
+        entropy_grad = self.entropy_grad and torch.is_grad_enabled()
+        if self.mcfg.logprob_chunk:   # float32 copies of one chunk of rows at a time (logprobs.py)
+            return chunked_token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
+                                          with_entropy, entropy_grad, self.mcfg.logprob_chunk)
+        return token_logprobs(logits.float(), mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
+                              with_entropy, entropy_grad)
 
     def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool) -> list:
         return run_micro_batches(self._module(), mbs, self._stage_forward, on_last,
@@ -228,7 +233,14 @@ class MegatronBackend(TrainBackend):
                 stats[k] = max(stats.get(k, v), v) if k.endswith("_max") else stats.get(k, 0.0) + v
             return loss, None
 
-        self._run([mb for mb in mbs if mb.n_tokens], on_last, forward_only=False)
+        # Megatron recomputes only in a block whose `training` flag is set; the layers themselves
+        # stay in eval mode (the block's flag gates nothing else in megatron-core 0.16.1).
+        block = self._module().decoder
+        block.training = self.mcfg.recompute
+        try:
+            self._run([mb for mb in mbs if mb.n_tokens], on_last, forward_only=False)
+        finally:
+            block.training = False
         if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
             self._sum_shared_embedding_grads()
         stats = self._count_once(stats)

@@ -17,7 +17,11 @@ a few places that assume CUDA. `apply()` fixes them and is called only when
    stage's copy of the embedding to CUDA (`weight.data.cuda()`) before an all-reduce;
    `model_construction()` makes `Tensor.cuda` return the tensor itself for the duration of the
    constructor only (the weights are loaded from the checkpoint afterwards anyway).
-5. Not patched but required of callers (see `packing.py` and `backend.py`): always pass an
+5. Activation recompute (`trainer.megatron.recompute`): Megatron's `CheckpointFunction` saves
+   and restores the CUDA generator's state around the recomputed forward; without CUDA there is
+   none, so those two calls save nothing and restore nothing (the CPU generator and the tracker
+   above are still saved and restored by Megatron itself).
+6. Not patched but required of callers (see `packing.py` and `backend.py`): always pass an
    attention mask (the default causal mask is built on CUDA), pack sequences with a
    block-diagonal mask (THD `PackedSeqParams` needs TransformerEngine), use torch AdamW
    (Megatron's DDP and optimizer allocate CUDA buffers), and do not use Megatron's pipeline
@@ -48,6 +52,7 @@ def apply() -> None:
     torch.cuda.current_device = _cpu_current_device
     torch.cuda.synchronize = _nothing_to_wait_for
     _install_cpu_rng_tracker()
+    _no_cuda_rng_state_in_recompute()
     _applied = True
 
 
@@ -106,3 +111,10 @@ def _install_cpu_rng_tracker() -> None:
 
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def _no_cuda_rng_state_in_recompute() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None

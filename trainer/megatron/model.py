@@ -101,9 +101,11 @@ def init_parallel(tp: int, pp: int) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
 
-def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool):
+def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool, recompute: bool = False):
     """The `TransformerConfig` equivalent of a Qwen2 config (no dropout: RL needs r = 1 exactly
-    at the start of a step, so proximal and first-update log-probs must be the same numbers)."""
+    at the start of a step, so proximal and first-update log-probs must be the same numbers).
+    `recompute`: full activation recompute, one layer per unit (the layer's input is kept, the
+    rest recomputed in the backward pass: the same numbers, less memory)."""
     from megatron.core import parallel_state as ps
     from megatron.core.transformer import TransformerConfig
 
@@ -127,6 +129,8 @@ def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool):
         persist_layer_norm=False, bias_activation_fusion=False, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
+        **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+           if recompute else {}),
     )
 
 

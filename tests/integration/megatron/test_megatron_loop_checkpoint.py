@@ -76,6 +76,7 @@ def _make_exp(root: Path, model_dir: Path, tp: int) -> ExpDir:
           "trainer.tensor_parallel": tp, "trainer.groups_per_step": 2, "trainer.total_steps": 2,
           "trainer.checkpoint_every": 1, "trainer.keep_checkpoints": 2, "trainer.optim.lr": 0.01,
           "trainer.max_tokens_per_mb": 40, "trainer.ppo_n_minibatches": 2,
+          "rollout.max_prompt_tokens": 8, "rollout.max_new_tokens": 32,
           "controller.max_staleness": 4}
     save_resolved(load_config(None, [f"{k}={v}" for k, v in ov.items()]), exp.root)
     return exp

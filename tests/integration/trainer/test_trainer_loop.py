@@ -69,6 +69,8 @@ def make_exp(tmp_path, name, model_dir, **overrides) -> ExpDir:
     ov = {"experiment.name": name, "experiment.model": str(model_dir), "experiment.exp_dir": str(exp.root),
           "trainer.groups_per_step": 2, "trainer.total_steps": 2, "trainer.checkpoint_every": 1,
           "trainer.optim.lr": 0.01, "trainer.max_tokens_per_mb": 40, "trainer.ppo_n_minibatches": 2,
+          # the longest sample the budget must hold (the config check refuses a smaller one)
+          "rollout.max_prompt_tokens": 8, "rollout.max_new_tokens": 32,
           "controller.max_staleness": 4, **overrides}
     save_resolved(load_config(None, [f"{k}={v}" for k, v in ov.items()]), exp.root)
     return exp

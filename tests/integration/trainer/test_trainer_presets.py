@@ -59,6 +59,7 @@ def run_two_steps(tmp_path, model_dir, batches, *overrides):
                              f"experiment.exp_dir={exp.root}", "trainer.groups_per_step=4",
                              "controller.max_staleness=1", "trainer.ppo_n_minibatches=2",
                              "trainer.max_tokens_per_mb=30", "trainer.optim.lr=0.01", "rollout.max_new_tokens=10",
+                             "rollout.max_prompt_tokens=20",
                              *overrides])
     trainer = Trainer(cfg, exp)
     calls = []

@@ -1,0 +1,108 @@
+"""Shipped configs that fit: every one passes `tandem config check --skip-files` and `tandem plan`
+with its per-GPU memory estimate, the cluster ones for 1.5B to 32B, math and code, each with a
+held-out set and trackers; a micro-batch holds the longest sample; a config that does not fit
+its GPUs is refused with the numbers (launcher/simulate/memory.py, docs/plan.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.config import ConfigError, load_config, longest_sequence
+from launcher.plan import plan_for
+from launcher.simulate.memory import estimate
+
+CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
+GB = 1e9
+
+
+@pytest.fixture(autouse=True)
+def cluster_paths(monkeypatch, tmp_path):
+    for var in ("TANDEM_MODELS", "TANDEM_DATA", "TANDEM_RUNS"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+
+
+def _est(cfg):
+    return estimate(cfg, plan_for(cfg, place_cpus=False).train_dp)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_passes_the_check_and_the_plan_with_its_estimate(path, capsys):
+    assert main(["config", "check", "--skip-files", str(path)]) == 0
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    cfg = load_config(path)
+    assert cfg.trainer.max_tokens_per_mb >= longest_sequence(cfg.rollout)
+    if cfg.gen.backend != "sglang":
+        assert "Memory per GPU" not in out or "not estimated" in out
+        return
+    assert f"Memory per GPU (estimate, GB): {Path(cfg.experiment.model).name.removeprefix('DeepSeek-')}" in out
+    trainer, gen = _est(cfg).roles
+    assert {"weights", "gradients", "optimizer", "activations", "logits"} <= trainer.parts.keys()
+    assert {"weights", "KV cache"} <= gen.parts.keys()
+    assert trainer.fits and gen.fits and trainer.total <= 0.9 * 80 * GB
+    assert out.count("yes") >= 2 and " NO " not in out
+    # what a cluster run is watched with: a held-out set and trackers beside metrics.jsonl
+    assert cfg.rollout.eval_dataset and cfg.rollout.eval_size > 0 and cfg.rollout.eval_every > 0
+    assert {"tensorboard", "wandb"} <= set(cfg.experiment.trackers)
+
+
+def test_the_cluster_configs_cover_every_size_for_math_and_code():
+    shipped = set()
+    for path in CONFIGS:
+        cfg = load_config(path)
+        if cfg.gen.backend == "sglang":
+            shipped.add((cfg.reward.task, Path(cfg.experiment.model).name.rsplit("-", 1)[-1]))
+    assert shipped >= {(task, size) for task in ("math", "code") for size in ("1.5B", "7B", "14B", "32B")}
+
+
+def test_the_estimate_is_the_sum_of_the_documented_terms():
+    """math-r1-1.5b's trainer rank, by hand: R1-Distill-Qwen-1.5B has P = 1,777,088,000 parameters
+    (28 layers of 46,797,824, two 151,936 x 1,536 embeddings, the final norm); TP 1, DP 32, bf16;
+    N = 34,816 tokens; recompute keeps 2 x 1,536 bytes per token and layer plus one whole layer of
+    2 x (4h + 3h + 3kv + 4ffn) = 94,720 bytes per token; the logits 2 x 2 bytes per token and
+    vocabulary entry, plus 20 bytes for a 1,024-token chunk."""
+    trainer, gen = _est(load_config(CONFIGS[[p.name for p in CONFIGS].index("math-r1-1.5b.yaml")])).roles
+    expect = {"weights": 3_554_176_000, "gradients": 7_108_352_000, "optimizer": 666_408_000,
+              "activations": 6_292_504_576, "logits": 24_270_864_384}
+    assert trainer.parts == pytest.approx(expect, rel=1e-12)
+    # SGLang's pool: 0.8 x 80 GB less the bf16 weights; 28 layers x 2 KV heads x 128 x 2 (k, v) x 2 bytes
+    assert gen.parts["KV cache"] == pytest.approx(0.8 * 80e9 - 3_554_176_000)
+    assert gen.kv_needed == 34_816 * 28 * 2 * 128 * 2 * 2
+
+
+def test_a_config_that_does_not_fit_is_refused_with_its_numbers(capsys):
+    path = str(CONFIGS[[p.name for p in CONFIGS].index("math-r1-32b.yaml")])
+    longer = ["rollout.max_new_tokens=32768", "trainer.max_tokens_per_mb=34816"]
+    assert main(["plan", path, *longer]) == 2
+    err = capsys.readouterr().err
+    assert "trainer rank (TP 8 x PP 1, DP 4) needs 86.5 GB of a H800's 80 GB (72 GB usable)" in err
+    assert "weights 8.2, gradients 16.4, optimizer 12.3, activations 25.4, logits 24.3 GB" in err
+    assert "trainer.max_tokens_per_mb" in err
+    assert main(["config", "check", "--skip-files", path, *longer]) == 2   # what a launch checks first
+    assert "does not fit the GPUs (simulate.hardware=H800)" in capsys.readouterr().err
+    # without recompute the advice names it, and the activations are every layer's
+    assert main(["plan", path, "trainer.megatron.recompute=false"]) == 2
+    assert "set trainer.megatron.recompute: true" in capsys.readouterr().err
+
+
+def test_a_generation_server_without_room_for_one_sequence_is_refused(capsys):
+    path = str(CONFIGS[[p.name for p in CONFIGS].index("math-r1-32b.yaml")])
+    assert main(["plan", path, "gen.tp_size=1", "gen.mem_fraction_static=0.85"]) == 2
+    err = capsys.readouterr().err
+    assert "generation server GPU (TP 1): the KV cache (2.5 GB) does not hold one longest sequence (4.8 GB)" in err
+    assert "raise gen.tp_size" in err
+
+
+@pytest.mark.parametrize("workflow, need", [("rollout.workflow:single_turn", 2048 + 1024),
+                                            ("rollout.code_feedback:code_with_feedback", 2048 + 3 * 1024)])
+def test_a_micro_batch_smaller_than_the_longest_sample_is_refused_naming_both_keys(workflow, need):
+    base = ["experiment.name=x", "experiment.model=m", f"rollout.workflow={workflow}", "rollout.max_turns=3",
+            "rollout.max_prompt_tokens=2048", "rollout.max_new_tokens=1024"]
+    assert load_config(None, [*base, f"trainer.max_tokens_per_mb={need}"])
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*base, f"trainer.max_tokens_per_mb={need - 1}"])
+    text = str(e.value)
+    assert "trainer.max_tokens_per_mb" in text and "rollout.max_prompt_tokens" in text
+    assert "rollout.max_new_tokens" in text and f"= {need}" in text
