@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import II
 
+from trainer.lr_schedule import schedule_problems
 from trainer.megatron.config import MegatronConfig
 from trainer.presets import objective_problems
 from trainer.weights import METHODS as WEIGHT_SYNC_METHODS
@@ -12,7 +13,8 @@ from trainer.weights import METHODS as WEIGHT_SYNC_METHODS
 
 @dataclass
 class OptimConfig:
-    """AdamW with a linear warm-up, as every trainer backend builds it."""
+    """AdamW with a warm-up and a learning-rate schedule (trainer/lr_schedule.py), as every
+    trainer backend builds it."""
     lr: float = 1e-6
     weight_decay: float = 0.0
     beta1: float = 0.9
@@ -22,6 +24,15 @@ class OptimConfig:
     grad_clip: float = 1.0
     # Optimizer updates over which the learning rate ramps linearly from lr/warmup_steps to lr.
     warmup_steps: int = 0
+    # After the warm-up: constant (lr), linear or cosine decay from lr to lr * min_lr_ratio over
+    # the run's optimizer updates (total_steps x ppo_n_minibatches, or decay_steps). A resumed run
+    # continues it (the update count is checkpointed).
+    schedule: str = "constant"
+    # The decay's floor as a fraction of lr (linear and cosine), reached at the decay's last update.
+    min_lr_ratio: float = 0.0
+    # Optimizer updates the decay ends at, warm-up included (0 = every update of the run); the
+    # learning rate stays at lr * min_lr_ratio after it.
+    decay_steps: int = 0
 
 
 @dataclass
@@ -200,6 +211,7 @@ class TrainerConfig:
             out.append(("optim.grad_clip", "must be >= 0 (0 disables clipping)"))
         if self.optim.warmup_steps < 0:
             out.append(("optim.warmup_steps", "must be >= 0"))
+        out += [(f"optim.{k}", m) for k, m in schedule_problems(self.optim)]
         out += [(f"megatron.{k}", m) for k, m in self.megatron.problems()]
         out += objective_problems(self)
         return out

@@ -247,11 +247,12 @@ class Trainer:
         objective.start_of_step(plan, be, t.temperature, self.settings)
         t1 = time.perf_counter()
         totals = dict.fromkeys(STAT_SUMS, 0.0) | dict.fromkeys(STAT_MAXES, 0.0)
-        grad_norms, skipped, stop = [], 0, None
+        grad_norms, skipped, stop, lr = [], 0, None, None
         for i, mp in enumerate(plan.minibatches):
             loss_fn = objective.make_loss_fn(self.settings, mp, i, len(plan.minibatches), self.version)
             result = be.train_step(mp.micro_batches, loss_fn, t.temperature)
             grad_norms.append(result.grad_norm)
+            lr = result.lr   # the schedule's rate of the step's last update
             skipped += not result.applied
             for k, v in result.stats.items():
                 if k in STAT_MAXES:
@@ -276,7 +277,7 @@ class Trainer:
             "masked_fraction": totals["capped"] / valid,
             "ratio_mean": totals["ratio_sum"] / valid,
             "entropy": totals["entropy_sum"] / valid,
-            "grad_norm": max(grad_norms) if grad_norms else 0.0,
+            "grad_norm": max(grad_norms) if grad_norms else 0.0, "lr": lr,
             "updates_skipped": skipped,
             "reward_mean": float(sum(batch.rewards) / max(len(batch), 1)),
             "n_seqs": len(batch), "n_groups": batch.n_groups, "valid_tokens": int(totals["valid"]),

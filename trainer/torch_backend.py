@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.lr_schedule import decay_updates, lr_factor
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,8 @@ class TorchBackend(TrainBackend):
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
                                            eps=o.eps, weight_decay=o.weight_decay)
-        warm = max(1, o.warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           lambda s: min(1.0, (s + 1) / warm))
+        total = decay_updates(cfg)   # warm-up, then constant, linear or cosine (lr_schedule.py)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: lr_factor(o, k, total))
 
     # ---- forward ------------------------------------------------------------------------------
     def _forward(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None) -> TokenOutputs:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.lr_schedule import decay_updates, lr_factor
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
 from trainer.megatron.logprobs import chunked_token_logprobs
@@ -212,9 +213,10 @@ class MegatronBackend(TrainBackend):
 
     # ---- update -------------------------------------------------------------------------------
     def _lr(self) -> float:
-        """Linear warm-up, the same schedule as the torch backend (update k uses (k+1)/warmup)."""
+        """The torch backend's schedule (trainer/lr_schedule.py) at this update; `updates` is in
+        every checkpoint, so a resumed run continues it."""
         o = self.cfg.optim
-        return o.lr * min(1.0, (self.updates + 1) / max(1, o.warmup_steps))
+        return o.lr * lr_factor(o, self.updates, decay_updates(self.cfg))
 
     def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:
         lr = self._lr()
