@@ -34,9 +34,11 @@ def _config_show(args) -> int:
 def _config_check(args) -> int:
     from launcher.preflight import check_before_launch
     cfg, prov = load_config_traced(args.file, args.overrides)
-    check_before_launch(cfg, prov, files=not args.skip_files)   # what `tandem run` checks before a launch
+    notes = check_before_launch(cfg, prov, files=not args.skip_files)   # what `tandem run` checks before a launch
     skipped = " (model, data sets and episode function not checked)" if args.skip_files else ""
     print(f"{args.file}: OK (experiment '{cfg.experiment.name}', exp_dir {cfg.experiment.exp_dir}){skipped}")
+    for note in notes:
+        print(f"  {note}")
     return 0
 
 

@@ -93,16 +93,20 @@ def workflow_problem(spec: str) -> str | None:
     return None
 
 
-def resource_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """The data sets, the model and the episode function exist, are readable and import."""
-    from rollout.dataset import dataset_problem
+def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> list[tuple[str, str]]:
+    """The data sets, the model and the episode function exist, are readable and import; each
+    data set that passes adds its summary (format, row count) to `notes`."""
+    from rollout.data_check import check_dataset
 
-    out = []
-    for key in ("dataset", "eval_dataset"):
-        value = getattr(cfg.rollout, key)
-        problem = value and dataset_problem(value, cfg.reward.task)
-        if problem:
-            out.append((f"rollout.{key}", problem))
+    out, rc = [], cfg.rollout
+    for key, columns_key in (("dataset", "columns"), ("eval_dataset", "eval_columns" if rc.eval_columns else "columns")):
+        if getattr(rc, key):
+            own = "rollout.eval_columns" if key == "eval_dataset" and not rc.eval_columns else ""
+            check = check_dataset(getattr(rc, key), cfg.reward.task, getattr(rc, columns_key),
+                                  f"rollout.{key}", f"rollout.{columns_key}", own_mapping_key=own)
+            out += check.problems
+            if notes is not None and check.summary:
+                notes.append(f"rollout.{key}: {check.summary}")
     problem = model_problem(cfg.experiment.model)
     if problem:
         out.append(("experiment.model", problem))
@@ -112,9 +116,12 @@ def resource_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     return out
 
 
-def check_before_launch(cfg: ExperimentConfig, prov: Provenance, files: bool = True) -> None:
-    """Raise one ConfigError listing every problem (layout, then files unless `files` is False)."""
-    problems = layout_problems(cfg) + (resource_problems(cfg) if files else [])
+def check_before_launch(cfg: ExperimentConfig, prov: Provenance, files: bool = True) -> list[str]:
+    """Raise one ConfigError listing every problem (layout, then files unless `files` is False);
+    else return what was found worth saying (each data set's format and row count)."""
+    notes: list[str] = []
+    problems = layout_problems(cfg) + (resource_problems(cfg, notes) if files else [])
     if problems:
         raise problems_error(prov, problems)
+    return notes
 

@@ -176,7 +176,7 @@ async def answer_all(server: PrivateServer, prompts, max_tokens: int, concurrenc
 
     async def one(session, p) -> dict:
         nonlocal done
-        body = {"model": "checkpoint", "messages": [{"role": "user", "content": p.text}], "temperature": 0.0,
+        body = {"model": "checkpoint", "messages": p.messages(), "temperature": 0.0,
                 "max_tokens": max_tokens}
         async with sem, session.post(server.url + "/v1/chat/completions", json=body, headers=headers) as resp:
             reply = await resp.json(content_type=None)

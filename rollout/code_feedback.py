@@ -90,8 +90,8 @@ def checked_tests(visible: dict | None, hidden: dict) -> tuple[dict, int]:
 class _Conversation:
     """One sample's tokens so far: model turns (mask 1) and environment turns (mask 0)."""
 
-    def __init__(self, question: str):
-        self.messages = [{"role": "user", "content": question}]
+    def __init__(self, messages: list[dict]):
+        self.messages = list(messages)      # the problem as asked: system prompt, templated question
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -118,7 +118,7 @@ class _Conversation:
 
 async def _sample(ctx: EpisodeContext, prompt: Prompt, prompt_ids: list[int], key: str, limit: int,
                   tests: dict, n_visible: int) -> _Conversation:
-    conv = _Conversation(prompt.text)
+    conv = _Conversation(prompt.messages())
     visible = prompt.reference.get("visible_tests")
     turns = ctx.max_turns if n_visible else 1
     for turn in range(turns):
@@ -150,7 +150,7 @@ async def code_with_feedback(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket
         _single_turn_warned = True
         log.warning("problem %s has no visible_tests: its episodes are single-turn (no feedback to give); "
                     "rows need a visible_tests field, or LiveCodeBench public tests", prompt.id)
-    prompt_ids = chat_prompt_ids(ctx.tokenizer, prompt.text)
+    prompt_ids = chat_prompt_ids(ctx.tokenizer, prompt.messages())
     limit = int(getattr(ctx.tokenizer, "model_max_length", 0) or 0)
     limit = limit if 0 < limit < 1_000_000 else 0
     t0 = time.time()

@@ -3,13 +3,47 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rollout.prompt_template import template_problem
+
+# The fields of a row `rollout.columns` may map, each with the columns rollout/dataset.py reads
+# it from when it is not mapped (the first of them there).
+DEFAULT_COLUMNS = {
+    "prompt": ("problem", "prompt", "question"),
+    "answer": ("answer", "solution_answer"),
+    "tests": ("tests", "input_output"),
+    "visible_tests": ("visible_tests",),
+    "id": ("id", "idx"),
+}
+
+
+def columns_problems(columns: dict) -> list[tuple[str, str]]:
+    """(field, message) for each entry of a column mapping that cannot be used."""
+    out = []
+    for name, col in columns.items():
+        if name not in DEFAULT_COLUMNS:
+            out.append((name, f"not a field of a row; map one of {', '.join(DEFAULT_COLUMNS)}"))
+        elif not isinstance(col, str) or not col:
+            out.append((name, "must name a column"))
+    return out
+
 
 @dataclass
 class RolloutConfig:
     """Rollout workers: which prompts, how many samples, how they are generated and graded."""
-    # Prompt data: a JSONL file (DeepScaleR-style math or DeepCoder-style code rows), or
-    # `synthetic:math` / `synthetic:code` for the generated tasks of the embedded default.
+    # Prompt data: a JSONL or Parquet file, a directory written by datasets' `save_to_disk`
+    # (DeepScaleR-style math or DeepCoder-style code rows), or `synthetic:math` /
+    # `synthetic:code` for the generated tasks of the embedded default.
     dataset: str = "synthetic:math"
+    # Which column gives each field of a row, e.g. {prompt: question, answer: final_answer}
+    # (fields: prompt, answer, tests, visible_tests, id); an unmapped field is read from its
+    # usual columns, the first there (prompt: problem, prompt or question; answer: answer or
+    # solution_answer; tests: tests or input_output; id: id or idx).
+    columns: dict[str, str] = field(default_factory=dict)
+    # A system message put before every problem ("" = none).
+    system_prompt: str = ""
+    # The user message around each problem: a format string with `{prompt}` (literal braces
+    # doubled: `\boxed{{}}`); "" = the problem as it is. The chat template renders both.
+    prompt_template: str = ""
     # Size of the synthetic data set (ignored for files).
     synthetic_size: int = 20000
     # Samples generated per prompt (the group size n).
@@ -47,8 +81,11 @@ class RolloutConfig:
     heartbeat_s: float = 5.0
     # Held-out problems scored greedily before and after a run (0 = no evaluation).
     eval_size: int = 0
-    # Held-out data file; empty = fresh synthetic problems never drawn for training.
+    # Held-out data set (same formats as dataset); empty = fresh synthetic problems never drawn
+    # for training.
     eval_dataset: str = ""
+    # The column mapping of eval_dataset ({} = the same as columns).
+    eval_columns: dict[str, str] = field(default_factory=dict)
     # Policy versions between held-out evaluations during training (0 = none): rollout worker
     # 0 scores the same problems greedily beside its episodes; `eval` records, the report's curve.
     eval_every: int = 0
@@ -71,8 +108,14 @@ class RolloutConfig:
             out.append(("concurrency" if self.concurrency < 1 else "num_workers", "must be >= 1"))
         if ":" not in self.workflow:
             out.append(("workflow", f"must look like 'module:function', got {self.workflow!r}"))
-        if not self.dataset.startswith("synthetic:") and not self.dataset.endswith((".jsonl", ".json")):
-            out.append(("dataset", f"must be a .jsonl file or synthetic:math|code, got {self.dataset!r}"))
+        if not self.dataset:
+            out.append(("dataset", "must name a data set (a .jsonl or .parquet file, a save_to_disk "
+                                   "directory) or synthetic:math|code"))
+        for key in ("columns", "eval_columns"):
+            out += [(f"{key}.{name}", problem) for name, problem in columns_problems(getattr(self, key))]
+        problem = template_problem(self.prompt_template)
+        if problem:
+            out.append(("prompt_template", problem))
         if self.max_turns < 1:
             out.append(("max_turns", "must be >= 1"))
         if not (0 < self.turn_discount <= 1):

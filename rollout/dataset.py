@@ -1,9 +1,12 @@
-"""Prompt data sets: JSONL readers for the formats real runs use, and a resumable shuffled order.
+"""Prompt data sets: rows of JSONL, Parquet or `datasets` directories (data_files.py) as Prompts,
+through the config's column mapping, and a resumable shuffled order.
 
-Math rows follow DeepScaleR (`{problem | prompt, answer}`); code rows follow DeepCoder
-(`{problem | prompt, tests}`, tests in the APPS/TACO `input_output` convention, possibly as a
-JSON string) or LiveCodeBench (`livecodebench.py`, graded by that benchmark's rules). A row
-missing a field is reported with its file and line; the loader stops only if no usable row is
+Math rows follow DeepScaleR (`{problem | prompt | question, answer}`); code rows follow DeepCoder
+(`{problem | prompt | question, tests}`, tests in the APPS/TACO `input_output` convention,
+possibly as a JSON string) or LiveCodeBench (`livecodebench.py`, graded by that benchmark's
+rules). `rollout.columns` names other columns for these fields (`{prompt: question, answer:
+final_answer}`): a mapped field is read from its column only, in every format. A row missing a
+field is reported with its file and line (or row); the loader stops only if no usable row is
 left, so one bad line does not sink a 40K-row data set.
 """
 from __future__ import annotations
@@ -12,14 +15,16 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from rollout.config import DEFAULT_COLUMNS
+from rollout.data_files import DataFileError, open_data
 from rollout.livecodebench import (
     LiveCodeBenchRowError,
     is_livecodebench_row,
     livecodebench_prompt,
     public_cases,
 )
+from rollout.prompt_template import messages as template_messages
 from rollout.synthetic import generate as generate_synthetic
 from services.protocol import code_tests_problem
 
@@ -33,16 +38,64 @@ class DatasetError(ValueError):
 @dataclass
 class Prompt:
     id: str
+    # The problem as the data set has it: what is graded against and told apart from others.
     text: str
     task: str
     # math: {"answer": str}; code: {"tests": {...}}
     reference: dict = field(default_factory=dict)
+    # How it is asked (rollout.system_prompt, rollout.prompt_template; prompt_template.py).
+    system: str = ""
+    template: str = ""
+    # The row's other columns (not read into `text` or `reference`), as JSON-like values: what a
+    # user's reward function (reward.function) sees of the data set beside the reference.
+    row: dict = field(default_factory=dict)
+
+    def messages(self) -> list[dict]:
+        """The chat messages that ask this problem: what every episode and evaluation renders."""
+        return template_messages(self.text, self.system, self.template)
 
 
-def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
+def _field(row: dict, columns: dict, name: str):
+    """(value, the column it was read from): the mapped column only, else the first default there."""
+    if name in columns:
+        return row.get(columns[name]), columns[name]
+    col = next((c for c in DEFAULT_COLUMNS[name] if c in row), DEFAULT_COLUMNS[name][0])
+    return row.get(col), col
+
+
+# The columns a LiveCodeBench row's text and tests are built from (livecodebench.py).
+LIVECODEBENCH_COLUMNS = ("question_content", "public_test_cases", "private_test_cases", "metadata", "starter_code")
+
+
+def _plain(value):
+    """A JSON-like copy of a value a columnar format gave (a date, a decimal: as text)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _rest(row: dict, used) -> dict:
+    return {k: _plain(v) for k, v in row.items() if k not in used}
+
+
+def _named(name: str, col: str, columns: dict) -> str:
+    """The column(s) a field was looked for in, as an error names them."""
+    if name in columns:
+        return f"'{col}' (the column mapped to {name})"
+    first, *others = DEFAULT_COLUMNS[name]
+    return f"'{first}'" + (f" (or {', '.join(repr(c) for c in others)})" if name == "prompt" else "")
+
+
+def row_to_prompt(row, task: str, where: str, columns: dict | None = None) -> Prompt:
+    """One row as a Prompt, its fields read through `columns`; DatasetError says what is wrong."""
+    columns = columns or {}
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    if task == "code" and is_livecodebench_row(row):
+    if task == "code" and not ({"prompt", "tests"} & columns.keys()) and is_livecodebench_row(row):
         try:
             rid, text, tests = livecodebench_prompt(row)
             n_public = len(public_cases(row))
@@ -51,28 +104,41 @@ def _row_to_prompt(row: dict, task: str, where: str) -> Prompt:
         # Its public cases are shown in the problem text: a multi-turn episode's visible tests.
         visible = {**tests, "inputs": tests["inputs"][:n_public], "outputs": tests["outputs"][:n_public]} \
             if n_public else None
-        return _code_prompt(rid or where, text, tests, f"{where}: LiveCodeBench row", visible)
-    text = row.get("problem", row.get("prompt", row.get("question")))
+        prompt = _code_prompt(rid or where, text, tests, f"{where}: LiveCodeBench row", visible)
+        prompt.row = _rest(row, LIVECODEBENCH_COLUMNS)
+        return prompt
+    prompt = _fields_to_prompt(row, task, where, columns)
+    read = ("prompt", "answer") if task == "math" else ("prompt", "tests", "visible_tests")
+    prompt.row = _rest(row, {_field(row, columns, name)[1] for name in read})
+    return prompt
+
+
+def _fields_to_prompt(row: dict, task: str, where: str, columns: dict) -> Prompt:
+    text, col = _field(row, columns, "prompt")
     if not isinstance(text, str) or not text.strip():
-        raise DatasetError(f"{where}: missing 'problem' (or 'prompt') text")
-    rid = str(row.get("id", row.get("idx", where)))
+        raise DatasetError(f"{where}: no problem text in {_named('prompt', col, columns)}")
+    rid, _ = _field(row, columns, "id")
+    rid = where if rid is None else str(rid)
     if task == "math":
-        answer = row.get("answer", row.get("solution_answer"))
+        answer, col = _field(row, columns, "answer")
         if answer is None or (isinstance(answer, str) and not answer.strip()):
-            raise DatasetError(f"{where}: math row has no 'answer'")
+            raise DatasetError(f"{where}: math row has no {_named('answer', col, columns)}")
         return Prompt(rid, text, task, {"answer": str(answer)})
-    tests = row.get("tests", row.get("input_output"))
+    tests, col = _field(row, columns, "tests")
+    if tests is None:
+        raise DatasetError(f"{where}: code row has no {_named('tests', col, columns)}")
     if isinstance(tests, str):
         try:
             tests = json.loads(tests)
         except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: 'tests' is a string but not JSON ({e.msg})") from None
+            raise DatasetError(f"{where}: '{col}' is a string but not JSON ({e.msg})") from None
     if isinstance(tests, list):  # DeepCoder's list of {input, output} cases
         try:
             tests = {"inputs": [t["input"] for t in tests], "outputs": [t["output"] for t in tests]}
         except (KeyError, TypeError):
-            raise DatasetError(f"{where}: 'tests' list items need 'input' and 'output'") from None
-    return _code_prompt(rid, text, tests, f"{where}: code row", row.get("visible_tests"))
+            raise DatasetError(f"{where}: '{col}' list items need 'input' and 'output'") from None
+    visible, _ = _field(row, columns, "visible_tests")
+    return _code_prompt(rid, text, tests, f"{where}: code row", visible)
 
 
 def _code_prompt(rid: str, text: str, tests, where: str, visible=None) -> Prompt:
@@ -89,30 +155,24 @@ def _code_prompt(rid: str, text: str, tests, where: str, visible=None) -> Prompt
     return Prompt(rid, text, "code", {"tests": tests, "visible_tests": visible})
 
 
-def load_jsonl(path: str | Path, task: str) -> list[Prompt]:
-    """All usable prompts of a JSONL file; bad rows are logged with file:line and skipped."""
-    path = Path(path)
+def load_file(path, task: str, columns: dict | None = None) -> list[Prompt]:
+    """All usable prompts of a data set (JSONL, Parquet or a `datasets` directory); bad rows are
+    logged with their file and line (or row) and skipped."""
     if task not in ("math", "code"):
         raise DatasetError(f"unknown task {task!r} (math or code)")
-    if not path.exists():
-        raise DatasetError(f"{path}: no such data file")
-    prompts, bad = [], []
-    with open(path, "rb") as f:      # bytes: one line that is not UTF-8 is a bad row, not a bad file
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                bad.append(f"{where}: not UTF-8 (byte {e.start})")
-                continue
-            if not line.strip():
+    try:
+        data = open_data(path)
+        prompts, bad = [], []
+        for where, row, problem in data.rows():
+            if problem:
+                bad.append(problem)
                 continue
             try:
-                prompts.append(_row_to_prompt(json.loads(line), task, where))
-            except json.JSONDecodeError as e:
-                bad.append(f"{where}: not JSON ({e.msg})")
+                prompts.append(row_to_prompt(row, task, where, columns))
             except DatasetError as e:
                 bad.append(str(e))
+    except DataFileError as e:
+        raise DatasetError(str(e)) from None
     for msg in bad[:20]:
         log.warning("skipped row: %s", msg)
     if len(bad) > 20:
@@ -151,51 +211,19 @@ class PromptStream:
         return self.prompts[self._order_for(epoch)[i]]
 
 
-def load_prompts(dataset: str, task: str, size: int, seed: int) -> list[Prompt]:
-    """`synthetic:<task>` or a JSONL file, as Prompts."""
+def load_prompts(dataset: str, task: str, size: int, seed: int, columns: dict | None = None,
+                 system_prompt: str = "", prompt_template: str = "") -> list[Prompt]:
+    """`synthetic:<task>` or a data set on disk, as Prompts asked with the system prompt and template."""
     if dataset.startswith("synthetic:"):
         kind = dataset.split(":", 1)[1]
         rows = generate_synthetic(kind, size, seed)
         if kind == "math":
-            return [Prompt(r["id"], r["prompt"], kind, {"answer": r["answer"]}) for r in rows]
-        return [Prompt(r["id"], r["problem"], kind, {"tests": r["tests"], "visible_tests": r["visible_tests"]})
-                for r in rows]
-    return load_jsonl(dataset, task)
-
-
-def dataset_problem(dataset: str, task: str, rows: int = 100) -> str | None:
-    """Why `dataset` cannot feed a run of `task`, or None: checked before a launch (`tandem
-    config check`, `tandem run`), so a missing or unreadable file is said in one line instead
-    of failing in a rollout worker after the roles started (on SLURM, after the queue). A file
-    is opened and read until a usable row, by the rules the workers use (which skip a bad row),
-    looking at `rows` non-empty rows at most: a data set with none usable there is refused."""
-    if dataset.startswith("synthetic:"):
-        kind = dataset.split(":", 1)[1]
-        from rollout.synthetic import GENERATORS
-        return None if kind in GENERATORS else f"unknown synthetic task {kind!r}; choose from {sorted(GENERATORS)}"
-    path = Path(dataset)
-    if not path.exists():
-        return f"{dataset}: no such file"
-    if not path.is_file():
-        return f"{dataset}: not a file"
-    first, seen = None, 0
-    try:
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                seen += 1
-                try:
-                    _row_to_prompt(json.loads(raw.decode("utf-8")), task, f"{dataset}:{lineno}")
-                    return None
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    first = first or f"{dataset}:{lineno}: not JSON ({getattr(e, 'msg', None) or e.reason})"
-                except DatasetError as e:
-                    first = first or str(e)
-                if seen >= rows:
-                    break
-    except OSError as e:
-        return f"{dataset}: cannot read it ({e.strerror or e})"
-    if not seen:
-        return f"{dataset}: holds no rows"
-    return f"no usable {task} row in the first {seen}: {first}"
+            prompts = [Prompt(r["id"], r["prompt"], kind, {"answer": r["answer"]}) for r in rows]
+        else:
+            prompts = [Prompt(r["id"], r["problem"], kind, {"tests": r["tests"], "visible_tests": r["visible_tests"]})
+                       for r in rows]
+    else:
+        prompts = load_file(dataset, task, columns)
+    for p in prompts:
+        p.system, p.template = system_prompt, prompt_template
+    return prompts

@@ -19,12 +19,14 @@ GRADE_BATCH = 64
 
 
 def held_out_prompts(cfg, n: int):
-    """Problems never drawn for training: a separate synthetic seed, or `rollout.eval_dataset`."""
-    if cfg.rollout.eval_dataset:
-        return load_prompts(cfg.rollout.eval_dataset, cfg.reward.task, n, cfg.experiment.seed)[:n]
-    train = {p.text for p in load_prompts(cfg.rollout.dataset, cfg.reward.task, cfg.rollout.synthetic_size,
-                                          cfg.experiment.seed)}
-    pool = load_prompts(cfg.rollout.dataset, cfg.reward.task, 4 * n, cfg.experiment.seed + 10_000)
+    """Problems never drawn for training: a separate synthetic seed, or `rollout.eval_dataset`;
+    asked with the system prompt and template training uses."""
+    rc, task = cfg.rollout, cfg.reward.task
+    asked = {"system_prompt": rc.system_prompt, "prompt_template": rc.prompt_template}
+    if rc.eval_dataset:
+        return load_prompts(rc.eval_dataset, task, n, cfg.experiment.seed, rc.eval_columns or rc.columns, **asked)[:n]
+    train = {p.text for p in load_prompts(rc.dataset, task, rc.synthetic_size, cfg.experiment.seed, rc.columns)}
+    pool = load_prompts(rc.dataset, task, 4 * n, cfg.experiment.seed + 10_000, rc.columns, **asked)
     return [p for p in pool if p.text not in train][:n]
 
 
@@ -68,7 +70,7 @@ async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, conc
 
     async def one(i, p):
         async with sem:
-            res = await generator.generate(chat_prompt_ids(tok, p.text), greedy, f"eval/{i}")
+            res = await generator.generate(chat_prompt_ids(tok, p.messages()), greedy, f"eval/{i}")
             versions = list(res.output_versions or [0])
             return tok.decode(res.output_ids, skip_special_tokens=True), min(versions), max(versions)
 

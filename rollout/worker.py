@@ -65,7 +65,7 @@ class RolloutWorker:
 
     def _load_stream(self) -> PromptStream:
         prompts = load_prompts(self.rc.dataset, self.cfg.reward.task, self.rc.synthetic_size,
-                               self.cfg.experiment.seed)
+                               self.cfg.experiment.seed, self.rc.columns, self.rc.system_prompt, self.rc.prompt_template)
         if self.data.position:
             log.info("resuming at data position %d (%d prompts past it already done)", self.data.position,
                      len(self.data.settled_ahead))

@@ -62,7 +62,8 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> lis
 
 def chat_prompt_ids(tokenizer, text: str | list[dict]) -> list[int]:
     """The prompt as token ids through the tokenizer's chat template (what the model was tuned on):
-    one user message, or a whole conversation (a list of `{role, content}`) to be continued."""
+    one user message, or a whole conversation (a list of `{role, content}`) to be continued. A
+    data set's problem is `prompt.messages()`: asked with the run's system prompt and template."""
     messages = [{"role": "user", "content": text}] if isinstance(text, str) else text
     return _render(tokenizer, messages, add_generation_prompt=True)
 
@@ -100,7 +101,7 @@ def grade_item(prompt: Prompt, response: str) -> GradeItem:
 
 async def single_turn(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> list[Trajectory]:
     """n samples of one prompt, graded together; the default workflow for math and code."""
-    prompt_ids = chat_prompt_ids(ctx.tokenizer, prompt.text)
+    prompt_ids = chat_prompt_ids(ctx.tokenizer, prompt.messages())
     t0 = time.time()
     samples = await asyncio.gather(*[
         ctx.generate(prompt_ids, ctx.sampling_params, f"{ticket.group_id}/{i}") for i in range(ctx.n_samples)])

@@ -78,7 +78,7 @@ def test_a_missing_or_unusable_data_set_is_refused(tmp_path, files):
     path = _write(tmp_path, model, tmp_path / "nope.jsonl")
     with pytest.raises(ConfigError) as e:
         _check(path)
-    assert str(e.value) == f"{path}:{_line(path, 'dataset:')}: rollout.dataset: {tmp_path / 'nope.jsonl'}: no such file"
+    assert str(e.value) == f"{path}:{_line(path, 'dataset:')}: rollout.dataset: {tmp_path / 'nope.jsonl'}: no such file or directory"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "1+1?"}\nnot json\n')   # a math row without its answer, then no row
     with pytest.raises(ConfigError, match=r"command line: rollout\.dataset: no usable math row in the first 2: "

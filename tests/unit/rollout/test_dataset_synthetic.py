@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rollout.dataset import DatasetError, PromptStream, load_jsonl
+from rollout.dataset import DatasetError, PromptStream, load_file
 from rollout.synthetic import generate, write_jsonl
 
 
@@ -48,7 +48,7 @@ def test_jsonl_readers_accept_real_formats_and_report_bad_rows(tmp_path, caplog)
     ])
     with open(math, "a") as f:
         f.write("{not json\n")
-    prompts = load_jsonl(math, "math")
+    prompts = load_file(math, "math")
     assert [(p.text, p.reference["answer"]) for p in prompts] == [("1+1?", "2"), ("2+2?", "4")]
     assert prompts[1].id == "x"
     assert "m.jsonl:3" in caplog.text and "no 'answer'" in caplog.text
@@ -59,20 +59,20 @@ def test_jsonl_readers_accept_real_formats_and_report_bad_rows(tmp_path, caplog)
         {"problem": "echo", "tests": [{"input": "1\n", "output": "2\n"}]},  # DeepCoder: a list
         {"problem": "bad", "tests": {"inputs": ["1"], "outputs": []}},
     ])
-    got = load_jsonl(code, "code")
+    got = load_file(code, "code")
     assert [p.reference["tests"] for p in got] == [tests, tests]
     assert "c.jsonl:3" in caplog.text
     with pytest.raises(DatasetError, match="no usable rows"):
-        load_jsonl(write_jsonl(tmp_path / "e.jsonl", [{"x": 1}]), "math")
-    with pytest.raises(DatasetError, match="no such data file"):
-        load_jsonl(tmp_path / "missing.jsonl", "math")
+        load_file(write_jsonl(tmp_path / "e.jsonl", [{"x": 1}]), "math")
+    with pytest.raises(DatasetError, match="no such file or directory"):
+        load_file(tmp_path / "missing.jsonl", "math")
 
 
 def test_a_line_that_is_not_utf8_is_one_skipped_row_not_a_lost_file(tmp_path, caplog):
     path = tmp_path / "m.jsonl"
     path.write_bytes(b'{"problem": "1+1?", "answer": "2"}\n{"problem": "caf\xe9?", "answer": "1"}\n'
                      b'{"problem": "2+2?", "answer": "4"}\n')
-    assert [p.text for p in load_jsonl(path, "math")] == ["1+1?", "2+2?"]
+    assert [p.text for p in load_file(path, "math")] == ["1+1?", "2+2?"]
     assert "m.jsonl:2: not UTF-8" in caplog.text and "2 usable rows, 1 skipped" in caplog.text
 
 
@@ -86,7 +86,7 @@ def test_code_rows_the_grader_could_not_grade_are_skipped_at_load(tmp_path, capl
     """Before, such rows loaded and every answer to them earned the wrong-answer reward."""
     good = {"inputs": ["1\n"], "outputs": ["1\n"]}
     path = write_jsonl(tmp_path / "c.jsonl", [{"problem": "ok", "tests": good}, {"problem": "bad", "tests": tests}])
-    assert [p.text for p in load_jsonl(path, "code")] == ["ok"]
+    assert [p.text for p in load_file(path, "code")] == ["ok"]
     assert "c.jsonl:2: code row:" in caplog.text and why in caplog.text
 
 

@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from rollout.dataset import load_jsonl
+from rollout.dataset import load_file
 from rollout.livecodebench import LiveCodeBenchRowError, livecodebench_prompt
 
 
@@ -70,7 +70,7 @@ def test_a_broken_row_says_what_is_wrong(over, why):
 def test_the_loader_reads_livecodebench_rows_and_skips_broken_ones_with_their_line(tmp_path, caplog):
     path = tmp_path / "lcb.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [_row(), _row(metadata="{func_name"), _row(question_id="2")]))
-    prompts = load_jsonl(path, "code")
+    prompts = load_file(path, "code")
     assert [p.id for p in prompts] == ["1", "2"]
     assert prompts[0].reference["tests"]["convention"] == "livecodebench"
     assert f"{path}:2: LiveCodeBench row: metadata is not JSON" in caplog.text
