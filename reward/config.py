@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+# `package.module:function` (reward/user_function.py imports it; `tandem config check` tries).
+FUNCTION_SPEC = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
 @dataclass
@@ -14,6 +19,22 @@ class RewardConfig:
     correct_reward: float = 5.0
     # Reward of a wrong, unparsable, failing or timed-out response.
     wrong_reward: float = -5.0
+    # Your own reward instead of the math/code grader: `package.module:function` (sync or async),
+    # called in the grader workers as fn(prompt, response, row) and returning a number, or a map
+    # {"reward": number, "correct": bool, ...details} (either key may be left out). A reward
+    # must lie within [wrong_reward, correct_reward]; one that raises, times out, or returns NaN,
+    # inf, a bool or a value out of range gets wrong_reward, counted (docs/reward.md, "Your own
+    # reward"). "" = the built-in grader of `task`.
+    function: str = ""
+    # Or a remote reward endpoint: POST JSON {prompt, response, row} to this http(s) URL, which
+    # answers what `function` returns, as JSON. "" = none; at most one of function and url.
+    url: str = ""
+    # Seconds one call of `function`, or one attempt at `url`, may take (then: wrong_reward,
+    # reason "timeout").
+    function_timeout_s: float = 10.0
+    # Further attempts at `url` after a connection error, a timeout, a 429 or a 5xx reply (0.5 s,
+    # 1 s, 2 s ... apart).
+    url_retries: int = 2
     # Grader worker processes in the service's pool (a crashed or hung one is replaced).
     num_workers: int = 2
     # Verdicts remembered by content (task, response, reference, tests): an identical item, e.g.
@@ -68,13 +89,27 @@ class RewardConfig:
         out = []
         if self.task not in ("math", "code"):
             out.append(("task", f"must be 'math' or 'code', got {self.task!r}"))
+        if self.function and self.url:
+            out.append(("function", "set reward.function or reward.url, not both"))
+        if self.function and not FUNCTION_SPEC.fullmatch(self.function):
+            out.append(("function", f"must look like 'package.module:function', got {self.function!r}"))
+        if self.url:
+            try:
+                parts = urlsplit(self.url)
+                ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            except ValueError:    # e.g. an unclosed [ipv6 bracket
+                ok = False
+            if not ok:
+                out.append(("url", f"must be an http:// or https:// URL with a host, got {self.url!r}"))
+        if self.url_retries < 0:
+            out.append(("url_retries", "must be >= 0"))
         if self.num_workers < 1:
             out.append(("num_workers", "must be >= 1"))
         if self.verdict_cache < 0:
             out.append(("verdict_cache", "must be >= 0 (0 = grade every item)"))
         if self.sandbox not in ("auto", "bwrap", "rlimits"):
             out.append(("sandbox", f"must be auto, bwrap or rlimits, got {self.sandbox!r}"))
-        for key in ("math_timeout_s", "code_test_timeout_s", "code_total_timeout_s"):
+        for key in ("math_timeout_s", "code_test_timeout_s", "code_total_timeout_s", "function_timeout_s"):
             if getattr(self, key) <= 0:
                 out.append((key, "must be > 0"))
         for key in ("code_memory_mb", "code_max_processes", "code_max_file_mb", "code_max_disk_mb",

@@ -8,11 +8,8 @@ becomes a verdict with reason "timeout", never a silent zero.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
-import signal
-import threading
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify import parser as _mv_parser
@@ -33,6 +30,7 @@ from reward.answer_structure import stated as states_answer
 from reward.config import RewardConfig
 from reward.extract import answer_text, box_spans
 from reward.question_forms import asks_percent, has_percent, option_named, options, without_percent
+from reward.time_limit import TimeLimitExpired, time_limit
 from services.protocol import Verdict
 
 # math-verify warns once that its timeouts are off; that is deliberate here.
@@ -46,28 +44,8 @@ class _Costly(Exception):
     """An answer refused by the cost check while it is being parsed (answer_cost.py)."""
 
 
-class MathTimeout(BaseException):
-    """Raised by our interval timer; BaseException so math-verify's `except Exception` lets it by."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float | None):
-    """Interrupt the block after `seconds` (main thread only; elsewhere the caller's process
-    must be killable, which the pool's workers are)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise MathTimeout()
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+# The timer's exception, under the name this module has always raised (a verdict, never an escape).
+MathTimeout = TimeLimitExpired
 
 
 def _gold(answer: str):

@@ -67,11 +67,14 @@ def read_rows(task: str, path: Path) -> tuple[list[dict], list[str]]:
     return rows, problems
 
 
-def _item(task: str, row: dict) -> GradeItem:
+def _item(task: str, row: dict, with_row: bool = False) -> GradeItem:
+    # With a user's reward function (reward.function / url) the input row, less the response,
+    # is the row it receives; the built-in graders need only the fields below.
+    rest = {k: v for k, v in row.items() if k != "response"} if with_row else None
+    question = str(next((row[k] for k in ("question", "problem", "prompt") if row.get(k)), ""))
     if task == "math":
-        return GradeItem(task="math", response=row["response"], answer=str(row["answer"]),
-                        question=str(next((row[k] for k in ("question", "problem", "prompt") if row.get(k)), "")))
-    return GradeItem(task="code", response=row["response"], tests=row["tests"])
+        return GradeItem(task="math", response=row["response"], answer=str(row["answer"]), question=question, row=rest)
+    return GradeItem(task="code", response=row["response"], tests=row["tests"], question=question, row=rest)
 
 
 async def _grade_all(task: str, rows: list[dict], cfg: RewardConfig, out, progress) -> dict:
@@ -83,7 +86,7 @@ async def _grade_all(task: str, rows: list[dict], cfg: RewardConfig, out, progre
     try:
         for start in range(0, len(rows), BATCH):
             batch = rows[start:start + BATCH]
-            verdicts = await pool.grade([_item(task, r) for r in batch], deadline)
+            verdicts = await pool.grade([_item(task, r, bool(cfg.function or cfg.url)) for r in batch], deadline)
             for row, v in zip(batch, verdicts, strict=True):
                 out.write(json.dumps({**row, "reward": v.reward, "correct": v.correct,
                                       "details": v.details}) + "\n")

@@ -47,6 +47,8 @@ class PoolStats:
     restarts: int = 0
     expired: int = 0
     cached: int = 0   # items answered by an identical item's grading
+    user_graded: int = 0    # items scored by reward.function / reward.url
+    user_refused: int = 0   # of those, items it could not score (raised, timed out, NaN, out of range ...)
     isolation: str = "unknown"
     pids: list[int] = field(default_factory=list)
 
@@ -91,12 +93,22 @@ class GraderPool:
 
     def hard_limit_s(self, task: str) -> float:
         """Seconds a worker may hold one item before it is deemed hung and killed."""
+        if self.cfg.url:
+            from reward.remote_reward import budget_s
+            return budget_s(self.cfg) + 5.0
+        if self.cfg.function:
+            return self.cfg.function_timeout_s + 5.0
         if task == "code":
             return self.cfg.code_total_timeout_s + REPORT_GRACE_S + 5.0
         return 2 * self.cfg.math_timeout_s + 5.0
 
     async def start(self) -> None:
-        workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
+        started = await asyncio.gather(*(self._spawn() for _ in range(self.size)), return_exceptions=True)
+        failed = [e for e in started if isinstance(e, BaseException)]
+        if failed:   # none is left running: the caller gets the first reason
+            await asyncio.gather(*(w.kill() for w in started if isinstance(w, _Worker)))
+            raise failed[0]
+        workers = started
         for slot, w in enumerate(workers):
             self._workers[slot] = w
             self._drivers.append(asyncio.ensure_future(self._drive(slot)))
@@ -117,6 +129,9 @@ class GraderPool:
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             await w.kill()
             raise RuntimeError(f"grader worker did not start: {type(e).__name__}: {e}") from e
+        if "error" in hello:      # e.g. reward.function does not import in the worker
+            await w.kill()
+            raise RuntimeError(f"grader worker did not start: {hello['error']}")
         self.stats.isolation = hello.get("isolation", "unknown")
         return w
 
@@ -158,7 +173,8 @@ class GraderPool:
         limit = self.hard_limit_s(item.task)
         try:
             await worker.send({"id": job.id, "task": item.task, "response": item.response,
-                               "answer": item.answer, "tests": item.tests, "question": item.question})
+                               "answer": item.answer, "tests": item.tests, "question": item.question,
+                               "row": item.row})
             reply = await asyncio.wait_for(worker.recv(), limit)
         except TimeoutError:
             verdict = error_verdict(self.cfg, item.task, f"grader hung: killed after {limit:.0f}s")
@@ -176,13 +192,16 @@ class GraderPool:
                 verdict = Verdict(float(reply["reward"]), bool(reply["correct"]), dict(reply["details"]))
         if "error" in verdict.details:
             self.stats.errors += 1
+        if verdict.details.get("grader") in ("function", "url"):
+            self.stats.user_graded += 1
+            self.stats.user_refused += bool(verdict.details.get("refused"))
         self.stats.graded += 1
         if not job.future.done():
             job.future.set_result(verdict)
 
     def _submit(self, item: GradeItem, deadline: float) -> asyncio.Future:
         """The future of `item`'s verdict: an identical item's, graded or under way, else a new job."""
-        key = item_key(item) if self._cache.size else None
+        key = item_key(item, with_row=bool(self.cfg.function or self.cfg.url)) if self._cache.size else None
         job = self._cache.get(key) if key is not None else None
         if job is not None:
             self.stats.cached += 1

@@ -52,11 +52,29 @@ class RewardService:
         s = self.pool.stats
         return StatusReply(state={"role": "reward", "workers": self.pool.pids(), "graded": s.graded,
                                   "errors": s.errors, "restarts": s.restarts, "expired": s.expired,
-                                  "cached": s.cached, "requests": self.requests, "isolation": s.isolation})
+                                  "cached": s.cached, "requests": self.requests, "isolation": s.isolation,
+                                  "grader": self.grader, "user_graded": s.user_graded,
+                                  "user_refused": s.user_refused})
+
+    @property
+    def grader(self) -> str:
+        """Who scores the items: the built-in graders, or the user's function or endpoint."""
+        return f"function {self.cfg.function}" if self.cfg.function else \
+            f"url {self.cfg.url}" if self.cfg.url else "built-in"
+
+    def _record(self, metrics: MetricsWriter) -> None:
+        s = self.pool.stats
+        metrics.log(event="reward", graded=s.graded, errors=s.errors, restarts=s.restarts, expired=s.expired,
+                    cached=s.cached, requests=self.requests, user_graded=s.user_graded, user_refused=s.user_refused)
 
     async def run(self, shutdown: Shutdown) -> int:
-        await self.pool.start()
-        if self.cfg.task == "code" and self.pool.stats.isolation != "bwrap" and not self.cfg.allow_unisolated:
+        try:
+            await self.pool.start()
+        except RuntimeError as e:   # e.g. reward.function does not import in a worker
+            log.error("%s", e)
+            return 2
+        builtin_code = self.cfg.task == "code" and not (self.cfg.function or self.cfg.url)
+        if builtin_code and self.pool.stats.isolation != "bwrap" and not self.cfg.allow_unisolated:
             await self.pool.close()
             log.error("code isolation %s: %s", self.pool.stats.isolation, UNISOLATED)
             return 2
@@ -65,9 +83,9 @@ class RewardService:
                                                 {"grade": self.grade, "status": self.status},
                                                 host=self.cfg.host, port=self.cfg.port)
         publish_service(self.exp, "reward", {"address": self.server.address, "workers": self.pool.size,
-                                             "isolation": self.pool.stats.isolation})
-        log.info("reward service on %s: %d grader workers, code isolation %s", self.server.address,
-                 self.pool.size, self.pool.stats.isolation)
+                                             "isolation": self.pool.stats.isolation, "grader": self.grader})
+        log.info("reward service on %s: %d grader workers (%s), code isolation %s", self.server.address,
+                 self.pool.size, self.grader, self.pool.stats.isolation)
         if self.pool.stats.isolation != "bwrap":
             log.warning("generated code runs WITHOUT bubblewrap (%s): no filesystem or network isolation "
                         "(reward.allow_unisolated); install bubblewrap (`make sandbox-deps`)",
@@ -80,10 +98,9 @@ class RewardService:
                 await asyncio.sleep(0.2)
                 if time.monotonic() - last >= METRICS_EVERY_S:
                     last = time.monotonic()
-                    s = self.pool.stats
-                    metrics.log(event="reward", graded=s.graded, errors=s.errors, restarts=s.restarts,
-                                expired=s.expired, cached=s.cached, requests=self.requests)
+                    self._record(metrics)
         finally:
+            self._record(metrics)    # the last counts, however short the run
             self.server.close()
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)

@@ -4,12 +4,14 @@ Why: the samples of a group repeat each other whenever the policy is confident (
 model at temperature 1 writes the same program in most of its eight samples), and a multi-turn
 episode's revision can repeat the program it revises. Each repeat would cost a sandbox run —
 the largest CPU cost of a code step — for a verdict already known. An item is the same when its
-task, response, reference answer, question and tests are the same; an identical item that
-arrives while the first is still being graded waits for that verdict instead of queuing again.
+task, response, reference answer, question and tests are the same (and its row, where a user's
+reward function reads it); an identical item that arrives while the first is still being
+graded waits for that verdict instead of queuing again.
 
 Only verdicts of the program or answer are kept: an error verdict (grader crashed or hung,
-deadline passed: `details["error"]`) is never cached, so infrastructure trouble is retried by
-the next identical item. A program that behaves differently from run to run (randomness, time)
+deadline passed, a user's reward function timed out or its endpoint failed:
+`details["error"]`) is never cached, so infrastructure trouble is retried by the next
+identical item. A program that behaves differently from run to run (randomness, time)
 gets the verdict of its first run for every repeat: one draw of the same distribution.
 """
 from __future__ import annotations
@@ -26,9 +28,11 @@ from services.protocol import GradeItem
 T = TypeVar("T")
 
 
-def item_key(item: GradeItem) -> bytes:
-    """A digest of everything a verdict depends on."""
-    body = msgpack.packb([item.task, item.response, item.answer, item.question, item.tests], use_bin_type=True)
+def item_key(item: GradeItem, with_row: bool = False) -> bytes:
+    """A digest of everything a verdict depends on: the row too where a user's reward function
+    reads it (`with_row`); the built-in graders never do, so for them it would only split hits."""
+    body = msgpack.packb([item.task, item.response, item.answer, item.question, item.tests,
+                          item.row if with_row else None], use_bin_type=True)
     return hashlib.blake2b(body, digest_size=16).digest()
 
 

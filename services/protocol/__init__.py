@@ -26,7 +26,7 @@ from .control import (
     WeightsOnDisk,
 )
 from .expdir import ExpDir, previous_port, publish_service, read_service, write_json_atomic
-from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem
+from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem, item_row
 from .keys import CurveKeys, generate_keys, load_keys
 from .runtime import MetricsWriter, PhaseTimer, Shutdown, read_metrics, setup_role_logging
 from .service_port import serve_at_previous_address
@@ -45,7 +45,7 @@ __all__ = [
     "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
-    "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "CurveKeys", "generate_keys", "load_keys",
+    "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
     "MetricsWriter", "PhaseTimer", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
     "serve_at_previous_address",

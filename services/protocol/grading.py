@@ -9,12 +9,27 @@ from .codec import message
 @message("grade_item")
 class GradeItem:
     """One response to grade. Math: `answer`, and the problem's text as `question` (options
-    and percents asked for); code: `tests` in the APPS/TACO convention."""
+    and percents asked for); code: `tests` in the APPS/TACO convention. `row`: the rest of the
+    data set's row (its id, other columns) for a user's reward function (reward.function), which
+    sees it through `item_row`; the built-in graders ignore it."""
     task: Literal["math", "code"]
     response: str
     answer: str = ""
     tests: dict | None = None
     question: str = ""
+    row: dict | None = None
+
+
+def item_row(task: str, answer: str, tests: dict | None, row: dict | None) -> dict:
+    """The row a user's reward function receives: `row` with the reference the item carries in
+    its own fields (`answer` for math, `tests` for code) put back, so the sender need not send
+    a code task's tests twice. A key the row has itself is kept."""
+    out = dict(row or {})
+    if task == "math":
+        out.setdefault("answer", answer)
+    elif tests is not None:
+        out.setdefault("tests", tests)
+    return out
 
 
 @message("grade")

@@ -33,16 +33,17 @@ class RunningService:
             c.close()
 
 
-def start_service(root: Path, overrides: list[str], prefix: list[str] = ()) -> RunningService:
+def start_service(root: Path, overrides: list[str], prefix: list[str] = (),
+                  env: dict[str, str] | None = None) -> RunningService:
     """`tandem reward serve` on a new experiment directory; `prefix` runs it under another
-    command (e.g. `unshare --user ...`: a grader that is not root)."""
+    command (e.g. `unshare --user ...`: a grader that is not root); `env` adds variables."""
     exp = ExpDir(root)
     exp.root.mkdir(parents=True, exist_ok=True)
     generate_keys(exp.keys)
     cfg = load_config(None, ["experiment.name=reward-test", "experiment.model=none",
                              f"experiment.exp_dir={root}", *overrides])
     save_resolved(cfg, root)
-    env = {**os.environ, "TANDEM_TEST_SECRET": SECRET}
+    env = {**os.environ, "TANDEM_TEST_SECRET": SECRET, **(env or {})}
     tandem = Path(sys.executable).with_name("tandem")
     proc = subprocess.Popen([*prefix, str(tandem), "reward", "serve", "--exp", str(root)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -52,3 +52,10 @@ def test_size_zero_keeps_nothing():
         cache.put(b"a", "job a", asyncio.get_running_loop().create_future())
         return cache
     assert asyncio.run(main()).get(b"a") is None
+
+
+def test_the_row_is_part_of_the_key_only_where_a_user_function_reads_it():
+    a = GradeItem(task="math", response=r"\boxed{1}", answer="1", row={"id": "a"})
+    b = GradeItem(task="math", response=r"\boxed{1}", answer="1", row={"id": "b"})
+    assert item_key(a) == item_key(b)                    # the built-in graders: one verdict for both
+    assert item_key(a, with_row=True) != item_key(b, with_row=True)

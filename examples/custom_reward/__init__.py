@@ -1,0 +1,1 @@
+"""A user's reward function for `reward.function` (see README.md)."""
