@@ -95,8 +95,10 @@ def next_turn_ids(tokenizer, messages: list[dict], generated_ids: list[int]) -> 
 
 def grade_item(prompt: Prompt, response: str) -> GradeItem:
     """The item the reward service grades. `row` carries what a user's reward function
-    (reward.function) may need beyond the reference, which travels in its own field."""
-    row = {"id": prompt.id, **{k: v for k, v in prompt.reference.items() if k not in ("answer", "tests")}}
+    (reward.function) may need beyond the reference, which travels in its own field: the data
+    set row's other columns, the id and the reference's other entries."""
+    row = {**prompt.row, "id": prompt.id,
+           **{k: v for k, v in prompt.reference.items() if k not in ("answer", "tests")}}
     if prompt.task == "math":
         return GradeItem(task="math", response=response, answer=prompt.reference["answer"], question=prompt.text,
                          row=row)

@@ -45,7 +45,8 @@ def _grade(svc, items, deadline_s=60.0):
 
 
 def test_the_function_gets_prompt_response_and_the_rollouts_row(service):
-    math_prompt = Prompt("gsm-7", "What is 6 * 7?", "math", {"answer": "42"})
+    # the data set row's other columns (Prompt.row) reach the function too
+    math_prompt = Prompt("gsm-7", "What is 6 * 7?", "math", {"answer": "42"}, row={"source": "gsm8k", "level": 2})
     code_tests = {"inputs": ["1\n"], "outputs": ["1"]}
     code_prompt = Prompt("cc-3", "Echo the input.", "code", {"tests": code_tests, "visible_tests": code_tests})
     v_math, v_code = _grade(service, [grade_item(math_prompt, "mirror math"), grade_item(code_prompt, "mirror code")])
@@ -53,7 +54,7 @@ def test_the_function_gets_prompt_response_and_the_rollouts_row(service):
     assert v_math.details["grader"] == "function" and v_math.details["source"] == "reward_fns:dispatch"
     assert v_math.details["reason"] == "mirrored"
     assert v_math.details["user"]["prompt"] == "What is 6 * 7?"
-    assert v_math.details["user"]["row"] == {"id": "gsm-7", "answer": "42"}
+    assert v_math.details["user"]["row"] == {"source": "gsm8k", "level": 2, "id": "gsm-7", "answer": "42"}
     # a code row's tests travel once (in the item's own field) and are put back into the row
     assert v_code.details["user"]["row"] == {"id": "cc-3", "visible_tests": code_tests, "tests": code_tests}
     assert v_code.details["user"]["prompt"] == "Echo the input."
