@@ -1,8 +1,10 @@
 """Sub-commands this package adds to `tandem` (see launcher.cli).
 
 `tandem trainer --exp DIR [--resume]` runs one trainer rank (every rank runs the same command;
-with several ranks, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT come from the launcher). Heavy
-imports (torch, transformers) happen inside the handler so `tandem --help` stays fast.
+with several ranks, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT come from the launcher).
+`tandem export --exp DIR [--version N] OUT` writes a run's policy as a Hugging Face directory
+(trainer/hf_export.py: the trainer owns its checkpoint formats). Heavy imports (torch,
+transformers) happen inside the handlers so `tandem --help` stays fast.
 """
 from __future__ import annotations
 
@@ -29,6 +31,31 @@ def _trainer(args) -> int:
         raise
 
 
+def _export(args) -> int:
+    import json
+    import sys
+
+    from trainer.hf_export import NoSuchCheckpoint, NotConvertible, export_run
+
+    cfg = args.cfg
+    try:
+        done = export_run(args.exp, cfg.experiment.model, args.out, args.version, args.source,
+                          cfg.trainer.megatron.vocab_multiple)
+    except NoSuchCheckpoint as e:
+        print(f"tandem export: {e}", file=sys.stderr)
+        return 2
+    except NotConvertible as e:
+        print(f"tandem export: {e}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps(done))
+    else:
+        final = " (the run's newest)" if done["final"] else ""
+        print(f"exported v{done['version']}{final} from {done['from']} ({done['dtype']}) to {done['out']}: "
+              f"AutoModelForCausalLM.from_pretrained({done['out']!r}) loads it")
+    return 0
+
+
 def register(sub) -> None:
     """Add this package's sub-commands to the `tandem` parser."""
     p = sub.add_parser("trainer", help="run a trainer rank (replay buffer, decoupled PPO, weight publishing)")
@@ -39,3 +66,12 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per rank (default: $TANDEM_THREADS, else trainer.threads)")
     p.set_defaults(func=_trainer)
+    e = sub.add_parser("export", help="write a run's policy as a Hugging Face model directory (both backends)")
+    e.add_argument("--exp", required=True, help="experiment directory")
+    e.add_argument("--version", default=None,
+                   help="vN or N (default: the newest version the run holds, its final one once it ended)")
+    e.add_argument("--from", dest="source", choices=("auto", "weights", "checkpoint"), default="auto",
+                   help="auto: <exp>/weights/vN when kept, else <exp>/checkpoints/step-N; or only one of them")
+    e.add_argument("--json", action="store_true", help="print what was exported as one JSON object")
+    e.add_argument("out", help="output directory (new or empty)")
+    e.set_defaults(func=_export)

@@ -1,24 +1,29 @@
-"""A trainer checkpoint as a Hugging Face model directory (what `tandem eval --checkpoint` serves).
+"""A run's policy as a Hugging Face model directory: `tandem export` and what `tandem eval
+--checkpoint` serves.
 
+    tandem export --exp DIR [--version N] [--from auto|weights|checkpoint] OUT
     python -m trainer.hf_export --checkpoints <exp>/checkpoints --version latest|N --model BASE --out DIR
 
-Why here: a checkpoint (`checkpoint.py`: `step-<N>/rank-<r>.pt`) is the trainer's own resume
-format — the model's `state_dict` inside each rank's backend state, next to optimizer and RNG
-states — and only the trainer knows it. Evaluating a checkpoint needs what a generation server
-loads: `config.json`, tokenizer files and `model.safetensors`. The step number of a checkpoint is
-the policy version it holds (the loop saves `step-<version>` after training that version).
+Which weights "version N" is, in the order `--from auto` tries them:
 
-Run as its own process by the evaluator (so the other roles never import the trainer, and the
-memory of the loaded state is returned before the server loads the model). It prints one JSON
-line `{"version": N, "checkpoint": DIR, "out": DIR}` and exits 0; exit 2 with a message on stderr
-when the checkpoint does not exist (naming those that do), 3 when it cannot be converted here
-(a sharded Megatron checkpoint).
+1. `<exp>/weights/vN/`, when the run still has it: the directory the generation servers loaded
+   for version N (the trainer publishes one per step with `trainer.weight_sync: disk` and keeps the
+   newest `keep_weights`; every run that reaches `total_steps` leaves its final version there,
+   whatever the weight sync). Copied as it is: the exact weights, nothing to convert.
+2. `<exp>/checkpoints/step-N/` (the trainer's resume format; the step number is the version it
+   holds): the torch backend's rank 0 holds the whole model's `state_dict` (its ranks are
+   replicas); the Megatron backend's `dist/` is converted in this process on the CPU with
+   megatron-core (trainer/megatron/export.py: any parallel layout, the float32 main weights, the
+   same tensors as `weights/vN`).
 
-Only per-rank checkpoints of the torch backend convert: its ranks hold full replicas, so rank 0's
-state is the whole model. A Megatron checkpoint is one sharded `dist/` directory in Megatron's
-own layout (tensor/pipeline-parallel shards under Megatron names); turning that back into HF
-tensors needs Megatron-core and the run's parallel layout, so it is refused with a pointer to the
-weights the run published.
+The version defaults to the newest either holds (the run's final policy once it has ended).
+
+Why here: only the trainer knows its checkpoint formats. The evaluator runs the module form as its
+own process (so the other roles never import the trainer, and the memory of the loaded state is
+returned before the server loads the model); it prints one JSON line `{"version": N, "checkpoint":
+DIR, "out": DIR}` and exits 0; exit 2 with a message on stderr when the checkpoint does not exist
+(naming those that do), 3 when it cannot be converted (a checkpoint holding no model state, an
+incomplete `dist/`).
 """
 from __future__ import annotations
 
@@ -59,15 +64,16 @@ def resolve(root: Path, spec: str) -> tuple[int, Path]:
     return version, root / f"step-{version}"
 
 
-def model_state(ckpt: Path, version: int, weights_root: Path | None = None) -> dict:
-    """The model's state_dict held by a per-rank checkpoint."""
+def _hint(version: int, weights_root: Path | None) -> str:
     published = Path(weights_root) / f"v{version}" if weights_root is not None else None
-    hint = (f"; the run published this version as a Hugging Face directory, {published}: serve that"
+    return (f"; the run published this version as a Hugging Face directory, {published}: serve that"
             if published is not None and published.is_dir() else
             "; serve a version the run published under <exp>/weights/ (if still kept) instead")
-    if (ckpt / checkpoint.SHARDED_DIR).is_dir():
-        raise NotConvertible(f"{ckpt} is a sharded checkpoint (trainer.backend: megatron, Megatron's dist "
-                             f"checkpointing): it cannot be converted to a Hugging Face model here{hint}")
+
+
+def model_state(ckpt: Path, version: int, weights_root: Path | None = None) -> dict:
+    """The model's state_dict held by a per-rank (torch backend) checkpoint."""
+    hint = _hint(version, weights_root)
     state, _ = checkpoint.load(ckpt, 0)
     model = state.get("backend", {}).get("model")
     if not isinstance(model, dict) or not model:
@@ -75,11 +81,31 @@ def model_state(ckpt: Path, version: int, weights_root: Path | None = None) -> d
     return model
 
 
-def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None = None) -> Path:
+def _export_sharded(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None,
+                    vocab_multiple: int) -> Path:
+    """A Megatron checkpoint's `dist/` through megatron-core, in this process (export.py)."""
+    from trainer.megatron.export import hf_state_from_dist, write_hf_dir
+
+    dist_dir = checkpoint.sharded_dir(ckpt)
+    try:
+        if not (dist_dir / "metadata.json").is_file():
+            raise ValueError(f"{dist_dir} has no metadata.json (an incomplete Megatron dist checkpoint)")
+        state = hf_state_from_dist(dist_dir, base_model, vocab_multiple)
+    except (ValueError, KeyError, RuntimeError, OSError) as e:
+        raise NotConvertible(f"{ckpt} is a sharded checkpoint (trainer.backend: megatron, Megatron's dist "
+                             f"checkpointing) that cannot be read: {e}{_hint(version, weights_root)}") from None
+    write_hf_dir(state, base_model, out)
+    return Path(out)
+
+
+def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None = None,
+           vocab_multiple: int = 128) -> Path:
     """Write `out/` (config and tokenizer of `base_model`, the checkpoint's weights as safetensors)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if (ckpt / checkpoint.SHARDED_DIR).is_dir():
+        return _export_sharded(ckpt, version, base_model, out, weights_root, vocab_multiple)
     state = model_state(ckpt, version, weights_root)
     dtype = next((t.dtype for t in state.values() if torch.is_floating_point(t)), torch.float32)
     config = AutoConfig.from_pretrained(base_model)
@@ -94,6 +120,68 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not (out / f.name).exists():
             shutil.copy2(f, out / f.name)
     return out
+
+
+SOURCES = ("auto", "weights", "checkpoint")
+
+
+def _dtype(out: Path) -> str:
+    """The dtype of the exported weights (the first tensor's; every tensor of a run has it)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(out).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():
+                kind = str(st.get_slice(key).get_dtype())
+                return {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}.get(kind, kind)
+    return "?"
+
+
+def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None = None, source: str = "auto",
+               vocab_multiple: int = 128) -> dict:
+    """`tandem export`: version `version` (vN or N; None = the newest) of the run in `exp_root` as a
+    Hugging Face directory `out`, from `weights/vN` or `checkpoints/step-N` (module docstring).
+    Written in a temp directory beside `out` and renamed, so a failed export leaves nothing; an
+    existing non-empty `out` is refused. Returns what was exported, from where, in which dtype."""
+    from trainer.weights.disk import published_versions, weights_dir
+
+    exp_root, out = Path(exp_root), Path(out)
+    weights_root, ckpt_root = exp_root / "weights", exp_root / "checkpoints"
+    published, checkpointed = published_versions(weights_root), checkpoint.checkpoint_steps(ckpt_root)
+    newest = max(published + checkpointed, default=None)
+    if source == "weights":
+        checkpointed = []
+    elif source == "checkpoint":
+        published = []
+    have = sorted(set(published) | set(checkpointed))
+    listed = (f"published weights: {', '.join(f'v{v}' for v in published) or 'none'}; checkpoints: "
+              f"{', '.join(f'v{v}' for v in checkpointed) or 'none'}")
+    if not have:
+        raise NoSuchCheckpoint(f"{exp_root}: nothing to export ({listed}{'' if source == 'auto' else f', --from {source}'})")
+    m = re.fullmatch(r"v?(\d+)", (version or "").strip())
+    if version is not None and m is None:
+        raise NoSuchCheckpoint(f"--version {version!r}: expected vN or N ({listed})")
+    v = have[-1] if m is None else int(m.group(1))
+    if v not in have:
+        raise NoSuchCheckpoint(f"{exp_root} holds no version {v} ({listed})")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise NoSuchCheckpoint(f"{out} exists and is not an empty directory: choose another output")
+    tmp = out.parent / f".{out.name}.export-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if v in published:
+            shutil.copytree(weights_dir(weights_root, v), tmp)
+            origin = f"weights/v{v}"
+        else:
+            export(ckpt_root / f"step-{v}", v, base_model, tmp, weights_root, vocab_multiple)
+            origin = f"checkpoints/step-{v}"
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"version": v, "from": origin, "out": str(out), "dtype": _dtype(out), "final": v == newest}
 
 
 def main(argv: list[str] | None = None) -> int:

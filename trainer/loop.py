@@ -55,6 +55,7 @@ from trainer.intake import Intake
 from trainer.wal import TrajectoryLog, wal_path
 from trainer.wal import replay as wal_replay
 from trainer.weights import BackgroundCall, build_publisher
+from trainer.weights.disk import keep_final
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,8 @@ class Trainer:
                 if self._stop_requested():
                     break
             self._wait_pending_ack()
+            if self.version >= self.tcfg.total_steps:   # the final policy stays on disk (tandem export)
+                keep_final(self.backend, self.exp.weights, self.version, self.tcfg.keep_weights)
             if self._last_checkpoint != self.version or self._stop_requested():
                 self.save_checkpoint()
         finally:

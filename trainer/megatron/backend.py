@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, Train
 from trainer.lr_schedule import decay_updates, lr_factor
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
+from trainer.megatron.export import write_hf_dir
 from trainer.megatron.logprobs import chunked_token_logprobs
 from trainer.megatron.model import (
     build_gpt_model,
@@ -48,7 +48,7 @@ from trainer.megatron.model import (
 )
 from trainer.megatron.packing import block_diagonal_causal_mask
 from trainer.megatron.pipeline import run_micro_batches
-from trainer.torch_backend import WEIGHT_FILES, token_logprobs
+from trainer.torch_backend import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -407,19 +407,9 @@ class MegatronBackend(TrainBackend):
         return iter(sorted(state.items()))
 
     def export_hf(self, out_dir: Path) -> None:
-        from safetensors.torch import save_file
-
         state = self.hf_state()
-        if self.rank != 0:
-            return
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-        shutil.copy2(self.model_dir / "config.json", out_dir / "config.json")
-        for f in self.model_dir.iterdir():
-            if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
-                    and not (out_dir / f.name).exists():
-                shutil.copy2(f, out_dir / f.name)
+        if self.rank == 0:
+            write_hf_dir(state, self.model_dir, out_dir)
 
     def close(self) -> None:
         from megatron.core import parallel_state as ps

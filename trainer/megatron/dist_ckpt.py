@@ -33,19 +33,21 @@ def _model_sharded(backend) -> dict:
     return backend._module().sharded_state_dict()
 
 
-def _optimizer_sharded(backend, model_sd: dict, state: dict[str, dict[str, torch.Tensor]]) -> dict:
-    """{name: {kind: the tensor on the model parameter's sharding}} for every parameter that the
-    model's sharded state dict holds (matched by identity, as Megatron's own optimizers do)."""
+def optimizer_sharded(module, model_sd: dict, state: dict[str, dict[str, torch.Tensor]],
+                      kinds=optim_state.KINDS) -> dict:
+    """{name: {kind: the tensor on the model parameter's sharding}} for every parameter of the
+    GPTModel `module` that its sharded state dict `model_sd` holds (matched by identity, as
+    Megatron's own optimizers do). Loading asks for the `kinds` it wants (export: "param" only)."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
-    names = {id(p): n for n, p in backend._module().named_parameters()}
+    names = {id(p): n for n, p in module.named_parameters()}
     out = {}
     for t in nested_values(model_sd):
         name = names.get(id(getattr(t, "data", None)))
         if name is not None:
             out[name] = {kind: make_sharded_optimizer_tensor(t, state[name][kind], prefix=f"optimizer.state.{kind}")
-                         for kind in optim_state.KINDS}
+                         for kind in kinds}
     return out
 
 
@@ -63,7 +65,7 @@ def save(backend, ckpt_dir: str | Path) -> None:
     sd = {"model": model_sd, "updates": backend.updates}
     if backend.updates > 0:
         state = optim_state.read(backend._module(), backend.optimizer)
-        sd["optimizer"] = _optimizer_sharded(backend, model_sd, state)
+        sd["optimizer"] = optimizer_sharded(backend._module(), model_sd, state)
         sd["adam_step"] = backend.updates   # every optimizer here takes one Adam step per update
     dist_checkpointing.save(sd, str(ckpt_dir))
     collectives.barrier()
@@ -82,7 +84,7 @@ def load(backend, ckpt_dir: str | Path) -> None:
     if updates > 0:
         template = {n: {k: torch.zeros_like(p, dtype=torch.float32) for k in optim_state.KINDS}
                     for n, p in backend._module().named_parameters()}
-        sd["optimizer"] = _optimizer_sharded(backend, model_sd, template)
+        sd["optimizer"] = optimizer_sharded(backend._module(), model_sd, template)
     loaded = dist_checkpointing.load(sd, ckpt_dir)
     backend.load_model_state(loaded["model"])
     if updates > 0:

@@ -95,3 +95,21 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def keep_final(backend: TrainBackend, root: Path, version: int, keep: int) -> bool:
+    """Collective: leave the run's final policy at `<root>/v<version>/` whatever the weight sync
+    (with `broadcast` nothing was written there), so `tandem export` and `tandem eval` find the
+    exact weights the run ended with. Rank 0 decides (its view of the directory), so every rank
+    takes the same branch. Returns whether it wrote them."""
+    import torch
+
+    from services.protocol import collectives
+
+    missing = torch.tensor([float(backend.rank == 0 and not weights_dir(root, version).is_dir())])
+    if backend.world_size > 1:
+        collectives.all_reduce(missing, op=collectives.ReduceOp.MAX)
+    if not missing.item():
+        return False
+    DiskPublisher(root, keep).publish(backend, version)
+    return True

@@ -253,9 +253,13 @@ def test_broadcast_weight_sync_delivers_the_trained_tensors(tmp_path, small_mode
         ctl.close()
     (rec,) = read_metrics(exp, "trainer", "step")
     assert rec["transfer_ok"] is True and rec["ack_ok"] is True and rec["bytes"] > 0
-    assert not exp.weights.exists()
     got = torch.load(exp.root / "fake-controller" / "broadcast-v1.pt")
     model = torch.load(exp.checkpoints / "step-1" / "rank-0.pt", weights_only=False)["backend"]["model"]
     assert set(got) <= set(model) and "model.embed_tokens.weight" in got
     for name, t in got.items():
         assert torch.equal(t, model[name]), name
+    # Nothing went to disk during the run; the final policy did, after it (tandem export reads it).
+    assert sorted(p.name for p in exp.weights.iterdir()) == ["v1"]
+    final = load_file(exp.weights / "v1" / "model.safetensors")
+    for name, t in got.items():
+        assert torch.equal(final[name], t), name
