@@ -66,6 +66,19 @@ def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def leftovers(exp_root: Path) -> list[str]:
+    """Processes whose command line names this experiment (roles started for it), but this one."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if pid.isdigit() and str(exp_root) in cmd and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmd[:160]}")
+    return found
+
+
 def progress(exp_root: Path) -> tuple[list[dict], dict[str, float]]:
     """The trainer's step records so far, and when each group was delivered."""
     from services.protocol import ExpDir, read_metrics
@@ -113,9 +126,10 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
         fault = {"kind": kind, "at_step": len(progress(exp_root)[0]), "time": time.time()}
         ends_launch, fault["observed"] = inject(kind, exp_root, proc.pid)
         injected.append(fault)
-        if ends_launch:
+        if ends_launch:   # the launch's teardown leaves nothing running (SIGKILLed trainer, Ctrl-C)
             code, out = finish(proc, max(1.0, deadline - time.monotonic()))
             exits.append(code), outputs.append(out)
+            fault["left_running"] = leftovers(exp_root)
             proc = launch(cfg, "--resume")
     code, out = finish(proc, max(1.0, deadline - time.monotonic()))
     exits.append(code), outputs.append(out)

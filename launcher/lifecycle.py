@@ -1,8 +1,9 @@
 """One run, start to end, the same on every backend.
 
-Start the roles wave by wave (controller, reward, generation servers, trainer, rollout
-workers), each generation server joining the controller's rotation once it is up; evaluate
-the starting policy just before the trainer starts; watch until the trainer exits, printing
+Start the roles wave by wave (controller and reward; generation servers and trainer; rollout
+workers: `roles.waves`), each generation server joining the controller's rotation once it is
+up; evaluate the starting policy just before the rollout workers start (the trainer, up but
+given no data yet, has published nothing); watch until the trainer exits, printing
 progress; stop the rollout workers; evaluate the trained policy; write `<exp>/summary.json` and
 the report; stop everything — also on an error, Ctrl-C or SIGTERM, with nothing left running.
 
@@ -96,7 +97,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
     evals: dict[str, dict | None] = {"before": _read_eval(exp, "before")} if resume else {}
     try:
         for wave in waves(roles):
-            if wave[0].kind == "trainer" and evaluating and not resume:
+            if wave[0].kind == "rollout" and evaluating and not resume:
                 print("evaluating the starting policy ...", flush=True)
                 evals["before"] = evaluate(backend, exp, "before")
             backend.start(wave)

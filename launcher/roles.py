@@ -20,7 +20,7 @@ from .config import ConfigError, ExperimentConfig
 SGLANG_READY_TIMEOUT_S = 1800.0
 # The generation servers' bearer keys under <exp>/keys/ (the names travel in RegisterServer).
 GEN_API_KEY, GEN_ADMIN_KEY = "gen-api-key", "gen-admin-api-key"
-# Start order; consecutive roles of one kind form a wave started (and awaited) together.
+# Start order; consecutive roles of one stage form a wave started (and awaited) together.
 KINDS = ("controller", "reward", "gen", "trainer", "rollout", "eval")
 
 
@@ -35,6 +35,8 @@ class Role:
     restart: bool = False           # a crash may be answered with a restart (servers that rejoin)
     max_restarts: int = 3
     ready_timeout_s: float | None = None   # None: the backend's default
+    # Roles of one stage start together; a stage starts once the one before is ready.
+    stage: int = 0
 
 
 def tandem_argv(*args: str) -> list[str]:
@@ -73,7 +75,13 @@ def experiment_roles(cfg: ExperimentConfig, exp: ExpDir, resume: bool, host: str
 
     `host` is the interface generation servers bind and `pick_port` their port: the local
     backend picks free ports once (a restarted server comes back at the same address), a
-    cluster backend passes 0 so the server picks one on whatever node it lands."""
+    cluster backend passes 0 so the server picks one on whatever node it lands.
+
+    Stages: the controller and the reward service need nothing; the servers and the trainer
+    need the controller, and start together (each loads its model on its own devices), except
+    on --resume, where the trainer publishes its checkpoint's weights before it is ready and so
+    starts once the servers are up to receive them (a broadcast needs its receivers); the
+    workers need everything."""
     root = str(exp.root)
     roles = [Role("controller-0", tandem_argv("controller", "--exp", root), kind="controller",
                   ready_file="controller", restart=True),
@@ -81,9 +89,9 @@ def experiment_roles(cfg: ExperimentConfig, exp: ExpDir, resume: bool, host: str
                   ready_file="reward", restart=True)]
     roles += gen_roles(cfg, exp, host, pick_port)
     roles.append(Role("trainer-0", tandem_argv("trainer", "--exp", root, *(["--resume"] if resume else [])),
-                      kind="trainer", threads=cfg.trainer.threads, ready_file="trainer"))
+                      kind="trainer", threads=cfg.trainer.threads, ready_file="trainer", stage=2 if resume else 1))
     roles += [Role(f"rollout-{r}", tandem_argv("rollout", "--exp", root, "--rank", str(r)), kind="rollout",
-                   index=r, restart=True) for r in range(cfg.rollout.num_workers)]
+                   index=r, restart=True, stage=3) for r in range(cfg.rollout.num_workers)]
     return roles
 
 
@@ -106,7 +114,7 @@ def gen_roles(cfg: ExperimentConfig, exp: ExpDir, host: str, pick_port: Callable
         # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
         threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads
         roles.append(Role(f"gen-{i}", tandem_argv(*argv), kind="gen", index=i, threads=threads,
-                          ready_file=f"gen-{i}", restart=True,
+                          ready_file=f"gen-{i}", restart=True, stage=1,
                           ready_timeout_s=SGLANG_READY_TIMEOUT_S if sglang else None))
     return roles
 
@@ -123,12 +131,12 @@ def eval_output(exp: ExpDir, tag: str):
 
 
 def waves(roles: list[Role]) -> list[list[Role]]:
-    """Consecutive roles of one kind (gen-0, gen-1, ...) are started together and then awaited,
-    so 48 servers queue and load their model in parallel, not one after another; kinds still
-    start in order (controller, reward, servers, trainer, workers)."""
+    """Consecutive roles of one stage are started together and then awaited, so 48 servers and
+    the trainer queue and load their models in parallel, not one after another; stages still
+    start in order (services, then servers and trainer, then workers)."""
     out: list[list[Role]] = []
     for role in roles:
-        if out and out[-1][0].kind == role.kind:
+        if out and out[-1][0].stage == role.stage:
             out[-1].append(role)
         else:
             out.append([role])

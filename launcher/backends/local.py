@@ -194,8 +194,16 @@ class LocalBackend(Backend):
         return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.cuda_visible_devices(role.kind, role.index)}
 
     def start(self, roles: list[Role]) -> None:
+        """All of the wave at once, then wait for each (they load their models in parallel).
+        Each announcement is taken before its role starts: readiness is a write after that."""
+        pending = []
         for role in roles:
-            self.sup.start(role, self._env(role))
+            announcement = Announcement(self.exp.service_file(role.ready_file)) if role.ready_file else None
+            child = self.sup.start(role, self._env(role), wait=False)
+            if announcement is not None:
+                pending.append((child, announcement))
+        for child, announcement in pending:
+            self.sup.wait_ready(child, announcement)
 
     def ended(self) -> list[Ended]:
         return self.sup.poll()

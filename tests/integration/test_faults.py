@@ -4,7 +4,7 @@ One `tandem run` of the tiny experiment (local backend, every role a real proces
 are injected, in turn: SIGKILL of the generation server, the controller, the reward service and
 a rollout worker; bad input on every port (peers without keys, garbage and oversized frames,
 garbage and oversized HTTP bodies); SIGKILL of the trainer and Ctrl-C of the launcher, each
-continued with `--resume`, as a user would. Each fault is injected once the run has recovered
+continued with `--resume`, as a user would (each launch's end leaving nothing running). Each fault is injected once the run has recovered
 from the previous one. The accounting comes from the run's own records (`launcher/audit.py`:
 the ids each trainer step trained or dropped, the ids workers delivered and those the trainer
 never receipted, the trainer's buffer at exit, the workers' data positions): every delivered
@@ -45,6 +45,9 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
     for fault in run["faults"]:
         assert fault["recovery_s"] is not None, fault
         assert fault["max_step_gap_s"] < STALL_S, fault
+    # The trainer's death and a terminal's Ctrl-C each end their launch with nothing left running.
+    assert [(f["kind"], f["left_running"]) for f in run["faults"] if "left_running" in f] == \
+        [("trainer", []), ("ctrl-c", [])], run["faults"]
     seen = next(f for f in run["faults"] if f["kind"] == "bad-input")["observed"]
     for role in ("controller", "reward", "trainer"):
         assert seen[f"{role}: stranger"] is None, seen      # no keys: nothing gets through

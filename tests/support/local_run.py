@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import faults
 from benchmarks.faults import as_terminal_foreground
 from services.protocol import ExpDir, read_metrics
 
@@ -49,12 +50,4 @@ def steps(exp: ExpDir) -> list[dict]:
 
 def leftovers(exp: ExpDir) -> list[str]:
     """Processes whose command line names this experiment (roles started for it)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if pid.isdigit() and str(exp.root) in cmd and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmd[:160]}")
-    return found
+    return faults.leftovers(exp.root)

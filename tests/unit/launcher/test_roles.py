@@ -24,7 +24,7 @@ def test_roles_start_in_dependency_order_and_servers_start_as_one_wave(exp):
     assert [r.name for r in roles] == ["controller-0", "reward-0", "gen-0", "gen-1", "gen-2", "trainer-0",
                                        "rollout-0", "rollout-1"]
     assert [[r.name for r in w] for w in waves(roles)] == [
-        ["controller-0"], ["reward-0"], ["gen-0", "gen-1", "gen-2"], ["trainer-0"], ["rollout-0", "rollout-1"]]
+        ["controller-0", "reward-0"], ["gen-0", "gen-1", "gen-2", "trainer-0"], ["rollout-0", "rollout-1"]]
     by_name = {r.name: r for r in roles}
     # Servers bind what the backend says, each on its own port; each announces gen-<i>.
     gen = [by_name[f"gen-{i}"] for i in range(3)]
@@ -40,6 +40,9 @@ def test_roles_start_in_dependency_order_and_servers_start_as_one_wave(exp):
 def test_resume_reaches_the_trainer_only(exp):
     roles = experiment_roles(_cfg(exp), exp, True, pick_port=lambda: 0)
     assert [r.name for r in roles if "--resume" in r.command] == ["trainer-0"]
+    # A resumed trainer publishes its checkpoint's weights before it is ready: servers first.
+    assert [[r.name for r in w] for w in waves(roles)][1:] == [
+        ["gen-0", "gen-1", "gen-2"], ["trainer-0"], ["rollout-0", "rollout-1"]]
 
 
 def test_evaluation_role_writes_where_the_summary_reads(exp):
