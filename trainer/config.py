@@ -99,8 +99,8 @@ class TrainerConfig:
     # its own reward, baselined on the same turn of its group (docs/algorithms.md); false = every
     # token of an episode gets the episode's reward.
     turn_credit: bool = True
-    # KL penalty to the initial policy (torch backend: a frozen copy of experiment.model), added
-    # as kl_coef * KL estimate (k1, k2 or k3), aggregated like the loss; 0 = off.
+    # KL penalty to the initial policy (a frozen copy of experiment.model, on either backend),
+    # added as kl_coef * KL estimate (k1, k2 or k3), aggregated like the loss; 0 = off.
     kl_coef: float = 0.0
     # k1 = logp - ref, k2 = (ref - logp)^2 / 2, k3 = exp(ref - logp) - 1 - (ref - logp) (GRPO's).
     kl_estimator: str = "k3"

@@ -238,10 +238,6 @@ def objective_problems(t) -> list[tuple[str, str]]:
         out.append(("leave_one_out", "is a kind of group baseline: needs group_baseline: true"))
     if t.kl_coef < 0 or t.entropy_coef < 0:
         out.append(("kl_coef" if t.kl_coef < 0 else "entropy_coef", "must be >= 0"))
-    if t.kl_coef > 0 and t.backend != "torch":
-        out.append(("kl_coef", f"the KL penalty needs the initial policy's log-probs, computed on the "
-                               f"torch backend only (a frozen copy of the model); not available on "
-                               f"trainer.backend: {t.backend} (set trainer.kl_coef=0)"))
     if t.overlong_buffer < 0:
         out.append(("overlong_buffer", "must be >= 0 (0 = off)"))
     elif t.overlong_buffer > 0 and not (0 < t.overlong_buffer <= t.overlong_max_len):

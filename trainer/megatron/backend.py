@@ -112,6 +112,9 @@ class MegatronBackend(TrainBackend):
         self.model = model
         hf_local = self.load_hf(self.model_dir)
         model.eval()  # no dropout anyway; eval keeps proximal and first-update log-probs equal
+        # A KL penalty's initial policy: built here, by every rank together (with PP and tied
+        # embeddings GPTModel's constructor runs a collective), never trained.
+        self.reference = self._reference_model() if cfg.kl_coef > 0 else None
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.updates = 0
         if self.on_gpu:
@@ -126,9 +129,9 @@ class MegatronBackend(TrainBackend):
                                                eps=o.eps, weight_decay=o.weight_decay)
 
     # ---- weights in ---------------------------------------------------------------------------
-    def load_hf(self, model_dir: Path) -> dict[str, torch.Tensor]:
-        """Load this rank's shard of a HF checkpoint (every rank reads the files); returns the
-        shard in the checkpoint's precision (the parameters may be bf16)."""
+    def load_hf(self, model_dir: Path, module=None) -> dict[str, torch.Tensor]:
+        """Load this rank's shard of a HF checkpoint (every rank reads the files) into the policy
+        (or `module`); returns the shard in the checkpoint's precision (the parameters may be bf16)."""
         from megatron.core import parallel_state as ps
 
         hf = read_hf_tensors(model_dir)
@@ -139,12 +142,12 @@ class MegatronBackend(TrainBackend):
             layers=range(start, start + n_local), embedding=ps.is_pipeline_first_stage(),
             output=ps.is_pipeline_last_stage())
         local = {k: convert.shard(k, v, self.tp_rank, self.tp_size) for k, v in full.items()}
-        self.load_model_state(local)
+        self.load_model_state(local, module)
         return local
 
-    def load_model_state(self, state: dict) -> None:
+    def load_model_state(self, state: dict, module=None) -> None:
         """Load local tensors; anything missing other than Megatron's `_extra_state` is an error."""
-        module = self._module()
+        module = module if module is not None else self._module()
         missing, unexpected = module.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
@@ -154,17 +157,29 @@ class MegatronBackend(TrainBackend):
         """The GPTModel itself (unwrapped from Megatron's DDP on GPUs)."""
         return getattr(self.model, "module", self.model)
 
+    def _reference_model(self):
+        """The initial policy (experiment.model) frozen in a GPTModel of this rank's layout, dtype
+        and layer spec: the same forward as the policy's, another copy of the weights."""
+        with cpu_compat.model_construction():
+            ref = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu), self.padded_vocab)
+        if self.on_gpu:
+            ref.cuda()
+        self.load_hf(self.model_dir, module=ref)
+        return ref.eval().requires_grad_(False)
+
     # ---- forward ------------------------------------------------------------------------------
-    def _stage_forward(self, mb: PackedBatch) -> torch.Tensor:
-        """This pipeline stage's output: hidden states [N, 1, h], or logits [1, N, V] on the last."""
+    def _stage_forward(self, mb: PackedBatch, model=None) -> torch.Tensor:
+        """This pipeline stage's output: hidden states [N, 1, h], or logits [1, N, V] on the last
+        (of the policy, or of `model`: the reference)."""
+        model = model if model is not None else self.model
         ids = mb.input_ids.to(self.device)[None]
         pos = mb.position_ids.to(self.device)[None]
         if self.use_thd:
-            return gpu.forward_thd(self.model, ids, pos, mb.cu_seqlens, self.device)
+            return gpu.forward_thd(model, ids, pos, mb.cu_seqlens, self.device)
         # Rotary phases follow the packed row's index, not position_ids (Megatron's GPTModel uses
         # position_ids for learned embeddings only); with the mask confining attention to one
         # sequence, RoPE's dependence on relative positions alone makes that the same.
-        return self.model(ids, pos, block_diagonal_causal_mask(mb.cu_seqlens, self.device))
+        return model(ids, pos, block_diagonal_causal_mask(mb.cu_seqlens, self.device))
 
     def _logits(self, mb: PackedBatch) -> torch.Tensor:
         """[N, vocab] logits (padding rows cut off). Single-stage models only (tests, tools)."""
@@ -180,23 +195,32 @@ class MegatronBackend(TrainBackend):
         return token_logprobs(logits.float(), mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
                               with_entropy, entropy_grad)
 
-    def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool) -> list:
-        return run_micro_batches(self._module(), mbs, self._stage_forward, on_last,
+    def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool, model=None) -> list:
+        module = model if model is not None else self._module()
+        return run_micro_batches(module, mbs, lambda mb: self._stage_forward(mb, model), on_last,
                                  forward_only=forward_only, hidden_size=self.shape.hidden_size,
                                  dtype=self.dtype, device=self.device)
 
     @torch.no_grad()
-    def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False
-                         ) -> TokenOutputs:
+    def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False,
+                         model=None) -> TokenOutputs:
         if mb.n_tokens == 0:
             z = torch.zeros(0)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
         res = self._run([mb], lambda m, logits: (None, self._outputs(m, logits, temperature, with_entropy)),
-                        forward_only=True)
+                        forward_only=True, model=model)
         if self.pp_size > 1:
             res = [self._from_last_stage(res[0] if res else None, mb.n_tokens, with_entropy)]
         out = res[0]
         return TokenOutputs(logp=out.logp.cpu(), entropy=None if out.entropy is None else out.entropy.cpu())
+
+    @torch.no_grad()
+    def forward_ref_logprobs(self, mb: PackedBatch, temperature: float) -> TokenOutputs:
+        """The initial policy's log-probs for a KL penalty (trainer.kl_coef > 0): the policy's
+        forward on the frozen reference model; the loss (trainer/loss.py) is the torch backend's."""
+        if self.reference is None:   # kl_coef was 0 at construction: every rank builds it now
+            self.reference = self._reference_model()
+        return self.forward_logprobs(mb, temperature, model=self.reference)
 
     def _from_last_stage(self, out: TokenOutputs | None, n: int, with_entropy: bool) -> TokenOutputs:
         """Broadcast the last stage's log-probs (and entropy) to every stage."""
