@@ -56,7 +56,7 @@ def test_several_problems_one_line_each(tmp_path):
 
 
 def test_a_presets_value_is_blamed_on_the_algorithm_the_user_chose(tmp_path):
-    text = GOOD_EXPERIMENT.replace("trainer:\n", "trainer:\n  algorithm: grpo\n  backend: megatron\n")
+    text = GOOD_EXPERIMENT.replace("trainer:\n", "trainer:\n  algorithm: tis\n  use_decoupled_loss: false\n")
     msg = _error(tmp_path, text)
-    assert msg.startswith(f"{tmp_path / 'exp.yaml'}:{_line_of(text, 'algorithm: grpo')}: trainer.algorithm: ")
-    assert "the preset's value of trainer.kl_coef" in msg and "\n" not in msg
+    assert msg.startswith(f"{tmp_path / 'exp.yaml'}:{_line_of(text, 'algorithm: tis')}: trainer.algorithm: ")
+    assert "the preset's value of trainer.behav_weight" in msg and "\n" not in msg

@@ -22,7 +22,10 @@ def _cfg(*overrides):
             "simulate.model_size=R1-Distill-Qwen-1.5B", "simulate.hardware=H800",
             "launcher.nodes=1", "trainer.groups_per_step=16", "rollout.n_samples=4",
             "rollout.max_new_tokens=4096", "controller.max_concurrent_groups=100000", "rollout.concurrency=100000",
-            "simulate.output_median=1024", "simulate.steps=4", "simulate.warmup_steps=2"]
+            "simulate.output_median=1024", "simulate.steps=4", "simulate.warmup_steps=2",
+            # a micro-batch holds the longest sample of every case below (the config check's rule;
+            # the simulator reads the budget only for a pipeline bubble)
+            "rollout.max_prompt_tokens=512", "trainer.max_tokens_per_mb=8704"]
     return load_config(None, base + list(overrides))
 
 
@@ -208,4 +211,4 @@ def test_model_too_big_for_a_server_is_a_clear_error():
     with pytest.raises(ConfigError, match="does not fit in a generation server"):
         build(_cfg("simulate.model_size=R1-Distill-Qwen-32B", "gen.mem_fraction_static=0.5"))
     with pytest.raises(SimulationError, match="does not fit one server's KV cache"):
-        simulate(_cfg("rollout.max_new_tokens=10000000"))
+        simulate(_cfg("rollout.max_new_tokens=10000000", "trainer.max_tokens_per_mb=10000512"))
