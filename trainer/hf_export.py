@@ -122,9 +122,6 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
     return out
 
 
-SOURCES = ("auto", "weights", "checkpoint")
-
-
 def _dtype(out: Path) -> str:
     """The dtype of the exported weights (the first tensor's; every tensor of a run has it)."""
     from safetensors import safe_open

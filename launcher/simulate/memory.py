@@ -22,7 +22,9 @@ s = bytes per parameter of `trainer.megatron.params_dtype`, N = `trainer.max_tok
   workload (`simulate.prompt_tokens`, `simulate.output_median`);
 - logits (last stage): the gathered logits and their gradient, 2 * s * V per token, plus the
   float32 log-softmax's copies (cast, scaled, normalised, the entropy's temporaries: 20 * V per
-  token) for the whole micro-batch, or for `trainer.megatron.logprob_chunk` tokens.
+  token) for the whole micro-batch, or for `trainer.megatron.logprob_chunk` tokens; with pipeline
+  parallelism each earlier micro-batch keeps its logits (s * V per token, chunked) or its float32
+  log-softmax (4 * V) until its backward.
 The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P), no recompute.
 
 Generation server GPU (SGLang): the weights over `gen.tp_size`, and the KV-cache pool SGLang
@@ -128,19 +130,23 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     n = t.max_tokens_per_mb
     per_layer = _layer_activation_bytes(m, tp, s)
     recompute = megatron and mc.recompute
-    act = n * (layers * s * m.hidden + per_layer) if recompute else n * layers * per_layer
-    if pp > 1:
-        alive = _alive_micro_batches(cfg, train_dp)
-        act = act + (alive - 1) * n * layers * (s * m.hidden if recompute else per_layer)
-        notes.append(f"pipeline_parallel={pp}: {alive} micro-batches of a minibatch alive at once (GPipe), "
-                     f"from simulate.prompt_tokens + simulate.output_median")
-    parts["activations"] = act
     chunk = min(n, mc.logprob_chunk) if megatron and mc.logprob_chunk else n
-    parts["logits"] = n * m.vocab * 2 * s + chunk * m.vocab * LOGSOFTMAX_BYTES
+    act = n * (layers * s * m.hidden + per_layer) if recompute else n * layers * per_layer
+    logits = n * m.vocab * 2 * s + chunk * m.vocab * LOGSOFTMAX_BYTES
+    if pp > 1:
+        earlier = _alive_micro_batches(cfg, train_dp) - 1
+        act += earlier * n * layers * (s * m.hidden if recompute else per_layer)
+        # what an earlier micro-batch's graph keeps: its logits (the chunks' checkpointed inputs),
+        # or its float32 log-softmax when not chunked
+        logits += earlier * n * m.vocab * (s if chunk < n else 4)
+        notes.append(f"pipeline_parallel={pp}: {earlier + 1} micro-batches of a minibatch alive at once "
+                     f"(GPipe), from simulate.prompt_tokens + simulate.output_median")
+    parts["activations"], parts["logits"] = act, logits
     where = f"TP {tp} x PP {pp}, DP {train_dp}" if megatron else "torch backend, float32 replica"
     unset = [k for k, on in (("trainer.megatron.recompute: true", mc.recompute),
                              ("trainer.megatron.logprob_chunk: 1024", mc.logprob_chunk)) if not on]
     advice = (f"set {' and '.join(unset)}, " if megatron and unset else "") + \
+        ("lower trainer.pipeline_parallel (this schedule keeps a minibatch's micro-batches), " if pp > 1 else "") + \
         ("raise trainer.tensor_parallel, " if megatron else "use trainer.backend: megatron, ") + \
         "or lower trainer.max_tokens_per_mb (and rollout.max_new_tokens)"
     return RoleMemory(f"trainer rank ({where})", parts, gpu.memory_bytes, notes, advice=advice)

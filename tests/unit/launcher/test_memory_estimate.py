@@ -87,6 +87,23 @@ def test_a_config_that_does_not_fit_is_refused_with_its_numbers(capsys):
     assert "set trainer.megatron.recompute: true" in capsys.readouterr().err
 
 
+def test_pipeline_parallelism_counts_every_micro_batch_the_gpipe_schedule_keeps(capsys):
+    """math-r1-7b at PP 2: a DP rank's minibatch is 512 / 4 groups x 16 samples x (512 + 4,096)
+    tokens (the simulator's workload) / 8 ranks = 1,179,648 tokens: 34 micro-batches of 34,816,
+    all alive until their backward, each keeping its layer inputs and its logits."""
+    path = str(CONFIGS[[p.name for p in CONFIGS].index("math-r1-7b.yaml")])
+    cfg = load_config(path, ["trainer.pipeline_parallel=2"])
+    (trainer, _), one = _est(cfg).roles, _est(load_config(path)).roles[0]
+    assert any("34 micro-batches of a minibatch alive at once" in n for n in trainer.notes)
+    per_token_layer_input = 2 * 3584 * 14            # bf16 hidden x the stage's 14 layers
+    assert trainer.parts["activations"] == pytest.approx(
+        34_816 * (14 * 2 * 3584 + 2 * (4 * 3584 + (3 * 3584 + 3 * 512 + 4 * 18944) / 2))
+        + 33 * 34_816 * per_token_layer_input)
+    assert trainer.parts["logits"] == pytest.approx(one.parts["logits"] + 33 * 34_816 * 152_064 * 2)
+    assert main(["plan", path, "trainer.pipeline_parallel=2"]) == 2
+    assert "lower trainer.pipeline_parallel" in capsys.readouterr().err
+
+
 def test_a_generation_server_without_room_for_one_sequence_is_refused(capsys):
     path = str(CONFIGS[[p.name for p in CONFIGS].index("math-r1-32b.yaml")])
     assert main(["plan", path, "gen.tp_size=1", "gen.mem_fraction_static=0.85"]) == 2
