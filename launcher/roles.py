@@ -22,6 +22,8 @@ SGLANG_READY_TIMEOUT_S = 1800.0
 GEN_API_KEY, GEN_ADMIN_KEY = "gen-api-key", "gen-admin-api-key"
 # Start order; consecutive roles of one stage form a wave started (and awaited) together.
 KINDS = ("controller", "reward", "gen", "trainer", "rollout", "eval")
+# A kind's stage (experiment_roles: why); a resumed trainer is moved after the servers.
+STAGES = {"controller": 0, "reward": 0, "gen": 1, "trainer": 1, "rollout": 3}
 
 
 @dataclass
@@ -35,8 +37,13 @@ class Role:
     restart: bool = False           # a crash may be answered with a restart (servers that rejoin)
     max_restarts: int = 3
     ready_timeout_s: float | None = None   # None: the backend's default
-    # Roles of one stage start together; a stage starts once the one before is ready.
-    stage: int = 0
+    # Roles of one stage start together; a stage starts once the one before is ready (None:
+    # the kind's, STAGES).
+    stage: int | None = None
+
+    def __post_init__(self):
+        if self.stage is None:
+            self.stage = STAGES.get(self.kind, 0)
 
 
 def tandem_argv(*args: str) -> list[str]:
@@ -89,9 +96,9 @@ def experiment_roles(cfg: ExperimentConfig, exp: ExpDir, resume: bool, host: str
                   ready_file="reward", restart=True)]
     roles += gen_roles(cfg, exp, host, pick_port)
     roles.append(Role("trainer-0", tandem_argv("trainer", "--exp", root, *(["--resume"] if resume else [])),
-                      kind="trainer", threads=cfg.trainer.threads, ready_file="trainer", stage=2 if resume else 1))
+                      kind="trainer", threads=cfg.trainer.threads, ready_file="trainer", stage=2 if resume else None))
     roles += [Role(f"rollout-{r}", tandem_argv("rollout", "--exp", root, "--rank", str(r)), kind="rollout",
-                   index=r, restart=True, stage=3) for r in range(cfg.rollout.num_workers)]
+                   index=r, restart=True) for r in range(cfg.rollout.num_workers)]
     return roles
 
 
@@ -114,7 +121,7 @@ def gen_roles(cfg: ExperimentConfig, exp: ExpDir, host: str, pick_port: Callable
         # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
         threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads
         roles.append(Role(f"gen-{i}", tandem_argv(*argv), kind="gen", index=i, threads=threads,
-                          ready_file=f"gen-{i}", restart=True, stage=1,
+                          ready_file=f"gen-{i}", restart=True,
                           ready_timeout_s=SGLANG_READY_TIMEOUT_S if sglang else None))
     return roles
 

@@ -114,9 +114,13 @@ def needed(report: dict, root_extras: list[str], env: dict, node_has: dict[str, 
 
     items = {canonicalize_name(i["metadata"]["name"]): i for i in report["install"]}
     specs: dict[str, list] = {}
-    for item in items.values():
+    for name, item in items.items():
+        # Only requirements that apply: `datasets` pins transformers==4.30.1 for its own
+        # benchmarks extra, which must not make the node's transformers look incompatible.
+        extras = ("", *root_extras) if name == PROJECT else ("",)
         for r in map(Requirement, item["metadata"].get("requires_dist") or []):
-            specs.setdefault(canonicalize_name(r.name), []).append(r.specifier)
+            if r.marker is None or any(r.marker.evaluate({**env, "extra": e}) for e in extras):
+                specs.setdefault(canonicalize_name(r.name), []).append(r.specifier)
     left_out: dict[str, str] = {}
     for name, version in node_has.items():
         if name not in items:

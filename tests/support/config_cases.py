@@ -20,7 +20,7 @@ experiment: {name: small, model: none}
 launcher: {backend: slurm, nodes: 1, gpus_per_node: 8, gen_train_ratio: "3:1"}
 controller: {max_staleness: 2, max_concurrent_groups: 100000}
 gen: {backend: sglang}
-rollout: {n_samples: 4, max_new_tokens: 4096}
-trainer: {groups_per_step: 16}
+rollout: {n_samples: 4, max_new_tokens: 2048, max_prompt_tokens: 512}
+trainer: {groups_per_step: 16, max_tokens_per_mb: 2560}
 simulate: {model_size: R1-Distill-Qwen-1.5B, output_median: 1024, steps: 4, warmup_steps: 1}
 """

@@ -32,5 +32,5 @@ def test_run_refuses_a_missing_data_set_at_once(tmp_path):
     r = tandem("run", cfg, f"rollout.dataset={tmp_path / 'nope.jsonl'}")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert r.stderr.strip() == (f"tandem: config error: command line: rollout.dataset: "
-                                f"{tmp_path / 'nope.jsonl'}: no such file")
+                                f"{tmp_path / 'nope.jsonl'}: no such file or directory")
     assert time.monotonic() - t0 < 60 and not (tmp_path / "run").exists()
