@@ -7,13 +7,14 @@ far one update moves the tiny policy: a short decoupled run at each learning rat
 recording `version_kl` (the k3 estimate of KL(policy v-1 || policy v) on the policy's own
 tokens, every step) and the held-out accuracy after. Then the grid: naive PPO
 (`trainer.proximal=behaviour`) against decoupled PPO (`recompute`) at each eta of ETAS, SEEDS
-seeds each, at GRID_LR — the learning rate at which the policy moves per version about as much
-as a real run's (per-update KL of 1e-3 to 1e-2) — from the same warmed-up tiny model, for the
-same number of trained steps, scored greedily on the same held-out problems before and after.
-Generation must really outrun training for the bound to matter: on this machine the trainer is
-the slower pool of `configs/math-tiny.yaml` (generation and training on disjoint CPUs), so the
-controller keeps eta steps of groups in flight and the trainer meets them late; each cell
-reports the staleness its trained groups actually had and the per-version KL it saw.
+seeds each, at GRID_LR — the largest probed rate at which the tiny policy still learns (at 3e-4
+it moves about 1e-2 per version at times and collapses, decoupled at eta 1 included) — from the
+same warmed-up tiny model, for the same number of trained steps, scored greedily on the same
+held-out problems before and after. Generation must really outrun training for the bound to
+matter: on this machine the trainer is the slower pool of `configs/math-tiny.yaml` (generation
+and training on disjoint CPUs), and with the in-flight caps raised (IN_FLIGHT) the controller
+keeps eta + 1 steps of groups in flight, so the trainer meets them up to eta versions late;
+each cell reports the staleness its trained groups actually had and the per-version KL it saw.
 
 Writes staleness_ablation.json (`probe` and `cells`, one per run) and staleness_ablation.png
 (accuracy after RL against eta, one line per objective, ± 1 s.e.).
@@ -38,7 +39,10 @@ from services.protocol import ExpDir, read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/math-tiny.yaml"
 LR_PROBE = (3e-5, 1e-4, 3e-4)   # the config's learning rate, and above it
-PROBE_STEPS, PROBE_ETA = 20, 4
+# eta 1: the trained tokens are 0 or 1 version old, so version_kl (measured on tokens exactly one
+# version old) exists at nearly every step; at a larger eta generation outruns training, groups
+# wait whole in the buffer and arrive eta versions old, leaving none one version old.
+PROBE_STEPS, PROBE_ETA = 20, 1
 GRID_LR = 1e-4
 ETAS = (0, 8, 16)
 SEEDS = (1, 2, 3)
@@ -53,6 +57,10 @@ OBJECTIVES = {  # name -> overrides
 # Every run: no held-out curve (the before/after figures are the measure), no checkpoints, the
 # metrics file only.
 COMMON = ["rollout.eval_every=0", "trainer.checkpoint_every=0", "experiment.trackers=[jsonl]"]
+# Grid runs: eta the only limit on groups in flight, as in AReaL. The config's caps (32 groups, two steps
+# of 16) limit the groups being generated, and so the versions one sequence's tokens span.
+IN_FLIGHT = (max(ETAS) + 1) * 16   # groups: eta + 1 steps of the config's groups_per_step
+UNCAPPED = [f"controller.max_concurrent_groups={IN_FLIGHT}", f"rollout.concurrency={IN_FLIGHT}"]
 
 
 def tandem(*args: str, timeout: float = 3600) -> None:
@@ -95,6 +103,10 @@ def run_cell(objective: str, eta: int, seed: int, model: Path, workdir: Path, st
             "max_token_staleness": max(tokens, default=0),
             "share_at_eta": hist.get(eta, 0) / max(1, sum(hist.values())),
             "traj_per_s": sum(r.get("n_seqs", 0) for r in measured[1:]) / span if span else None,
+            # The share of tokens whose ratio was clipped: with one minibatch a step, decoupled
+            # PPO's ratio (against the proximal policy) is 1, so where naive PPO clips is the
+            # only place the two objectives differ.
+            "clip_fraction": sum(r.get("clip_fraction", 0) for r in trained) / len(trained),
             "step_s": sum(r.get("step_s", 0) for r in measured) / len(measured),
             "prox_s": sum(r.get("prox_s", 0) for r in measured) / len(measured),
             "wall_s": round(time.time() - t0, 1)}
@@ -162,7 +174,7 @@ def main(quick: bool = False) -> dict:
         else:
             model = ROOT / ".cache" / "tiny-math-sft"
             tandem("sft", "--task", "math", "--out", str(model))
-            steps, eval_n, extra, lr = STEPS, EVAL_N, [], GRID_LR
+            steps, eval_n, extra, lr = STEPS, EVAL_N, UNCAPPED, GRID_LR
             probed = probe(model, workdir)
         cells = []
         for objective, eta, seed in plan(quick):
@@ -172,9 +184,9 @@ def main(quick: bool = False) -> dict:
                   f"{cell['version_kl_median']}, {cell['step_s']:.2f} s/step ({cell['wall_s']:.0f} s)", flush=True)
             cells.append(cell)
     print_table(f"staleness ablation at lr {lr:g}: every run", ["objective", "eta", "seed", "before", "after",
-                "± s.e.", "staleness mean", "max", "at eta", "version KL", "traj/s", "s/step", "prox s"],
+                "± s.e.", "staleness mean", "max", "at eta", "version KL", "clipped", "traj/s", "s/step", "prox s"],
                 [[c["objective"], c["eta"], c["seed"], c["acc_before"], c["acc_after"], c["acc_se"],
-                  c["mean_staleness"], c["max_staleness"], c["share_at_eta"], c["version_kl_median"],
+                  c["mean_staleness"], c["max_staleness"], c["share_at_eta"], c["version_kl_median"], c["clip_fraction"],
                   c["traj_per_s"], c["step_s"], c["prox_s"]] for c in cells])
     rows, summary = [], {}
     etas = sorted({c["eta"] for c in cells})
