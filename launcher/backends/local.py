@@ -38,6 +38,8 @@ class Child:
     env: dict[str, str]
     started: float = field(default_factory=time.time)
     restarts: int = 0
+    # Taken just before the start: readiness is a write after it (None: no ready file).
+    announcement: Announcement | None = None
 
 
 class LocalSupervisor:
@@ -86,15 +88,20 @@ class LocalSupervisor:
             except ProcessLookupError:
                 pass
         previous = self.children.get(role.name)
-        child = Child(role, proc, env or {}, restarts=previous.restarts if previous else 0)
+        child = Child(role, proc, env or {}, restarts=previous.restarts if previous else 0,
+                      announcement=announcement)
         self.children[role.name] = child
         log.info("started %s (pid %d%s)", role.name, proc.pid,
                  f", CPUs {format_ranges(cpus)}, {threads} thread(s)" if cpus else "")
-        if announcement is not None and wait:
-            self.wait_ready(child, announcement)
+        if wait:
+            self.wait_ready(child)
         return child
 
-    def wait_ready(self, child: Child, announcement: Announcement) -> None:
+    def wait_ready(self, child: Child) -> None:
+        """Until `child` announces itself (at once for a role without a ready file)."""
+        announcement = child.announcement
+        if announcement is None:
+            return
         timeout_s = child.role.ready_timeout_s or START_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
         while not announcement.fresh():
@@ -194,16 +201,10 @@ class LocalBackend(Backend):
         return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.cuda_visible_devices(role.kind, role.index)}
 
     def start(self, roles: list[Role]) -> None:
-        """All of the wave at once, then wait for each (they load their models in parallel).
-        Each announcement is taken before its role starts: readiness is a write after that."""
-        pending = []
-        for role in roles:
-            announcement = Announcement(self.exp.service_file(role.ready_file)) if role.ready_file else None
-            child = self.sup.start(role, self._env(role), wait=False)
-            if announcement is not None:
-                pending.append((child, announcement))
-        for child, announcement in pending:
-            self.sup.wait_ready(child, announcement)
+        """All of the wave at once, then wait for each (they load their models in parallel)."""
+        children = [self.sup.start(role, self._env(role), wait=False) for role in roles]
+        for child in children:
+            self.sup.wait_ready(child)
 
     def ended(self) -> list[Ended]:
         return self.sup.poll()
