@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import megatron_case as mc
 import numpy as np
 import pytest
 import torch
+from rank_processes import reap
 from safetensors.torch import load_file
 
 from launcher.config import load_config, save_resolved
@@ -122,14 +122,7 @@ def _run_trainer(exp: ExpDir, world: int, *extra: str, send: list[Trajectory] = 
                 break
             time.sleep(0.2)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            try:  # helpers the rank started itself (dist_checkpointing's writer processes)
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        reap(procs)
     logs = "\n".join((exp.root / f"trainer-{r}.log").read_text()[-3000:] for r in range(world))
     assert all(p.returncode == 0 for p in procs), logs
 

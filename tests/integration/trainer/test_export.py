@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rank_processes import reap
 from safetensors.torch import load_file
 from trainer_feed import send
 
@@ -84,14 +84,7 @@ def _train(exp: ExpDir, world: int, trajectories) -> None:
                 break
             time.sleep(0.2)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            try:  # helpers a rank started itself (dist_checkpointing's writer processes)
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        reap(procs)
         ctl.terminate()
         ctl.wait(10)
     logs = "\n".join((exp.root / f"trainer-{r}.log").read_text()[-3000:] for r in range(world))
