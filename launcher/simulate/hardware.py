@@ -42,7 +42,7 @@ class GPU:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A Qwen2-style decoder (GQA with q/k/v biases, SwiGLU MLP, BF16 weights)."""
+    """A dense decoder of the Qwen2/Qwen3/Llama/Mistral kind (GQA, SwiGLU MLP, BF16 weights)."""
     name: str
     layers: int
     hidden: int
@@ -51,16 +51,21 @@ class ModelShape:
     intermediate: int
     vocab: int
     tied: bool = False
+    # config.json's head_dim where it is not hidden/heads (Qwen3-0.6B/4B, Mistral-Nemo); 0: hidden/heads.
+    explicit_head_dim: int = 0
+    qkv_bias: bool = True   # Qwen2's q/k/v biases; Qwen3, Llama and Mistral have none
+    qk_norm: bool = False   # Qwen3's per-head q/k RMSNorm weights
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
 
     @property
     def layer_params(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        attn = h * q + q + 2 * (h * kv + kv) + q * h
-        return attn + 3 * h * self.intermediate + 2 * h
+        attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        return attn + 3 * h * self.intermediate + norms
 
     @property
     def params(self) -> int:
@@ -160,6 +165,9 @@ def load_model_shape(name: str, model_dir: str | None = None) -> ModelShape:
                           hidden=c["hidden_size"], heads=c["num_attention_heads"],
                           kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
                           intermediate=c["intermediate_size"], vocab=c["vocab_size"],
-                          tied=bool(c.get("tie_word_embeddings", False)))
+                          tied=bool(c.get("tie_word_embeddings", False)),
+                          explicit_head_dim=int(c.get("head_dim") or 0),
+                          qkv_bias=c.get("model_type", "qwen2") == "qwen2",
+                          qk_norm=c.get("model_type") == "qwen3")
     except KeyError as e:
         raise ConfigError(f"{cfg_path}: missing {e}; set simulate.model_size instead") from None

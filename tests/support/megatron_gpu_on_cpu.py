@@ -51,12 +51,13 @@ def bf16_model(backend, seed: int = 0):
     without TransformerEngine) built on CPU with the backend's own code, for the layout of the
     in-process `backend` (whose construction set up the process group and cpu_compat)."""
     from trainer.megatron import cpu_compat
-    from trainer.megatron.model import build_gpt_model, layer_spec, qwen2_shape, transformer_config
+    from trainer.megatron.model import build_gpt_model, layer_spec, transformer_config
+    from trainer.megatron.shape import decoder_shape
 
-    shape = qwen2_shape(backend.model_dir)
+    shape = decoder_shape(backend.model_dir)
     config = transformer_config(shape, torch.bfloat16, on_gpu=False)
     with cpu_compat.model_construction():
-        model = build_gpt_model(shape, config, layer_spec(on_gpu=False), backend.padded_vocab)
+        model = build_gpt_model(shape, config, layer_spec(on_gpu=False, qk_norm=shape.qk_norm), backend.padded_vocab)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():   # weights are loaded, never initialised, by the backend: fill them
         for p in model.parameters():

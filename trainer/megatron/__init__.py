@@ -1,10 +1,11 @@
-"""Megatron-core backend: a Qwen2-style GPTModel with tensor/pipeline/data parallelism.
+"""Megatron-core backend: a GPTModel (Qwen2, Qwen3, Llama 3.x, Mistral) with tensor/pipeline/data
+parallelism.
 
 Modules: `config` (the `megatron` config section), `cpu_compat` (the only place that bends
-Megatron to run without a GPU), `model` (HF config -> TransformerConfig/GPTModel, process
-groups), `convert` (HF <-> Megatron weight names, fused layouts and TP shards), `packing`
-(packed sequences: block-diagonal mask on CPU, THD `PackedSeqParams` on GPU), `pipeline` (the
-micro-batch schedule over pipeline stages), `dist_ckpt` (resharding-capable checkpoints), `gpu`
-(Megatron DDP and optimizer, GPUs only) and `backend` (the `TrainBackend` the loop drives).
-See docs/megatron.md.
+Megatron to run without a GPU), `shape` (which HF families, read from config.json), `model`
+(shape -> TransformerConfig/GPTModel, process groups), `convert` (HF <-> Megatron weight
+names, fused layouts and TP shards), `packing` (packed sequences: block-diagonal mask on CPU,
+THD `PackedSeqParams` on GPU), `pipeline` (the micro-batch schedule over pipeline stages),
+`dist_ckpt` (resharding-capable checkpoints), `gpu` (Megatron DDP and optimizer, GPUs only)
+and `backend` (the `TrainBackend` the loop drives). See docs/megatron.md.
 """

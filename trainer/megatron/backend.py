@@ -43,11 +43,11 @@ from trainer.megatron.model import (
     layer_offset,
     layer_spec,
     padded_vocab_size,
-    qwen2_shape,
     transformer_config,
 )
 from trainer.megatron.packing import block_diagonal_causal_mask
 from trainer.megatron.pipeline import run_micro_batches
+from trainer.megatron.shape import decoder_shape
 from trainer.torch_backend import token_logprobs
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class MegatronBackend(TrainBackend):
         else:
             cpu_compat.apply()
             self.device = torch.device("cpu")
-        self.shape = qwen2_shape(self.model_dir)
+        self.shape = decoder_shape(self.model_dir)
         check_parallel_fits(self.shape, tp, pp)
         init_parallel(tp, pp)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -104,7 +104,8 @@ class MegatronBackend(TrainBackend):
         self.dtype = dtype
         self.config = transformer_config(self.shape, dtype, self.on_gpu, recompute=self.mcfg.recompute)
         with cpu_compat.model_construction():
-            model = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu), self.padded_vocab)
+            model = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu, self.shape.qk_norm),
+                                    self.padded_vocab)
         if self.on_gpu:
             model.cuda()
         self.te_norms = any(k.endswith("layer_norm_weight") for k in model.state_dict())
@@ -161,7 +162,8 @@ class MegatronBackend(TrainBackend):
         """The initial policy (experiment.model) frozen in a GPTModel of this rank's layout, dtype
         and layer spec: the same forward as the policy's, another copy of the weights."""
         with cpu_compat.model_construction():
-            ref = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu), self.padded_vocab)
+            ref = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu, self.shape.qk_norm),
+                                  self.padded_vocab)
         if self.on_gpu:
             ref.cuda()
         self.load_hf(self.model_dir, module=ref)
@@ -269,6 +271,8 @@ class MegatronBackend(TrainBackend):
             block.training = False
         if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
             self._sum_shared_embedding_grads()
+        if self.tp_size > 1 and self.shape.qk_norm and not self.on_gpu:
+            self._sum_qk_norm_grads_over_tp()
         stats = self._count_once(stats)
         nonfinite = agreed_nonfinite(stats)
         if nonfinite:   # the loop names the terms and stops the step; no rank steps
@@ -319,6 +323,22 @@ class MegatronBackend(TrainBackend):
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         collectives.all_reduce(weight.grad, group=ps.get_embedding_group())
+
+    def _sum_qk_norm_grads_over_tp(self) -> None:
+        """Qwen3's q/k norms: one weight, replicated, applied by each TP rank to its own heads
+        only, so each rank's gradient is its heads' part; the sum over TP ranks is the gradient
+        (what `finalize_model_grads` does on the GPU path for `qk_layernorm`)."""
+        from megatron.core import parallel_state as ps
+
+        norms = [p for n, p in self._module().named_parameters()
+                 if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in norms]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        collectives.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
+        for p, part in zip(norms, torch.split(flat, [p.numel() for p in norms]), strict=True):
+            p.grad = part.view_as(p).clone()
 
     def _sum_grads_over_dp(self) -> None:
         from megatron.core import parallel_state as ps

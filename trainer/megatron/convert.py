@@ -1,11 +1,13 @@
-"""Hugging Face Qwen2 <-> Megatron-core weights: names, fused layouts, vocabulary padding, TP shards.
+"""Hugging Face decoder (Qwen2, Qwen3, Llama, Mistral) <-> Megatron-core weights: names, fused
+layouts, vocabulary padding, TP shards.
 
 Layouts (checked against megatron-core 0.16.1's `SelfAttention.get_query_key_value_tensors` and
 `MLP`):
 
 - `linear_qkv` fuses q, k and v *per query group*: for each of the `num_kv_heads` groups, that
   group's `heads/kv_heads` query heads, then its key head, then its value head (rows; the bias
-  the same way). A TP rank holds a contiguous slice of those rows, i.e. whole groups.
+  the same way, for the families that have one: Qwen2). A TP rank holds a contiguous slice of
+  those rows, i.e. whole groups.
 - `linear_fc1` is `[gate; up]`, but per TP rank: rank r holds `[gate_r; up_r]`, so a TP split
   chunks gate and up separately (and a merge undoes that).
 - `linear_proj` (HF o_proj) and `linear_fc2` (down_proj) are row-parallel: split on columns.
@@ -14,6 +16,8 @@ Layouts (checked against megatron-core 0.16.1's `SelfAttention.get_query_key_val
 - Norms are replicated. The local layer spec keeps them as `input_layernorm` /
   `pre_mlp_layernorm`; the TransformerEngine spec fuses them into the next linear layer as
   `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight` (`te_norms=True`).
+- Qwen3's per-head `q_norm` / `k_norm` ([head_dim] weights shared by every head) are
+  `self_attention.q_layernorm` / `k_layernorm` in both specs, replicated over TP ranks.
 
 A model stage of a pipeline holds a contiguous range of layers; `offset` maps its local layer
 indices to the global ones of the HF checkpoint.
@@ -24,9 +28,17 @@ import re
 
 import torch
 
-from trainer.megatron.model import Qwen2Shape
+from trainer.megatron.shape import DecoderShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+# Megatron name -> HF name of Qwen3's per-head query/key RMSNorm weights (within a layer).
+_QK_NORMS = {"self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+             "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
+
+
+def _qkv_kinds(shape: DecoderShape) -> tuple[str, ...]:
+    """The fused q/k/v tensors a family has: a bias only where it has one (Qwen2)."""
+    return ("weight", "bias") if shape.qkv_bias else ("weight",)
 
 
 def _norm_names(te_norms: bool) -> tuple[str, str]:
@@ -43,7 +55,7 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Qwen2Shape) -> torch.Tensor:
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: DecoderShape) -> torch.Tensor:
     """HF q/k/v projections (weights [out, hidden] or biases [out]) -> Megatron's per-group rows."""
     ng, per_group, hd = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
     tail = q.shape[1:]
@@ -51,7 +63,7 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: Qwen2Shap
                       v.reshape(ng, hd, *tail)], dim=1).reshape(-1, *tail)
 
 
-def split_qkv(qkv: torch.Tensor, shape: Qwen2Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(qkv: torch.Tensor, shape: DecoderShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse of `fuse_qkv`."""
     ng, per_group, hd = shape.num_kv_heads, shape.num_heads // shape.num_kv_heads, shape.head_dim
     tail = qkv.shape[1:]
@@ -61,7 +73,7 @@ def split_qkv(qkv: torch.Tensor, shape: Qwen2Shape) -> tuple[torch.Tensor, torch
             v.reshape(-1, *tail).contiguous())
 
 
-def hf_to_megatron(hf: dict[str, torch.Tensor], shape: Qwen2Shape, padded_vocab: int, *,
+def hf_to_megatron(hf: dict[str, torch.Tensor], shape: DecoderShape, padded_vocab: int, *,
                    te_norms: bool = False, layers: range | None = None, embedding: bool = True,
                    output: bool = True) -> dict[str, torch.Tensor]:
     """Full (unsharded) Megatron tensors of one pipeline stage from a HF state dict.
@@ -76,7 +88,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: Qwen2Shape, padded_vocab:
 
     def get(name: str) -> torch.Tensor:
         if name not in hf:
-            raise KeyError(f"HF checkpoint has no tensor {name!r} (is it a Qwen2 model?)")
+            raise KeyError(f"HF checkpoint has no tensor {name!r} (is it a {shape.model_type} model?)")
         return hf[name]
 
     out: dict[str, torch.Tensor] = {}
@@ -86,10 +98,13 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: Qwen2Shape, padded_vocab:
         h, m = f"model.layers.{i}.", f"decoder.layers.{local}."
         out[m + in_norm] = get(h + "input_layernorm.weight")
         out[m + mlp_norm] = get(h + "post_attention_layernorm.weight")
-        for kind in ("weight", "bias"):
+        for kind in _qkv_kinds(shape):
             out[m + f"self_attention.linear_qkv.{kind}"] = fuse_qkv(
                 get(h + f"self_attn.q_proj.{kind}"), get(h + f"self_attn.k_proj.{kind}"),
                 get(h + f"self_attn.v_proj.{kind}"), shape)
+        if shape.qk_norm:
+            for mg_name, hf_name in _QK_NORMS.items():
+                out[m + mg_name] = get(h + hf_name)
         out[m + "self_attention.linear_proj.weight"] = get(h + "self_attn.o_proj.weight")
         out[m + "mlp.linear_fc1.weight"] = torch.cat([get(h + "mlp.gate_proj.weight"),
                                                       get(h + "mlp.up_proj.weight")])
@@ -103,7 +118,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: Qwen2Shape, padded_vocab:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def megatron_to_hf(mg: dict[str, torch.Tensor], shape: Qwen2Shape, *, te_norms: bool = False,
+def megatron_to_hf(mg: dict[str, torch.Tensor], shape: DecoderShape, *, te_norms: bool = False,
                    offset: int = 0) -> dict[str, torch.Tensor]:
     """HF tensors from full (unsharded) Megatron tensors of one stage (all stages: offset 0).
 
@@ -113,6 +128,9 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], shape: Qwen2Shape, *, te_norms: 
     per_layer = {in_norm: "input_layernorm.weight", mlp_norm: "post_attention_layernorm.weight",
                  "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
                  "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
+    if shape.qk_norm:
+        per_layer |= _QK_NORMS
+    qkv = tuple(f"self_attention.linear_qkv.{kind}" for kind in _qkv_kinds(shape))
     v = shape.vocab_size
     out: dict[str, torch.Tensor] = {}
     for name, t in mg.items():
@@ -130,7 +148,7 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], shape: Qwen2Shape, *, te_norms: 
             rest = match.group(2)
             if rest in per_layer:
                 out[h + per_layer[rest]] = t
-            elif rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+            elif rest in qkv:
                 kind = rest.rsplit(".", 1)[1]
                 q, k, vv = split_qkv(t, shape)
                 out[h + f"self_attn.q_proj.{kind}"] = q

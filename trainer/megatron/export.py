@@ -4,7 +4,7 @@ process on the CPU, whatever tensor/pipeline/data-parallel layout and device wro
 Why this way: the checkpoint stores every tensor with its place in the full tensor (dist_ckpt.py),
 so Megatron's own loader reshards it into any layout — here TP = PP = DP = 1, one process, the
 local layer spec on the CPU (its dist-checkpoint keys are the TransformerEngine spec's, so a GPU
-run's checkpoint loads). Then the backend's Qwen2 converter (convert.py) names the tensors as
+run's checkpoint loads). Then the backend's converter (convert.py) names the tensors as
 transformers does. The weights are those the published `weights/v<N>` of the same version holds:
 the optimizer's float32 main weights (`optimizer.state.param.*`, saved once the run has updated),
 else the model's parameters (a version-0 checkpoint); so the export is float32.
@@ -23,9 +23,9 @@ from trainer.megatron.model import (
     init_parallel,
     layer_spec,
     padded_vocab_size,
-    qwen2_shape,
     transformer_config,
 )
+from trainer.megatron.shape import decoder_shape
 from trainer.torch_backend import WEIGHT_FILES
 
 
@@ -53,7 +53,7 @@ def hf_state_from_dist(dist_dir: Path, model_dir: Path, vocab_multiple: int = 12
 
     if ps.model_parallel_is_initialized():
         raise RuntimeError("hf_state_from_dist runs in a process of its own (Megatron's groups exist here)")
-    shape = qwen2_shape(model_dir)
+    shape = decoder_shape(model_dir)
     made_group = not dist.is_initialized()
     if made_group:   # gloo even on a GPU machine: everything below stays on the CPU
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -63,7 +63,7 @@ def hf_state_from_dist(dist_dir: Path, model_dir: Path, vocab_multiple: int = 12
         init_parallel(1, 1)
         config = transformer_config(shape, torch.float32, on_gpu=False)
         with cpu_compat.model_construction():
-            model = build_gpt_model(shape, config, layer_spec(on_gpu=False),
+            model = build_gpt_model(shape, config, layer_spec(on_gpu=False, qk_norm=shape.qk_norm),
                                     padded_vocab_size(shape.vocab_size, vocab_multiple, 1))
         common = dist_checkpointing.load_common_state_dict(str(dist_dir))
         model_sd = model.sharded_state_dict()

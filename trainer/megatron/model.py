@@ -1,63 +1,18 @@
-"""A Megatron-core `GPTModel` shaped like a Hugging Face Qwen2 checkpoint, and its process groups.
+"""A Megatron-core `GPTModel` shaped like a Hugging Face decoder checkpoint, and its process groups.
 
-Qwen2 (and the R1-Distill-Qwen checkpoints) is a pre-norm decoder with RMSNorm, rotary
-embeddings, grouped-query attention with a bias on q/k/v only, and a gated SiLU MLP. Every one
-of those maps onto a `TransformerConfig` switch; `qwen2_shape` reads them from `config.json`
-and refuses any checkpoint with a feature this mapping does not carry (sliding windows, rope
-scaling), because a silently different architecture would train a different model.
+Qwen2/Qwen3/Llama 3.x/Mistral are pre-norm decoders with RMSNorm, rotary embeddings,
+grouped-query attention and a gated SiLU MLP; what differs between them (a q/k/v bias, q/k
+norms, head_dim, llama3 rope scaling) is read from `config.json` by `shape.decoder_shape` and
+maps onto a `TransformerConfig` / `GPTModel` switch each here.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class Qwen2Shape:
-    """The architecture numbers of a Qwen2-style HF checkpoint that the conversion needs."""
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-
-
-def qwen2_shape(model_dir: str | Path) -> Qwen2Shape:
-    """Read config.json of a HF directory; ValueError naming the field when unsupported."""
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(model_dir)
-    where = f"{model_dir}/config.json"
-    if c.model_type != "qwen2":
-        raise ValueError(f"{where}: model_type {c.model_type!r} is not supported by the Megatron "
-                         "backend (expected 'qwen2')")
-    # transformers 5 keeps rope settings in `rope_parameters` (older: rope_theta/rope_scaling).
-    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"{where}: rope scaling ({rope_type!r}) is not supported by the Megatron backend")
-    if getattr(c, "use_sliding_window", False):
-        raise ValueError(f"{where}: use_sliding_window=true is not supported by the Megatron backend")
-    if getattr(c, "hidden_act", "silu") != "silu":
-        raise ValueError(f"{where}: hidden_act {c.hidden_act!r} is not supported (expected silu)")
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return Qwen2Shape(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
-        num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=head_dim,
-        intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps, rope_theta=float(theta),
-        max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=bool(c.tie_word_embeddings))
+from trainer.megatron.shape import DecoderShape
 
 
 def padded_vocab_size(vocab: int, multiple: int, tp: int) -> int:
@@ -66,7 +21,7 @@ def padded_vocab_size(vocab: int, multiple: int, tp: int) -> int:
     return int(math.ceil(vocab / step) * step)
 
 
-def check_parallel_fits(shape: Qwen2Shape, tp: int, pp: int) -> None:
+def check_parallel_fits(shape: DecoderShape, tp: int, pp: int) -> None:
     """ValueError when the model cannot be split this way (named, before Megatron asserts)."""
     if shape.num_heads % tp:
         raise ValueError(f"trainer.tensor_parallel={tp} must divide num_attention_heads={shape.num_heads}")
@@ -101,8 +56,8 @@ def init_parallel(tp: int, pp: int) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
 
-def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool, recompute: bool = False):
-    """The `TransformerConfig` equivalent of a Qwen2 config (no dropout: RL needs r = 1 exactly
+def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, recompute: bool = False):
+    """The `TransformerConfig` equivalent of a HF decoder config (no dropout: RL needs r = 1 exactly
     at the start of a step, so proximal and first-update log-probs must be the same numbers).
     `recompute`: full activation recompute, one layer per unit (the layer's input is kept, the
     rest recomputed in the backward pass: the same numbers, less memory)."""
@@ -115,7 +70,10 @@ def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool, reco
         kv_channels=shape.head_dim, ffn_hidden_size=shape.intermediate_size,
         normalization="RMSNorm", layernorm_epsilon=shape.rms_norm_eps,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        add_qkv_bias=True, add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias, add_bias_linear=False,
+        # Qwen3's q_norm/k_norm. Also read by `finalize_model_grads` (GPU path), which sums their
+        # gradients over TP ranks: each rank normalises only its own heads with the shared weight.
+        qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
@@ -134,11 +92,13 @@ def transformer_config(shape: Qwen2Shape, dtype: torch.dtype, on_gpu: bool, reco
     )
 
 
-def layer_spec(on_gpu: bool):
+def layer_spec(on_gpu: bool, qk_norm: bool = False):
     """TransformerEngine spec on GPUs when TE is installed (fused norms, THD packing), else local.
 
     The two specs name the norm weights differently (`input_layernorm.weight` vs
-    `linear_qkv.layer_norm_weight`); `convert.py` handles both.
+    `linear_qkv.layer_norm_weight`); `convert.py` handles both. `qk_norm` (Qwen3) adds the
+    per-head `self_attention.q_layernorm` / `k_layernorm`, named the same in both specs; the
+    specs take it as an argument, not from the `TransformerConfig`.
     """
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -146,8 +106,8 @@ def layer_spec(on_gpu: bool):
     )
 
     if on_gpu and has_transformer_engine():
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+    return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
 
 
 def has_transformer_engine() -> bool:
@@ -158,7 +118,7 @@ def has_transformer_engine() -> bool:
     return True
 
 
-def build_gpt_model(shape: Qwen2Shape, config, spec, padded_vocab: int):
+def build_gpt_model(shape: DecoderShape, config, spec, padded_vocab: int):
     """This rank's stage of the model (pre/post process by pipeline position)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -171,6 +131,10 @@ def build_gpt_model(shape: Qwen2Shape, config, spec, padded_vocab: int):
         parallel_output=False,
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
         position_embedding_type="rope", rotary_base=shape.rope_theta,
+        # Llama 3.x: megatron-core's llama3 frequency scaling (its other constants are checked
+        # against the checkpoint's in shape.py).
+        rope_scaling=shape.rope_scaling_factor is not None,
+        rope_scaling_factor=shape.rope_scaling_factor or 8.0,   # read only with rope_scaling
     )
     cast_parameters(model, config.params_dtype)
     return model
@@ -196,7 +160,7 @@ def cast_parameters(model, dtype: torch.dtype) -> None:
             p.data = p.data.to(dtype)
 
 
-def layer_offset(shape: Qwen2Shape) -> int:
+def layer_offset(shape: DecoderShape) -> int:
     """Global index of this pipeline stage's first layer (uniform split)."""
     from megatron.core import parallel_state as ps
 

@@ -47,7 +47,8 @@ import torch
 from trainer.config import OptimConfig
 from trainer.megatron import dist_ckpt, gpu
 from trainer.megatron.config import MegatronConfig
-from trainer.megatron.model import qwen2_shape, transformer_config
+from trainer.megatron.model import transformer_config
+from trainer.megatron.shape import decoder_shape
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[3]
@@ -132,7 +133,7 @@ def backend(tmp_path_factory):
 
 
 def test_gpu_transformer_config_constructs(backend):
-    cfg = transformer_config(qwen2_shape(backend.model_dir), torch.bfloat16, on_gpu=True)
+    cfg = transformer_config(decoder_shape(backend.model_dir), torch.bfloat16, on_gpu=True)
     assert cfg.bf16 and cfg.params_dtype == torch.bfloat16 and not cfg.use_cpu_initialization
     assert cfg.calculate_per_token_loss
 

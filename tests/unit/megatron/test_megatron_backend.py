@@ -14,8 +14,9 @@ import torch
 
 from trainer.backend import PackedBatch
 from trainer.megatron import convert
-from trainer.megatron.model import check_parallel_fits, qwen2_shape
+from trainer.megatron.model import check_parallel_fits
 from trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
+from trainer.megatron.shape import decoder_shape
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -47,7 +48,7 @@ def test_hf_megatron_hf_round_trip_is_exact(tmp_path, tied):
 
     d = mc.make_model_dir(tmp_path, tied=tied)
     hf = load_file(str(d / "model.safetensors"))
-    shape = qwen2_shape(d)
+    shape = decoder_shape(d)
     mg = convert.hf_to_megatron(hf, shape, padded_vocab=64)
     assert mg["embedding.word_embeddings.weight"].shape[0] == 64
     assert ("output_layer.weight" in mg) is not tied
@@ -75,7 +76,7 @@ def test_te_spec_norm_names_round_trip(model_dir):
     from safetensors.torch import load_file
 
     hf = load_file(str(model_dir / "model.safetensors"))
-    shape = qwen2_shape(model_dir)
+    shape = decoder_shape(model_dir)
     mg = convert.hf_to_megatron(hf, shape, 64, te_norms=True)
     assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in mg
     assert not any(k.endswith("input_layernorm.weight") for k in mg)
@@ -87,11 +88,11 @@ def test_unsupported_checkpoints_are_named(tmp_path, model_dir):
     import json
 
     cfg = json.loads((model_dir / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(cfg | {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(ValueError, match="model_type 'llama'"):
-        qwen2_shape(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"model_type": "gemma", "architectures": ["GemmaForCausalLM"]}))
+    with pytest.raises(ValueError, match="model_type 'gemma' is not supported"):
+        decoder_shape(tmp_path)
     with pytest.raises(ValueError, match="tensor_parallel=3"):
-        check_parallel_fits(qwen2_shape(model_dir), tp=3, pp=1)
+        check_parallel_fits(decoder_shape(model_dir), tp=3, pp=1)
 
 
 def test_block_diagonal_mask_and_thd_params():

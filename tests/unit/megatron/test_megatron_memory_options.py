@@ -101,11 +101,12 @@ def test_recompute_and_chunking_leave_log_probs_and_the_update_unchanged(tmp_pat
 
 
 def test_recompute_is_megatrons_full_layer_recompute():
-    from trainer.megatron.model import Qwen2Shape, transformer_config
+    from trainer.megatron.model import transformer_config
+    from trainer.megatron.shape import DecoderShape
 
-    shape = Qwen2Shape(vocab_size=61, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                       intermediate_size=128, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=128,
-                       tie_word_embeddings=False)
+    shape = DecoderShape(vocab_size=61, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                         intermediate_size=128, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=128,
+                         tie_word_embeddings=False)
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
