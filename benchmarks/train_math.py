@@ -32,20 +32,23 @@ from services.protocol import ExpDir, read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tandem(*args: str) -> None:
+def _tandem(*args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=7200)
     if proc.returncode != 0:
         raise RuntimeError(f"tandem {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
 
 
 def main(quick: bool = False) -> dict:
     return measure("math", quick)
 
 
-def run_once(task: str, quick: bool = False, seed: int | None = None) -> dict:
-    """`make train-<task>` in a scratch directory (`seed`: experiment.seed, else the config's):
-    its summary's headline figures."""
+def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tuple[str, ...] = (),
+             report: str | None = "") -> dict:
+    """`make train-<task>` in a scratch directory (`seed`: experiment.seed, else the config's;
+    `extra`: more overrides, as `ARGS=` adds them): its summary's headline figures. The run's
+    report is kept as `train_<task>_report.png`, or as `report` when named, or not at all (None)."""
     config, name = ROOT / f"configs/{task}-tiny.yaml", task.replace("-", "_")
     with tempfile.TemporaryDirectory(prefix=f"tandem-train-{task}-") as tmp:
         exp = Path(tmp) / "run"
@@ -59,8 +62,11 @@ def run_once(task: str, quick: bool = False, seed: int | None = None) -> dict:
             overrides = []
         if seed is not None:
             overrides.append(f"experiment.seed={seed}")
-        _tandem("run", str(config), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides)
+        proc = _tandem("run", str(config), f"experiment.model={model}", f"experiment.exp_dir={exp}", *overrides, *extra)
         summary = json.loads((exp / "summary.json").read_text())
+        if not quick and None in (summary["eval"]["before"], summary["eval"]["after"]):
+            # a run whose evaluation failed has no figure to compare: say why, do not record it
+            raise RuntimeError(f"the run finished but an evaluation failed:\n{proc.stderr[-3000:]}")
         seed = yaml.safe_load((exp / "config.yaml").read_text())["experiment"]["seed"]
         curve = [{"step": r["step"], "accuracy": r["eval_accuracy"], "se": r["eval_se"], "tag": r.get("tag"),
                   **({"first_turn_accuracy": r["eval_first_turn_accuracy"]} if "eval_first_turn_accuracy" in r else {})}
@@ -68,8 +74,8 @@ def run_once(task: str, quick: bool = False, seed: int | None = None) -> dict:
         # What the run left for the user's trackers (the config names TensorBoard and W&B).
         trackers = {"tensorboard_event_files": len(list((exp / "tb").glob("events.out.tfevents.*"))),
                     "wandb_offline_runs": len(list((exp / "wandb").glob("offline-run-*")))}
-        if not quick:   # the run's report, beside its figures (docs/running.md shows it)
-            shutil.copy(exp / "report" / "report.png", output_path(f"train_{name}_report.png"))
+        if not quick and report is not None:   # the run's report, beside its figures (docs/running.md shows it)
+            shutil.copy(exp / "report" / "report.png", output_path(report or f"train_{name}_report.png"))
     ev = summary["eval"]
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
           for k in ("before", "after")}
