@@ -2,9 +2,10 @@
 
 `tandem trainer --exp DIR [--resume]` runs one trainer rank (every rank runs the same command;
 with several ranks, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT come from the launcher).
-`tandem export --exp DIR [--version N] OUT` writes a run's policy as a Hugging Face directory
-(trainer/hf_export.py: the trainer owns its checkpoint formats). Heavy imports (torch,
-transformers) happen inside the handlers so `tandem --help` stays fast.
+`tandem export --exp DIR [--version N] [--adapter] OUT` writes a run's policy as a Hugging Face
+directory, or a LoRA run's adapters as peft's (trainer/hf_export.py: the trainer owns its
+checkpoint formats). Heavy imports (torch, transformers) happen inside the handlers so
+`tandem --help` stays fast.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _export(args) -> int:
     cfg = args.cfg
     try:
         done = export_run(args.exp, cfg.experiment.model, args.out, args.version, args.source,
-                          cfg.trainer.megatron.vocab_multiple)
+                          cfg.trainer.megatron.vocab_multiple, adapter=args.adapter)
     except NoSuchCheckpoint as e:
         print(f"tandem export: {e}", file=sys.stderr)
         return 2
@@ -51,8 +52,11 @@ def _export(args) -> int:
         print(json.dumps(done))
     else:
         final = " (the run's newest)" if done["final"] else ""
-        print(f"exported v{done['version']}{final} from {done['from']} ({done['dtype']}) to {done['out']}: "
-              f"AutoModelForCausalLM.from_pretrained({done['out']!r}) loads it")
+        loads = (f"PeftModel.from_pretrained(<{cfg.experiment.model}>, {done['out']!r})" if done["adapter"] else
+                 f"AutoModelForCausalLM.from_pretrained({done['out']!r})")
+        what = "the LoRA adapters of " if done["adapter"] else ""
+        print(f"exported {what}v{done['version']}{final} from {done['from']} ({done['dtype']}) to {done['out']}: "
+              f"{loads} loads it")
     return 0
 
 
@@ -72,6 +76,9 @@ def register(sub) -> None:
                    help="vN or N (default: the newest version the run holds, its final one once it ended)")
     e.add_argument("--from", dest="source", choices=("auto", "weights", "checkpoint"), default="auto",
                    help="auto: <exp>/weights/vN when kept, else <exp>/checkpoints/step-N; or only one of them")
+    e.add_argument("--adapter", action="store_true",
+                   help="a trainer.lora run: write its LoRA adapters (peft's adapter_config.json and "
+                        "adapter_model.safetensors, from a checkpoint) instead of the merged model")
     e.add_argument("--json", action="store_true", help="print what was exported as one JSON object")
     e.add_argument("out", help="output directory (new or empty)")
     e.set_defaults(func=_export)

@@ -35,6 +35,40 @@ class OptimConfig:
     decay_steps: int = 0
 
 
+# Qwen2's and Llama's names for every linear projection of a decoder layer (attention and MLP).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (peft's LoRA) on the torch backend: only the adapters train; the base
+    model's weights stay frozen and serve as the KL penalty's reference (trainer/lora.py)."""
+    # Adapter rank r (0 = off: the whole model trains).
+    rank: int = 0
+    # The adapter's output is scaled by alpha / rank.
+    alpha: float = 32.0
+    # Must stay 0: the trainer runs the model without dropout, so that the proximal and the first
+    # update's log-probs are the same numbers (r = 1 exactly at a step's start).
+    dropout: float = 0.0
+    # Module names (the last part of the name) that get an adapter; every one must exist in
+    # the model. The default: every linear projection of a Qwen2/Llama decoder layer.
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = []
+        if self.rank < 0:
+            out.append(("rank", f"must be >= 0 (0 = off), got {self.rank}"))
+        if self.alpha <= 0:
+            out.append(("alpha", f"must be > 0, got {self.alpha}"))
+        if self.dropout != 0:
+            out.append(("dropout", f"must be 0, got {self.dropout}: the trainer runs the model without dropout so "
+                                   f"that the proximal and the first update's log-probs agree exactly (r = 1 at a "
+                                   f"step's start)"))
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            out.append(("target_modules", f"must name at least one module, got {self.target_modules!r}"))
+        return out
+
+
 @dataclass
 class TrainerConfig:
     """The training role: replay buffer, decoupled PPO, micro-batching, weights, checkpoints."""
@@ -163,6 +197,8 @@ class TrainerConfig:
     port: int = 0
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    # LoRA adapters instead of full fine-tuning (torch backend only); rank 0 = off.
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -213,5 +249,10 @@ class TrainerConfig:
             out.append(("optim.warmup_steps", "must be >= 0"))
         out += [(f"optim.{k}", m) for k, m in schedule_problems(self.optim)]
         out += [(f"megatron.{k}", m) for k, m in self.megatron.problems()]
+        out += [(f"lora.{k}", m) for k, m in self.lora.problems()]
+        if self.lora.rank > 0 and self.backend != "torch":
+            out.append(("lora.rank", f"LoRA (trainer.lora.rank={self.lora.rank}) is implemented on the torch backend "
+                                     f"only, and trainer.backend is {self.backend!r}: set trainer.backend: torch, or "
+                                     f"trainer.lora.rank: 0"))
         out += objective_problems(self)
         return out

@@ -1,7 +1,7 @@
 """A run's policy as a Hugging Face model directory: `tandem export` and what `tandem eval
 --checkpoint` serves.
 
-    tandem export --exp DIR [--version N] [--from auto|weights|checkpoint] OUT
+    tandem export --exp DIR [--version N] [--from auto|weights|checkpoint] [--adapter] OUT
     python -m trainer.hf_export --checkpoints <exp>/checkpoints --version latest|N --model BASE --out DIR
 
 Which weights "version N" is, in the order `--from auto` tries them:
@@ -17,6 +17,12 @@ Which weights "version N" is, in the order `--from auto` tries them:
    same tensors as `weights/vN`).
 
 The version defaults to the newest either holds (the run's final policy once it has ended).
+
+A run trained with `trainer.lora` publishes merged weights, and its checkpoints hold the LoRA
+adapters and their settings: a checkpoint exports as the merged model too (the base model, the
+adapters and `trainer/lora.py`'s merge, the same tensors the run published), or, with
+`--adapter`, as peft's adapter directory (adapter_config.json, adapter_model.safetensors) that
+`PeftModel.from_pretrained(<base model>, OUT)` loads; only checkpoints hold the adapters.
 
 Why here: only the trainer knows its checkpoint formats. The evaluator runs the module form as its
 own process (so the other roles never import the trainer, and the memory of the loaded state is
@@ -71,14 +77,33 @@ def _hint(version: int, weights_root: Path | None) -> str:
             "; serve a version the run published under <exp>/weights/ (if still kept) instead")
 
 
-def model_state(ckpt: Path, version: int, weights_root: Path | None = None) -> dict:
-    """The model's state_dict held by a per-rank (torch backend) checkpoint."""
+def backend_state(ckpt: Path, version: int, weights_root: Path | None = None) -> dict:
+    """The torch backend's state in a per-rank checkpoint: the whole model's state_dict
+    (`model`), or LoRA adapters (`adapter`) with their settings (`lora`)."""
     hint = _hint(version, weights_root)
     state, _ = checkpoint.load(ckpt, 0)
-    model = state.get("backend", {}).get("model")
+    backend = state.get("backend", {})
+    adapter = backend.get("adapter")
+    if isinstance(adapter, dict) and adapter and isinstance(backend.get("lora"), dict):
+        return backend
+    model = backend.get("model")
     if not isinstance(model, dict) or not model:
         raise NotConvertible(f"{ckpt}/rank-0.pt holds no model state (not written by the torch backend){hint}")
-    return model
+    return backend
+
+
+def _export_lora(state: dict, base_model: Path, out: Path, adapter: bool) -> Path:
+    """The base model with the checkpoint's adapters: merged, or peft's adapter directory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer import lora
+
+    dtype = next(t.dtype for t in state["adapter"].values() if torch.is_floating_point(t))
+    model = lora.wrap(AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype), state["lora"], seed=0)
+    lora.load_adapter_state(model, state["adapter"])
+    (lora.save_adapter if adapter else lora.save_merged)(model, Path(base_model), Path(out))
+    return Path(out)
 
 
 def _export_sharded(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None,
@@ -99,14 +124,24 @@ def _export_sharded(ckpt: Path, version: int, base_model: Path, out: Path, weigh
 
 
 def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None = None,
-           vocab_multiple: int = 128) -> Path:
-    """Write `out/` (config and tokenizer of `base_model`, the checkpoint's weights as safetensors)."""
+           vocab_multiple: int = 128, adapter: bool = False) -> Path:
+    """Write `out/` (config and tokenizer of `base_model`, the checkpoint's weights as safetensors);
+    `adapter`: the checkpoint's LoRA adapters as peft's adapter directory instead."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if (ckpt / checkpoint.SHARDED_DIR).is_dir():
+        if adapter:
+            raise NotConvertible(f"{ckpt} was written by the Megatron backend, which trains no LoRA adapters: "
+                                 f"export it without --adapter")
         return _export_sharded(ckpt, version, base_model, out, weights_root, vocab_multiple)
-    state = model_state(ckpt, version, weights_root)
+    backend = backend_state(ckpt, version, weights_root)
+    if "adapter" in backend:
+        return _export_lora(backend, base_model, out, adapter)
+    if adapter:
+        raise NotConvertible(f"{ckpt} holds the whole model (the run did not use trainer.lora): there is no "
+                             f"adapter; export it without --adapter")
+    state = backend["model"]
     dtype = next((t.dtype for t in state.values() if torch.is_floating_point(t)), torch.float32)
     config = AutoConfig.from_pretrained(base_model)
     with torch.device("meta"):
@@ -135,9 +170,10 @@ def _dtype(out: Path) -> str:
 
 
 def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None = None, source: str = "auto",
-               vocab_multiple: int = 128) -> dict:
+               vocab_multiple: int = 128, adapter: bool = False) -> dict:
     """`tandem export`: version `version` (vN or N; None = the newest) of the run in `exp_root` as a
-    Hugging Face directory `out`, from `weights/vN` or `checkpoints/step-N` (module docstring).
+    Hugging Face directory `out`, from `weights/vN` or `checkpoints/step-N` (module docstring);
+    `adapter`: a LoRA run's adapters as peft's directory, from its checkpoints only.
     Written in a temp directory beside `out` and renamed, so a failed export leaves nothing; an
     existing non-empty `out` is refused. Returns what was exported, from where, in which dtype."""
     from trainer.weights.disk import published_versions, weights_dir
@@ -146,6 +182,11 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
     weights_root, ckpt_root = exp_root / "weights", exp_root / "checkpoints"
     published, checkpointed = published_versions(weights_root), checkpoint.checkpoint_steps(ckpt_root)
     newest = max(published + checkpointed, default=None)
+    if adapter and source == "weights":
+        raise NoSuchCheckpoint("--adapter reads the run's checkpoints (weights/vN hold the merged model): "
+                               "drop --from weights")
+    if adapter:     # only checkpoints hold the adapters
+        published = []
     if source == "weights":
         checkpointed = []
     elif source == "checkpoint":
@@ -171,14 +212,15 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
             shutil.copytree(weights_dir(weights_root, v), tmp)
             origin = f"weights/v{v}"
         else:
-            export(ckpt_root / f"step-{v}", v, base_model, tmp, weights_root, vocab_multiple)
+            export(ckpt_root / f"step-{v}", v, base_model, tmp, weights_root, vocab_multiple, adapter)
             origin = f"checkpoints/step-{v}"
         if out.exists():
             out.rmdir()
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"version": v, "from": origin, "out": str(out), "dtype": _dtype(out), "final": v == newest}
+    return {"version": v, "from": origin, "out": str(out), "dtype": _dtype(out), "final": v == newest,
+            "adapter": adapter}
 
 
 def main(argv: list[str] | None = None) -> int:

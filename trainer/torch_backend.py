@@ -17,6 +17,10 @@ test checks both agree).
 
 The model stays in eval mode (no dropout) in training too: the proximal log-probs and the
 first update's log-probs must be the same numbers, so that r = 1 exactly at the start of a step.
+
+With `trainer.lora.rank > 0` the model is wrapped in peft's LoRA adapters (trainer/lora.py):
+only they train and are checkpointed; the KL reference is the model with its adapters off, and
+publication and export write the merged model.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from services.protocol import collectives
+from trainer import lora
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.lr_schedule import decay_updates, lr_factor
 
@@ -142,11 +147,17 @@ class TorchBackend(TrainBackend):
             self.device = torch.device("cpu")
         torch.manual_seed(seed)
         attn = packed_attention_implementation() if cfg.packed_forward else "sdpa"
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype,
-                                                          attn_implementation=attn).to(self.device)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, attn_implementation=attn)
+        # LoRA's settings (trainer/lora.py) when the adapters train instead of the whole model;
+        # wrapped on the CPU, so the adapters' initial values are the same on every device.
+        self.lora = lora.lora_settings(cfg.lora) if cfg.lora.rank > 0 else None
+        if self.lora is not None:
+            model = lora.wrap(model, self.lora, seed)
+        self.model = model.to(self.device)
         self.model.eval()
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2),
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2),
                                            eps=o.eps, weight_decay=o.weight_decay)
         total = decay_updates(cfg)   # warm-up, then constant, linear or cosine (lr_schedule.py)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: lr_factor(o, k, total))
@@ -185,7 +196,11 @@ class TorchBackend(TrainBackend):
     @torch.no_grad()
     def forward_ref_logprobs(self, mb: PackedBatch, temperature: float) -> TokenOutputs:
         """The initial policy: a frozen copy of experiment.model, loaded on first use (one more
-        model in memory, and one more forward per step, for a KL penalty)."""
+        model in memory, and one more forward per step, for a KL penalty). With LoRA it is the
+        trained model itself with its adapters off: its frozen weights are experiment.model's."""
+        if self.lora is not None:
+            with self.model.disable_adapter():
+                return TokenOutputs(logp=self._forward(mb, temperature, False).logp.cpu())
         if getattr(self, "_ref_model", None) is None:
             from transformers import AutoModelForCausalLM
             self._ref_model = AutoModelForCausalLM.from_pretrained(
@@ -240,17 +255,32 @@ class TorchBackend(TrainBackend):
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        # A snapshot on the CPU: the live optimizer state keeps changing in place.
-        return _cpu_copy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        # A snapshot on the CPU: the live optimizer state keeps changing in place. With LoRA the
+        # adapters alone (and the settings they were trained with) instead of the whole model.
+        weights = ({"model": self.model.state_dict()} if self.lora is None else
+                   {"adapter": lora.adapter_state(self.model), "lora": dict(self.lora)})
+        return _cpu_copy({**weights, "optimizer": self.optimizer.state_dict(),
                           "scheduler": self.scheduler.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        saved = state.get("lora")
+        if saved != self.lora:
+            held = f"LoRA adapters {saved}" if saved else "the whole model (trained without trainer.lora)"
+            want = f"trainer.lora {self.lora}" if self.lora else "trainer.lora.rank: 0"
+            raise ValueError(f"the checkpoint holds {held}, but this run has {want}: resume with the "
+                             f"trainer.lora settings it was trained with")
+        if self.lora is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            lora.load_adapter_state(self.model, state["adapter"])
         self.optimizer.load_state_dict(_cpu_copy(state["optimizer"]))
         self.scheduler.load_state_dict(state["scheduler"])
 
     def export_hf(self, out_dir: Path) -> None:
         if self.rank != 0:
+            return
+        if self.lora is not None:   # the merged model under the plain names
+            lora.save_merged(self.model, self.model_dir, out_dir)
             return
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,5 +291,8 @@ class TorchBackend(TrainBackend):
                 shutil.copy2(f, out_dir / f.name)
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.lora is not None:   # merged, under the plain model's names and order
+            yield from lora.merged_tensors(self.model)
+            return
         for name, p in self.model.named_parameters():
             yield name, p.detach()
