@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from services.protocol import collectives
 from trainer import lora
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.logprobs import token_logprobs
 from trainer.lr_schedule import decay_updates, lr_factor
 
 log = logging.getLogger(__name__)
@@ -85,40 +85,6 @@ def packed_attention_implementation() -> str:
         pass
     _register_varlen_attention()
     return VARLEN_ATTENTION
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
-                   temperature: float, with_entropy: bool, entropy_grad: bool = False) -> TokenOutputs:
-    """log_softmax(logits / T) of each next token, shifted to the token's own position.
-
-    logits[j] predicts input_ids[j + 1]; the result at position i is that prediction for i
-    (0 at the first position of every sequence, which nothing predicts). The entropy is
-    detached unless `entropy_grad` (an entropy bonus: it then keeps a [tokens, vocab] graph).
-    """
-    n = input_ids.numel()
-    dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    logp_all = F.log_softmax(logits.to(dt) / temperature, dim=-1)
-    out = torch.zeros(n, dtype=dt, device=logits.device)
-    if n > 1:
-        nxt = logp_all[:-1].gather(-1, input_ids[1:, None]).squeeze(-1)
-        out = torch.cat([out[:1], nxt])
-    starts = cu_seqlens[:-1].long().to(logits.device)
-    starts = starts[starts < n]
-    # The row before a sequence start predicted the next sequence's first token: not a prediction.
-    out = out.index_fill(0, starts, 0.0)
-    entropy = None
-    if with_entropy and entropy_grad:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
-        entropy = torch.cat([torch.zeros(1, dtype=dt, device=logits.device), ent[:-1]])[:n]
-        entropy = entropy.index_fill(0, starts, 0.0)
-    elif with_entropy:
-        with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-            entropy = torch.zeros(n, dtype=dt, device=logits.device)
-            if n > 1:
-                entropy[1:] = ent[:-1]
-            entropy.index_fill_(0, starts, 0.0)
-    return TokenOutputs(logp=out, entropy=entropy)
 
 
 def _cpu_copy(obj):
@@ -177,13 +143,14 @@ class TorchBackend(TrainBackend):
             logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
                            cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
                            max_length_k=longest).logits[0]
-            return token_logprobs(logits, ids, mb.cu_seqlens, temperature, with_entropy, grad)
+            return token_logprobs(logits, ids, mb.cu_seqlens, temperature, with_entropy, grad,
+                                  self.cfg.logprob_chunk)
         parts = []
         cu = mb.cu_seqlens.tolist()
         for a, b in zip(cu[:-1], cu[1:], strict=True):
             logits = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
             parts.append(token_logprobs(logits, ids[a:b], torch.tensor([0, b - a]), temperature,
-                                        with_entropy, grad))
+                                        with_entropy, grad, self.cfg.logprob_chunk))
         return TokenOutputs(logp=torch.cat([p.logp for p in parts]),
                             entropy=torch.cat([p.entropy for p in parts]) if with_entropy else None)
 

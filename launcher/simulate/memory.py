@@ -22,7 +22,7 @@ s = bytes per parameter of `trainer.megatron.params_dtype`, N = `trainer.max_tok
   workload (`simulate.prompt_tokens`, `simulate.output_median`);
 - logits (last stage): the gathered logits and their gradient, 2 * s * V per token, plus the
   float32 log-softmax's copies (cast, scaled, normalised, the entropy's temporaries: 20 * V per
-  token) for the whole micro-batch, or for `trainer.megatron.logprob_chunk` tokens; with pipeline
+  token) for `trainer.logprob_chunk` tokens (0: the whole micro-batch); with pipeline
   parallelism each earlier micro-batch keeps its logits (s * V per token, chunked) or its float32
   log-softmax (4 * V) until its backward.
 The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P), no recompute.
@@ -130,7 +130,7 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     n = t.max_tokens_per_mb
     per_layer = _layer_activation_bytes(m, tp, s)
     recompute = megatron and mc.recompute
-    chunk = min(n, mc.logprob_chunk) if megatron and mc.logprob_chunk else n
+    chunk = min(n, t.logprob_chunk) if t.logprob_chunk else n
     act = n * (layers * s * m.hidden + per_layer) if recompute else n * layers * per_layer
     logits = n * m.vocab * 2 * s + chunk * m.vocab * LOGSOFTMAX_BYTES
     if pp > 1:
@@ -143,9 +143,9 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
                      f"(GPipe), from simulate.prompt_tokens + simulate.output_median")
     parts["activations"], parts["logits"] = act, logits
     where = f"TP {tp} x PP {pp}, DP {train_dp}" if megatron else "torch backend, float32 replica"
-    unset = [k for k, on in (("trainer.megatron.recompute: true", mc.recompute),
-                             ("trainer.megatron.logprob_chunk: 1024", mc.logprob_chunk)) if not on]
-    advice = (f"set {' and '.join(unset)}, " if megatron and unset else "") + \
+    unset = [k for k, on in (("trainer.megatron.recompute: true", mc.recompute or not megatron),
+                             ("trainer.logprob_chunk: 1024", t.logprob_chunk)) if not on]
+    advice = (f"set {' and '.join(unset)}, " if unset else "") + \
         ("lower trainer.pipeline_parallel (this schedule keeps a minibatch's micro-batches), " if pp > 1 else "") + \
         ("raise trainer.tensor_parallel, " if megatron else "use trainer.backend: megatron, ") + \
         "or lower trainer.max_tokens_per_mb (and rollout.max_new_tokens)"

@@ -31,11 +31,11 @@ import torch.distributed as dist
 
 from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.logprobs import token_logprobs
 from trainer.lr_schedule import decay_updates, lr_factor
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
 from trainer.megatron.export import write_hf_dir
-from trainer.megatron.logprobs import chunked_token_logprobs
 from trainer.megatron.model import (
     build_gpt_model,
     check_parallel_fits,
@@ -48,7 +48,6 @@ from trainer.megatron.model import (
 from trainer.megatron.packing import block_diagonal_causal_mask
 from trainer.megatron.pipeline import run_micro_batches
 from trainer.megatron.shape import decoder_shape
-from trainer.torch_backend import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -191,11 +190,8 @@ class MegatronBackend(TrainBackend):
                  with_entropy: bool) -> TokenOutputs:
         logits = logits[0, :, : self.shape.vocab_size]
         entropy_grad = self.entropy_grad and torch.is_grad_enabled()
-        if self.mcfg.logprob_chunk:   # float32 copies of one chunk of rows at a time (logprobs.py)
-            return chunked_token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
-                                          with_entropy, entropy_grad, self.mcfg.logprob_chunk)
-        return token_logprobs(logits.float(), mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
-                              with_entropy, entropy_grad)
+        return token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
+                              with_entropy, entropy_grad, self.cfg.logprob_chunk)
 
     def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool, model=None) -> list:
         module = model if model is not None else self._module()

@@ -27,10 +27,6 @@ class MegatronConfig:
     # its input and recomputes the rest in the backward pass, about a third more compute for a
     # fraction of the activation memory (`tandem plan` prints both ways; docs/plan.md).
     recompute: bool = False
-    # Tokens per chunk of the float32 log-softmax over the vocabulary (0 = the whole micro-batch
-    # at once). Chunked, each chunk is recomputed in the backward pass, so the float32 copies of
-    # the logits (about 20 bytes per token per vocabulary entry) exist for one chunk only.
-    logprob_chunk: int = 0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -38,6 +34,4 @@ class MegatronConfig:
             out.append(("params_dtype", f"must be one of {', '.join(DTYPES)}, got {self.params_dtype!r}"))
         if self.vocab_multiple < 1:
             out.append(("vocab_multiple", f"must be >= 1, got {self.vocab_multiple}"))
-        if self.logprob_chunk < 0:
-            out.append(("logprob_chunk", f"must be >= 0 (0 = the whole micro-batch), got {self.logprob_chunk}"))
         return out

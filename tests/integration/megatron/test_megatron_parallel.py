@@ -129,7 +129,7 @@ def test_tp2_export_loads_in_transformers(tp2_job):
     hf = _hf_model(tp2_job["dir"] / "hf_step1")
     train = tp2_job["train"]
     mb = mc.micro_batches()[0]
-    from trainer.torch_backend import token_logprobs
+    from trainer.logprobs import token_logprobs
     refs = []
     for s in range(mb.n_seqs):
         one = _seq(mb, s)

@@ -1,6 +1,7 @@
 """The Megatron backend's memory options change memory, not numbers: activation recompute
-(`trainer.megatron.recompute`) and the chunked float32 log-softmax (`trainer.megatron.logprob_chunk`)
-give the log-probs, entropies and update of the plain path (real megatron-core 0.16.1 on CPU,
+(`trainer.megatron.recompute`) and the chunked float32 log-softmax (`trainer.logprob_chunk`,
+tests/unit/trainer/test_logprobs.py for the function itself) give the log-probs, entropies and
+update of the plain path (real megatron-core 0.16.1 on CPU,
 float32, one rank). `tandem plan`'s memory estimate counts on both (docs/plan.md)."""
 from __future__ import annotations
 
@@ -10,50 +11,10 @@ import megatron_case as mc
 import pytest
 import torch
 
-from trainer.megatron.logprobs import chunked_token_logprobs
-from trainer.torch_backend import token_logprobs
-
 pytestmark = pytest.mark.timeout(240)
 
 
-def _case(n: int = 23, vocab: int = 37, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(3)
-    logits = (3 * torch.randn(n, vocab, generator=gen)).to(dtype).requires_grad_(True)
-    ids = torch.randint(0, vocab, (n,), generator=gen)
-    cu = torch.tensor([0, 5, 6, 15, n], dtype=torch.int32)
-    return logits, ids, cu
-
-
-@pytest.mark.parametrize("chunk", [1, 4, 7, 23, 100])
-@pytest.mark.parametrize("entropy_grad", [False, True])
-def test_chunked_logprobs_equal_the_whole_pass_with_gradients(chunk, entropy_grad):
-    logits, ids, cu = _case()
-    ref = token_logprobs(logits, ids, cu, 0.7, True, entropy_grad)
-    got = chunked_token_logprobs(logits, ids, cu, 0.7, True, entropy_grad, chunk)
-    torch.testing.assert_close(got.logp, ref.logp, rtol=0, atol=0)
-    torch.testing.assert_close(got.entropy, ref.entropy, rtol=0, atol=0)
-    assert got.logp[cu[:-1].long()].eq(0).all()   # sequence starts are nothing's prediction
-    assert got.entropy.requires_grad is entropy_grad
-    weights = torch.randn(len(ids), generator=torch.Generator().manual_seed(5))
-
-    def grad(out):
-        loss = (weights * out.logp).sum() + (out.entropy.sum() if entropy_grad else 0.0)
-        return torch.autograd.grad(loss, logits)[0]
-    torch.testing.assert_close(grad(got), grad(ref), rtol=1e-6, atol=1e-7)
-
-
-def test_chunked_logprobs_of_bf16_logits_are_the_float32_pass_of_the_same_values():
-    """GPU logits are bf16: a chunk is cast to float32 inside, as the whole pass casts first."""
-    logits, ids, cu = _case(dtype=torch.bfloat16)
-    ref = token_logprobs(logits.float(), ids, cu, 1.0, False)
-    got = chunked_token_logprobs(logits, ids, cu, 1.0, False, False, 6)
-    assert got.logp.dtype == torch.float32 and got.entropy is None
-    torch.testing.assert_close(got.logp, ref.logp, rtol=0, atol=0)
-    g = torch.autograd.grad(got.logp.sum(), logits)[0]
-    assert g.dtype == torch.bfloat16 and g.abs().sum() > 0
-
-
-def _after_one_update(model_dir, monkeypatch, **megatron):
+def _after_one_update(model_dir, monkeypatch, logprob_chunk=0, **megatron):
     """(log-probs before, entropies, parameters after one update, layers run under Megatron's
     recompute) of a fresh in-process backend."""
     import torch.distributed as dist
@@ -66,7 +27,8 @@ def _after_one_update(model_dir, monkeypatch, **megatron):
     monkeypatch.setattr(tensor_parallel, "checkpoint",
                         lambda fn, *a, **k: recomputed.append(1) or real(fn, *a, **k))
     cfg = mc.trainer_cfg(tp=1, params_dtype="float32")
-    cfg = dataclasses.replace(cfg, megatron=dataclasses.replace(cfg.megatron, **megatron))
+    cfg = dataclasses.replace(cfg, logprob_chunk=logprob_chunk,
+                              megatron=dataclasses.replace(cfg.megatron, **megatron))
     created = not dist.is_initialized()
     be = MegatronBackend(cfg, model_dir, seed=0)
     try:

@@ -1,0 +1,89 @@
+"""The one log-prob function of both backends (trainer/logprobs.py): chunking changes memory,
+never numbers. Chunked or not, log-probs and entropies are the whole pass's bit for bit, their
+gradients agree to float32 rounding, and — the point of chunking — autograd never keeps a
+float32 [tokens, vocab] tensor, only the logits the model made (in their own dtype)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.logprobs import token_logprobs
+
+
+def _case(n: int = 23, vocab: int = 37, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(n, vocab, generator=gen)).to(dtype).requires_grad_(True)
+    ids = torch.randint(0, vocab, (n,), generator=gen)
+    cu = torch.tensor([0, 5, 6, 15, n], dtype=torch.int32)
+    return logits, ids, cu
+
+
+def test_whole_pass_is_log_softmax_of_the_next_token_at_its_own_position():
+    logits, ids, cu = _case()
+    with torch.no_grad():
+        out = token_logprobs(logits, ids, cu, 0.7, True)
+    logp_all = torch.log_softmax(logits.detach() / 0.7, dim=-1)
+    for i in range(1, len(ids)):
+        want = 0.0 if i in cu.tolist() else float(logp_all[i - 1, ids[i]])
+        assert float(out.logp[i]) == pytest.approx(want, abs=1e-6), i
+    assert out.logp[0] == 0 and out.entropy[cu[:-1].long()].eq(0).all()
+    assert float(out.entropy[3]) == pytest.approx(float(-(logp_all[2].exp() * logp_all[2]).sum()), abs=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 23, 100])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_chunks_equal_the_whole_pass_with_gradients(chunk, entropy_grad):
+    logits, ids, cu = _case()
+    ref = token_logprobs(logits, ids, cu, 0.7, True, entropy_grad, chunk=0)
+    got = token_logprobs(logits, ids, cu, 0.7, True, entropy_grad, chunk=chunk)
+    torch.testing.assert_close(got.logp, ref.logp, rtol=0, atol=0)
+    torch.testing.assert_close(got.entropy, ref.entropy, rtol=0, atol=0)
+    assert got.logp[cu[:-1].long()].eq(0).all()   # sequence starts are nothing's prediction
+    assert got.entropy.requires_grad is entropy_grad
+    weights = torch.randn(len(ids), generator=torch.Generator().manual_seed(5))
+
+    def grad(out):
+        loss = (weights * out.logp).sum() + (out.entropy.sum() if entropy_grad else 0.0)
+        return torch.autograd.grad(loss, logits)[0]
+    torch.testing.assert_close(grad(got), grad(ref), rtol=1e-6, atol=1e-7)
+
+
+def test_bf16_logits_give_the_float32_pass_of_the_same_values():
+    """GPU logits are bf16: a chunk is cast to float32 inside, as the whole pass casts first."""
+    logits, ids, cu = _case(dtype=torch.bfloat16)
+    ref = token_logprobs(logits.float(), ids, cu, 1.0, False)
+    got = token_logprobs(logits, ids, cu, 1.0, False, chunk=6)
+    assert got.logp.dtype == torch.float32 and got.entropy is None
+    torch.testing.assert_close(got.logp, ref.logp, rtol=0, atol=0)
+    g = torch.autograd.grad(got.logp.sum(), logits)[0]
+    assert g.dtype == torch.bfloat16 and g.abs().sum() > 0
+
+
+def _saved_for_backward(chunk: int, entropy_grad: bool) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of every tensor autograd keeps for the backward pass of one call."""
+    n, vocab = 64, 50
+    logits, ids, _ = _case(n, vocab, torch.bfloat16)
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = token_logprobs(logits, ids, torch.tensor([0, n]), 0.9, True, entropy_grad, chunk=chunk)
+        (out.logp.sum() + out.entropy.sum()).backward()
+    return saved
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_chunked_pass_keeps_no_float32_vocabulary_tensor_for_backward(entropy_grad):
+    n, vocab = 64, 50
+    whole = _saved_for_backward(0, entropy_grad)
+    chunked = _saved_for_backward(16, entropy_grad)
+    # Without chunks the float32 log-softmax of every row waits for the backward pass ...
+    assert ((n, vocab), torch.float32) in whole
+    # ... with chunks no float32 tensor of a vocabulary's width outlives its chunk's forward:
+    # only the bf16 logits (the chunks' checkpointed inputs) and per-token columns are kept.
+    # (Tensors saved while a chunk is recomputed in the backward are at most chunk rows.)
+    wide32 = [s for s, dt in chunked if dt == torch.float32 and len(s) == 2 and s[-1] == vocab]
+    assert all(s[0] <= 16 for s in wide32), wide32
+    assert not [s for s, dt in chunked if dt == torch.float32 and s and s[0] > 16 and len(s) == 2]

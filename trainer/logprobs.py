@@ -1,0 +1,74 @@
+"""Token log-probs and entropies from a packed micro-batch's logits, a chunk of rows at a time.
+
+One function for both backends (`trainer.logprob_chunk`, default 1024 tokens).
+
+Why chunks: the float32 log-softmax over a 150K vocabulary is the largest activation of a long
+micro-batch. Taken over the whole micro-batch at once, N tokens hold the float32 copy of their
+logits, the logits divided by the temperature, their log-softmax (kept for the backward pass)
+and the entropy's temporaries: about 20 bytes per token per vocabulary entry, 100 GB for
+N = 34,816 and Qwen2's 152K vocabulary, on top of the model's own logits (verl and slime chunk
+for the same reason). Here each chunk of rows is cast, divided, normalised and gathered inside
+`torch.utils.checkpoint`, so only the gathered log-probs (and entropies) are kept, and the
+backward pass recomputes one chunk at a time from the logits in their own dtype. Rows are
+independent, so the values are those of the whole pass on the same logits, bit for bit
+(tests/unit/trainer/test_logprobs.py checks values, gradients and what autograd keeps).
+
+Layout: logits row j predicts input_ids[j + 1]; the result at position i is that prediction for
+i, 0 at the first position of every sequence (nothing predicts it: the row before a sequence
+start belongs to the previous sequence).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from trainer.backend import TokenOutputs
+
+
+def _rows(logits: torch.Tensor, targets: torch.Tensor, temperature: float, dt: torch.dtype,
+          with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target | row) and the row's entropy (zeros when not asked) for a chunk of rows."""
+    logp_all = F.log_softmax(logits.to(dt) / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    if not with_entropy:
+        return logp, torch.zeros_like(logp)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+                   temperature: float, with_entropy: bool, entropy_grad: bool = False,
+                   chunk: int = 0) -> TokenOutputs:
+    """log_softmax(logits / T) of each next token, shifted to the token's own position.
+
+    `logits` [N, vocab] in any dtype (float32 math, float64 kept); `chunk` rows at a time, each
+    recomputed in the backward pass (0: the whole micro-batch in one piece, nothing recomputed).
+    The entropy is detached unless `entropy_grad` (an entropy bonus)."""
+    n = input_ids.numel()
+    device = logits.device
+    dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    ids = input_ids.to(device)
+    targets = torch.cat([ids[1:], ids.new_zeros(1)]) if n else ids   # the last row predicts nothing
+    recompute = chunk > 0 and torch.is_grad_enabled() and logits.requires_grad
+    logps, ents = [], []
+    for part, tgt in zip(torch.split(logits, chunk if chunk > 0 else max(n, 1)),
+                         torch.split(targets, chunk if chunk > 0 else max(n, 1)), strict=True):
+        if recompute:
+            lp, ent = checkpoint(_rows, part, tgt, temperature, dt, with_entropy, entropy_grad,
+                                 use_reentrant=False)
+        else:
+            lp, ent = _rows(part, tgt, temperature, dt, with_entropy, entropy_grad)
+        logps.append(lp)
+        ents.append(ent)
+    zero = torch.zeros(1, dtype=dt, device=device)
+    starts = cu_seqlens[:-1].long().to(device)
+    starts = starts[starts < n]
+    # Shift row j's prediction to position j + 1; a sequence start is nothing's prediction.
+    logp = torch.cat([zero, *logps])[:n].index_fill(0, starts, 0.0)
+    entropy = None
+    if with_entropy:
+        entropy = torch.cat([zero, *ents])[:n].index_fill(0, starts, 0.0)
+        if not entropy_grad:
+            entropy = entropy.detach()
+    return TokenOutputs(logp=logp, entropy=entropy)
