@@ -9,6 +9,7 @@ save_checkpoint, export_hf).
 
     python tests/gpu/step_worker.py --backend megatron --dtype bfloat16 --model DIR --steps 2 --out R.pt \
         [--dist-opt 0|1] [--load CKPT --start-step 1] [--save-after 1 CKPT] [--export-after 1 DIR]
+        [--lora-rank R]
 
 Step k (1-based, counting the `--start-step` steps a loaded checkpoint already trained) trains on
 `micro_batches(seed=k)`, so a resumed run sees the batch the uninterrupted one saw; log-probs are always measured on the fixed
@@ -28,7 +29,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 import megatron_case as mc  # noqa: E402
 
 from trainer.backend import PackedBatch  # noqa: E402
-from trainer.config import OptimConfig, TrainerConfig  # noqa: E402
+from trainer.config import LoraConfig, OptimConfig, TrainerConfig  # noqa: E402
 from trainer.megatron.config import MegatronConfig  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -40,12 +41,13 @@ LR = 1e-2
 NO_CLIP = 1e6
 
 
-def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path):
+def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_rank: int = 0):
     optim = OptimConfig(lr=LR, grad_clip=NO_CLIP, warmup_steps=1)
     if backend == "torch":
         from trainer.torch_backend import TorchBackend
 
-        return TorchBackend(TrainerConfig(backend="torch", optim=optim), model, seed=0, dtype=DTYPES[dtype])
+        cfg = TrainerConfig(backend="torch", optim=optim, lora=LoraConfig(rank=lora_rank))
+        return TorchBackend(cfg, model, seed=0, dtype=DTYPES[dtype])
     from trainer.megatron.backend import MegatronBackend
 
     mcfg = MegatronConfig(params_dtype=dtype, use_distributed_optimizer=dist_opt)
@@ -90,12 +92,13 @@ def main() -> int:
     ap.add_argument("--load", type=Path)
     ap.add_argument("--save-after", nargs=2, metavar=("STEP", "DIR"))
     ap.add_argument("--export-after", nargs=2, metavar=("STEP", "DIR"))
+    ap.add_argument("--lora-rank", type=int, default=0, help="torch backend: train LoRA adapters of this rank")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     # The fp32 reference must be fp32: no TF32 matrix products (10-bit mantissas) behind its back.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    be = make_backend(a.backend, a.dtype, bool(a.dist_opt), a.model)
+    be = make_backend(a.backend, a.dtype, bool(a.dist_opt), a.model, a.lora_rank)
     if a.load:
         load(be, a.backend, a.load)
     evals = mc.micro_batches(seed=0)

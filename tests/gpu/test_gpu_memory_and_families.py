@@ -6,7 +6,8 @@ tests/unit/megatron/test_megatron_families.py):
   in a fresh process, `torch.cuda.max_memory_allocated`); the chunk is 256, so tokens / chunk is
   32 as for a 32K-token pack at the default 1,024 — the whole pass at 32K does not fit an H100;
 - a new family on the Megatron backend in bf16 (Qwen3: q/k norm, the TransformerEngine spec where
-  TE is installed) held to the same bf16-vs-fp32 bounds as Qwen2 in test_bf16_numerics.py.
+  TE is installed) held to the same bf16-vs-fp32 bounds as Qwen2 in test_bf16_numerics.py;
+- LoRA on the torch backend in bf16 (adapters on CUDA, the merged export) against fp32.
 """
 from __future__ import annotations
 
@@ -33,12 +34,10 @@ def test_chunked_logprobs_peak_is_under_a_quarter_of_the_whole_pass(on_gpu):
         assert chunked["peak_bytes"] <= whole["peak_bytes"] / 4, (whole, chunked)
 
 
-def test_qwen3_on_megatron_in_bf16_matches_its_fp32_reference(tmp_path, on_gpu):
-    model = mf.make_family_dir(tmp_path / "qwen3", "qwen3")
-    bf = run_worker(tmp_path / "bf16.pt", "--backend", "megatron", "--dtype", "bfloat16", "--model", model,
-                    "--steps", "1")
-    ref = run_worker(tmp_path / "fp32.pt", "--backend", "megatron", "--dtype", "float32", "--model", model,
-                     "--steps", "1")
+def _bf16_against_fp32(tmp_path, model, on_gpu, *args, bf16_only=()):
+    """One step in bf16 and in fp32 from the same weights: the bounds of test_bf16_numerics.py."""
+    bf = run_worker(tmp_path / "bf16.pt", *args, *bf16_only, "--dtype", "bfloat16", "--model", model, "--steps", "1")
+    ref = run_worker(tmp_path / "fp32.pt", *args, "--dtype", "float32", "--model", model, "--steps", "1")
     layers = 2
     mean_tol, max_tol = tol.logp_bounds(layers, tol.logits_rms(model, mc.micro_batches(seed=0)))
     if on_gpu:
@@ -47,3 +46,20 @@ def test_qwen3_on_megatron_in_bf16_matches_its_fp32_reference(tmp_path, on_gpu):
     assert err.mean() <= mean_tol and err.max() <= max_tol, (float(err.mean()), float(err.max()), mean_tol, max_tol)
     g, g_ref = bf["grad_norms"][0], ref["grad_norms"][0]
     assert bf["applied"][0] and abs(g - g_ref) <= tol.grad_norm_rtol(layers) * g_ref, (g, g_ref)
+    return bf, ref
+
+
+def test_qwen3_on_megatron_in_bf16_matches_its_fp32_reference(tmp_path, on_gpu):
+    _bf16_against_fp32(tmp_path, mf.make_family_dir(tmp_path / "qwen3", "qwen3"), on_gpu, "--backend", "megatron")
+
+
+def test_lora_on_the_torch_backend_in_bf16_matches_its_fp32_reference_and_exports_merged(tmp_path, on_gpu):
+    from transformers import AutoModelForCausalLM
+
+    model = mc.make_model_dir(tmp_path / "qwen2")
+    bf, _ = _bf16_against_fp32(tmp_path, model, on_gpu, "--backend", "torch", "--lora-rank", "8",
+                               bf16_only=("--export-after", "1", str(tmp_path / "merged")))
+    # the step moved the policy (adapters trained), and the merged export is a plain model
+    assert (bf["logp"][1] - bf["logp"][0]).abs().max() > 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
