@@ -110,6 +110,10 @@ class CpuSection:
     # Controller, reward service, rollout workers, evaluation and the launcher; may overlap one
     # pool. Empty = the CPUs gen and train leave over, else the generation pool.
     services: str = ""
+    # Trainer ranks on the CPU miniature (embedded generation servers): torch.distributed over
+    # gloo, each rank on its own share of the training pool. With gen.backend: sglang the plan
+    # decides instead (one rank per training GPU, as on SLURM).
+    trainer_ranks: int = 1
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -120,6 +124,8 @@ class CpuSection:
                     parse_cpus(value, f"launcher.cpus.{key}")
                 except ConfigError as e:
                     out.append((key, str(e).removeprefix(f"launcher.cpus.{key}=")))
+        if self.trainer_ranks < 1:
+            out.append(("trainer_ranks", f"must be >= 1, got {self.trainer_ranks}"))
         if (self.gen or self.train or self.services) and not (self.gen and self.train):
             out.append(("gen" if not self.gen else "train",
                         "launcher.cpus needs both gen and train when either (or services) is set"))

@@ -118,7 +118,8 @@ class CpuPlacement:
         return {"event": "cpu_placement", "source": self.source, "available": format_ranges(self.available),
                 "gen": format_ranges(self.gen), "train": format_ranges(self.train),
                 "services": format_ranges(self.services),
-                "servers": [format_ranges(s) for s in self.servers], "shared": self.shared_pools()}
+                "servers": [format_ranges(s) for s in self.servers],
+                "trainer_ranks": [format_ranges(s) for s in self.trainer_ranks], "shared": self.shared_pools()}
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(pool, CPUs, threads, who) for `tandem plan`."""
@@ -210,7 +211,8 @@ def place_cpus(available, *, num_servers: int = 1, trainer_ranks: int = 1, ratio
                              f"set launcher.cpus.gen, or launcher.cpus.pin=false to let roles share every CPU")
     if trainer_ranks > len(t):
         raise PlacementError(f"{trainer_ranks} trainer rank(s) need at least {trainer_ranks} CPUs in the training "
-                             f"pool, which has {len(t)} ({format_ranges(t)}; {machine}); set launcher.cpus.train "
+                             f"pool, which has {len(t)} ({format_ranges(t)}; {machine}); set launcher.cpus.train, "
+                             f"fewer ranks (launcher.cpus.trainer_ranks; with GPUs, launcher.gen_train_ratio) "
                              f"or launcher.cpus.pin=false")
     return CpuPlacement(available=avail, gen=g, train=t, services=s, servers=_split(g, num_servers),
                         trainer_ranks=_split(t, trainer_ranks), source=source, notes=tuple(notes))

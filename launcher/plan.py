@@ -98,6 +98,13 @@ class Plan:
             return ",".join(map(str, self.servers[index].gpus))
         return str(self.trainer_ranks[index].gpu)
 
+    def trainer_devices(self, rank: int) -> str:
+        """CUDA_VISIBLE_DEVICES of trainer rank `rank` started as torchrun starts it (and as its
+        SLURM task sees its node): every training GPU of its node, of which the rank takes the one
+        at its LOCAL_RANK."""
+        node = self.trainer_ranks[rank].node
+        return ",".join(str(r.gpu) for r in self.trainer_ranks if r.node == node)
+
 
 def parse_ratio(text: str) -> tuple[int, int]:
     parts = text.split(":")
@@ -195,6 +202,9 @@ def plan_for(cfg: ExperimentConfig, place_cpus: bool = True) -> Plan:
     if la.backend == "slurm" and cfg.gen.num_servers not in (1, plan.num_servers):
         plan.notes.append(f"gen.num_servers={cfg.gen.num_servers} is ignored on slurm: the plan "
                           f"starts {plan.num_servers} servers")
+    if la.cpus.trainer_ranks != 1 and (la.backend == "slurm" or cfg.gen.backend == "sglang"):
+        plan.notes.append(f"launcher.cpus.trainer_ranks={la.cpus.trainer_ranks} is ignored with GPUs: the "
+                          f"plan starts {plan.trainer_world} trainer ranks, one per training GPU")
     return plan
 
 
@@ -206,14 +216,33 @@ def uses_gpus(cfg: ExperimentConfig) -> bool:
                 and cfg.trainer.backend == "torch")
 
 
+def local_trainer_world(cfg: ExperimentConfig) -> int:
+    """How many trainer ranks the local backend starts on this machine.
+
+    With GPUs (gen.backend: sglang) the plan decides, as it decides the SLURM trainer job's tasks:
+    one rank per training GPU. The CPU miniature has no GPUs to count, so
+    `launcher.cpus.trainer_ranks` says (1 unless set: the GPU defaults, 8 GPUs at 3:1, would give
+    every small run two ranks and refuse a two-core machine). Either way the world must split
+    into trainer.tensor_parallel x trainer.pipeline_parallel groups."""
+    if cfg.gen.backend == "sglang":
+        return plan_for(cfg, place_cpus=False).trainer_world
+    world, tp, pp = cfg.launcher.cpus.trainer_ranks, cfg.trainer.tensor_parallel, cfg.trainer.pipeline_parallel
+    if world % (tp * pp):
+        raise PlanError(f"launcher.cpus.trainer_ranks={world} is not divisible by trainer.tensor_parallel x "
+                        f"trainer.pipeline_parallel = {tp} x {pp}: the ranks would not form whole model "
+                        f"replicas")
+    return world
+
+
 def cpu_placement_for(cfg, available=None) -> CpuPlacement | None:
-    """The local backend's placement of `cfg`, or None when pinning is off or roles run on SLURM."""
+    """The local backend's placement of `cfg`, or None when pinning is off or roles run on SLURM.
+    The training pool is split into one set per trainer rank (`local_trainer_world`)."""
     la = cfg.launcher
     if la.backend != "local" or not la.cpus.pin:
         return None
     return place_cpus(available_cpus() if available is None else available, num_servers=cfg.gen.num_servers,
-                      trainer_ranks=1, ratio=parse_ratio(la.gen_train_ratio), gen=la.cpus.gen,
-                      train=la.cpus.train, services=la.cpus.services)
+                      trainer_ranks=local_trainer_world(cfg), ratio=parse_ratio(la.gen_train_ratio),
+                      gen=la.cpus.gen, train=la.cpus.train, services=la.cpus.services)
 
 
 def render_cpus(cpus: CpuPlacement, console) -> None:

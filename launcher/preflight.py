@@ -40,7 +40,7 @@ def layout_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
     With gen.backend: sglang this sets gen.num_servers from the plan (as the launch needs), so
     the CPU placement sees the servers the run will start."""
-    from .plan import cpu_placement_for, plan_for, uses_gpus
+    from .plan import cpu_placement_for, local_trainer_world, plan_for, uses_gpus
     from .roles import gpu_layout
 
     out = []
@@ -51,9 +51,13 @@ def layout_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             plan_for(cfg, place_cpus=False)
     except ConfigError as e:
         out.append(_keyed(e, "launcher.gen_train_ratio"))
+        if cfg.gen.backend == "sglang":
+            return out   # the CPU placement splits the plan's trainer world: it would repeat the error
     else:
         out += memory_problems(cfg)
     try:
+        if cfg.launcher.backend == "local":
+            local_trainer_world(cfg)   # also unpinned: the ranks must form whole model replicas
         cpu_placement_for(cfg)
     except ConfigError as e:
         out.append(_keyed(e, "launcher.cpus"))

@@ -54,9 +54,10 @@ def tandem_argv(*args: str) -> list[str]:
 def gpu_layout(cfg: ExperimentConfig):
     """With gen.backend: sglang, the plan that places the servers on GPUs (None otherwise).
 
-    The plan decides the server count (one per gen.tp_size generation GPUs) on every backend;
-    the local backend — one machine, one trainer process — also gives each server and the
-    trainer their GPUs from it, so it refuses layouts it cannot start as planned."""
+    The plan decides the server count (one per gen.tp_size generation GPUs) and the trainer world
+    (one rank per training GPU) on every backend; the local backend also gives each server and
+    each trainer rank their GPUs from it, on this one machine, so it refuses a plan of several
+    nodes."""
     if cfg.gen.backend != "sglang":
         return None
     from .plan import plan_for
@@ -68,11 +69,6 @@ def gpu_layout(cfg: ExperimentConfig):
         if la.nodes != 1:
             raise ConfigError(f"launcher.nodes={la.nodes}: the local backend runs on this machine only; "
                               f"use launcher.backend: slurm for several nodes")
-        if plan.trainer_world != 1:
-            raise ConfigError(f"the local backend starts one trainer process, but the plan gives training "
-                              f"{plan.trainer_world} GPUs (launcher.gpus_per_node={la.gpus_per_node}, "
-                              f"gen_train_ratio={la.gen_train_ratio}); choose a ratio that leaves training "
-                              f"one GPU (e.g. {la.gpus_per_node - 1}:1) or use launcher.backend: slurm")
     return plan
 
 

@@ -6,7 +6,10 @@ session (process group) so shutdown can take down grandchildren too. With a CPU 
 (launcher.placement) each child is pinned to its pool's CPUs — by the supervisor right after the
 start, and again by `tandem` itself before any thread exists ($TANDEM_CPUS) — and its thread
 budget is the size of that set, so generation and training do not slow each other. With
-gen.backend: sglang on a GPU machine, each server and the trainer get the plan's GPUs.
+gen.backend: sglang on a GPU machine, each server and the trainer get the plan's GPUs. The trainer
+runs as several ranks when its world is larger than 1 (`local_ranks.py`): each its own child,
+with its own CPU set, the torch.distributed variables SLURM's tasks get, and the run's view of
+them as one trainer.
 """
 from __future__ import annotations
 
@@ -15,16 +18,18 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.protocol import ExpDir, MetricsWriter, free_port, write_json_atomic
 
 from ..config import ExperimentConfig
 from ..placement import CPUS_ENV, CpuPlacement, format_ranges
-from ..plan import cpu_placement_for
+from ..plan import cpu_placement_for, local_trainer_world
 from ..role_cpu import RoleCpuMeter
 from ..roles import Role, gpu_layout
 from .base import Announcement, Backend, Ended, LaunchError
+from .local_ranks import TrainerRanks, rank_env
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +102,22 @@ class LocalSupervisor:
             self.wait_ready(child)
         return child
 
-    def wait_ready(self, child: Child) -> None:
-        """Until `child` announces itself (at once for a role without a ready file)."""
+    def wait_ready(self, child: Child, wave: Sequence[Child] = ()) -> None:
+        """Until `child` announces itself (at once for a role without a ready file). A role of the
+        same `wave` that fails meanwhile ends the wait at once: a trainer rank that dies leaves
+        rank 0 waiting in the rendezvous, and nothing else would say why."""
         announcement = child.announcement
         if announcement is None:
             return
         timeout_s = child.role.ready_timeout_s or START_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
         while not announcement.fresh():
-            if child.proc.poll() is not None:
-                raise LaunchError(f"{child.role.name} exited with status {child.proc.returncode} before it "
-                                  f"was ready; see {self.console(child.role.name)}\n{self.tail(child.role.name)}")
+            for other in (child, *wave):
+                code = other.proc.poll()
+                if code is not None and (other is child or code != 0):
+                    when = "before it was ready" if other is child else f"while {child.role.name} was starting"
+                    raise LaunchError(f"{other.role.name} exited with status {code} {when}; see "
+                                      f"{self.console(other.role.name)}\n{self.tail(other.role.name)}")
             if time.monotonic() >= deadline:
                 raise LaunchError(f"{child.role.name} not ready after {timeout_s:.0f}s (no new "
                                   f"{announcement.path}); see {self.console(child.role.name)}")
@@ -188,26 +198,51 @@ class LocalBackend(Backend):
     def __init__(self, cfg: ExperimentConfig, exp: ExpDir, supervisor: LocalSupervisor | None = None):
         self.exp = exp
         self.sup = supervisor or LocalSupervisor(exp, cpu_placement_for(cfg))
-        self.gpu_plan = gpu_layout(cfg) if cfg.launcher.backend == "local" else None
+        local = cfg.launcher.backend == "local"
+        self.gpu_plan = gpu_layout(cfg) if local else None
+        # Trainer ranks (the plan's on GPUs, launcher.cpus.trainer_ranks on the CPU miniature).
+        self.trainer_world = local_trainer_world(cfg) if local else 1
+        self.trainers: dict[str, TrainerRanks] = {}   # rank's name -> its trainer
 
     def pick_port(self) -> int:
         # Fixed at launch: a restarted server binds the same address, which the controller knows.
         return free_port()
 
     def _env(self, role: Role) -> dict[str, str]:
-        """On a local GPU machine each server gets its TP group's GPUs and the trainer its GPU."""
+        """On a local GPU machine each server gets its TP group's GPUs and each trainer rank the
+        training GPUs (it picks its own with LOCAL_RANK, as under torchrun and on SLURM)."""
         if self.gpu_plan is None or role.kind not in ("gen", "trainer"):
             return {}
+        if role.kind == "trainer":
+            return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.trainer_devices(role.index)}
         return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.cuda_visible_devices(role.kind, role.index)}
+
+    def _processes(self, role: Role) -> list[tuple[Role, dict[str, str]]]:
+        """What starting `role` starts: itself, or the trainer's ranks with their rendezvous."""
+        if role.kind != "trainer":
+            return [(role, self._env(role))]
+        trainer = TrainerRanks(role, self.trainer_world)
+        port = free_port() if self.trainer_world > 1 else 0
+        out = []
+        for rank in trainer.ranks:
+            self.trainers[rank.name] = trainer
+            out.append((rank, {**self._env(rank), **rank_env(rank.index, self.trainer_world, port)}))
+        return out
 
     def start(self, roles: list[Role]) -> None:
         """All of the wave at once, then wait for each (they load their models in parallel)."""
-        children = [self.sup.start(role, self._env(role), wait=False) for role in roles]
+        children = [self.sup.start(proc, env, wait=False) for role in roles for proc, env in self._processes(role)]
         for child in children:
-            self.sup.wait_ready(child)
+            self.sup.wait_ready(child, children)
 
     def ended(self) -> list[Ended]:
-        return self.sup.poll()
+        out = []
+        for end in self.sup.poll():
+            trainer = self.trainers.get(end.role.name)
+            heard = trainer.heard(end) if trainer is not None else end
+            if heard is not None:
+                out.append(heard)
+        return out
 
     def run_to_end(self, role: Role) -> Ended:
         child = self.sup.start(role, self._env(role))
@@ -216,10 +251,14 @@ class LocalBackend(Backend):
         return Ended(role, ok=code == 0, why=f"{role.name} exited with status {code}:\n{self.sup.tail(role.name)}")
 
     def stop(self, roles: list[str] | None = None) -> None:
+        if roles is not None:   # the trainer's name stands for all its ranks
+            roles = [n for name in roles for n in (self.trainers[name].names if name in self.trainers
+                                                    and self.trainers[name].role.name == name else [name])]
         self.sup.stop(roles)
 
     def describe(self) -> str:
-        return "subprocesses of this launcher"
+        ranks = f"; the trainer as {self.trainer_world} ranks" if self.trainer_world > 1 else ""
+        return f"subprocesses of this launcher{ranks}"
 
     def close(self, status: str) -> None:
         # Rollout workers first, while the services they report to still run: their in-flight

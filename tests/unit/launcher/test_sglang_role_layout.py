@@ -25,8 +25,13 @@ def _experiment(tmp_path, *overrides):
     return prepare(str(cfg_file), list(overrides), False)
 
 
-@pytest.mark.parametrize("overrides, needle", [(["launcher.gpus_per_node=4"], "one trainer process"),
-                                               (["launcher.nodes=2"], "launcher.backend: slurm")])
-def test_local_backend_refuses_a_gpu_layout_it_cannot_start(tmp_path, overrides, needle):
-    with pytest.raises(ConfigError, match=needle):
-        _experiment(tmp_path, *overrides)
+def test_local_backend_refuses_a_gpu_layout_of_several_nodes(tmp_path):
+    with pytest.raises(ConfigError, match="launcher.nodes=2: the local backend runs on this machine only"):
+        _experiment(tmp_path, "launcher.nodes=2")
+
+
+def test_local_backend_starts_a_trainer_of_several_gpus(tmp_path):
+    """4 GPUs at 1:1: two servers and a two-rank trainer on one machine (unpinned: this test's
+    machine need not have CPUs for two servers' pools)."""
+    cfg, _ = _experiment(tmp_path, "launcher.gpus_per_node=4", "launcher.cpus.pin=false")
+    assert cfg.gen.num_servers == 2

@@ -1,0 +1,118 @@
+"""The local backend's supervision of a several-rank trainer, with STAND-IN ranks.
+
+The ranks are `standin_rank.py` (not the trainer: it records its torch.distributed variables,
+announces services/trainer.json from rank 0 and then finishes, dies or waits as told), so these
+runs take seconds; everything else is real — the lifecycle (`run_experiment`), the local backend
+and supervisor, one process group per rank, signals. The real trainer's ranks train in
+tests/integration/e2e/test_multi_rank_run.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.faults import as_terminal_foreground
+from launcher.backends.local import LocalBackend
+from launcher.config import load_config
+from launcher.lifecycle import run_experiment
+from launcher.roles import Role
+from services.protocol import ExpDir
+
+pytestmark = pytest.mark.timeout(120)
+STANDIN = Path(__file__).with_name("standin_rank.py")
+REPO = Path(__file__).resolve().parents[3]
+WORLD = 3
+
+
+def _setup(tmp_path: Path, mode: str):
+    exp = ExpDir(tmp_path / "exp")
+    exp.root.mkdir(parents=True)
+    # Unpinned: on a 2-CPU machine the plan has no 3 disjoint training CPUs (pinning is tested
+    # by the real run); the ranks' count is the CPU miniature's key.
+    cfg = load_config(None, ["experiment.name=ranks", f"experiment.exp_dir={exp.root}", "experiment.model=/m",
+                             "launcher.cpus.pin=false", f"launcher.cpus.trainer_ranks={WORLD}",
+                             "experiment.trackers=[jsonl]"])
+    role = Role("trainer-0", [sys.executable, str(STANDIN), str(exp.root), mode], kind="trainer",
+                ready_file="trainer")
+    return cfg, exp, role
+
+
+def _ranks(exp: ExpDir) -> dict[int, dict]:
+    return {int(p.stem): json.loads(p.read_text()) for p in (exp.root / "ranks").glob("*.json")}
+
+
+def _ends(exp: ExpDir) -> dict[int, str]:
+    return {int(p.stem): p.read_text() for p in (exp.root / "ranks").glob("*.end")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_the_run_waits_for_every_rank_and_each_gets_torch_distributed_variables(tmp_path):
+    cfg, exp, role = _setup(tmp_path, "finish")
+    assert run_experiment(cfg, exp, False, LocalBackend(cfg, exp), roles=[role], join=None) == 0
+    # Finished only once every rank exited 0: rank 0 left at once, the others a second later.
+    assert _ends(exp) == {r: "finished" for r in range(WORLD)}
+    ranks = _ranks(exp)
+    assert [ranks[r]["RANK"] for r in range(WORLD)] == ["0", "1", "2"]
+    assert all(v["LOCAL_RANK"] == v["RANK"] and v["WORLD_SIZE"] == v["LOCAL_WORLD_SIZE"] == str(WORLD)
+               for v in ranks.values())
+    assert {(v["MASTER_ADDR"], v["MASTER_PORT"]) for v in ranks.values()} == {("127.0.0.1", ranks[0]["MASTER_PORT"])}
+    assert int(ranks[0]["MASTER_PORT"]) > 0
+    # one console per rank, named as SLURM's tasks name theirs
+    assert sorted(p.name for p in exp.logs.glob("trainer-*.console")) == [f"trainer-{r}.console" for r in range(WORLD)]
+
+
+def test_one_rank_that_dies_fails_the_run_and_every_other_rank_is_stopped(tmp_path, capsys):
+    cfg, exp, role = _setup(tmp_path, "die")
+    assert run_experiment(cfg, exp, False, LocalBackend(cfg, exp), roles=[role], join=None) == 1
+    err = capsys.readouterr().err
+    assert "trainer-1 exited with status 3" in err, err
+    assert _ends(exp) == {0: "SIGTERM", 1: "died", 2: "SIGTERM"}
+    assert not any(_alive(v["pid"]) for v in _ranks(exp).values())
+
+
+# The launcher of the Ctrl-C test: `_setup`'s run (mode wait) in a process of its own, as `tandem run` is.
+DRIVER = """
+import sys
+from launcher.backends.local import LocalBackend
+from launcher.config import load_config
+from launcher.lifecycle import run_experiment
+from launcher.roles import Role
+from services.protocol import ExpDir
+exp = ExpDir(sys.argv[1])
+exp.root.mkdir(parents=True)
+cfg = load_config(None, ["experiment.name=ranks", f"experiment.exp_dir={exp.root}", "experiment.model=/m",
+                         "launcher.cpus.pin=false", f"launcher.cpus.trainer_ranks={sys.argv[3]}",
+                         "experiment.trackers=[jsonl]"])
+role = Role("trainer-0", [sys.executable, sys.argv[2], str(exp.root), "wait"], kind="trainer", ready_file="trainer")
+sys.exit(run_experiment(cfg, exp, False, LocalBackend(cfg, exp), roles=[role], join=None))
+"""
+
+
+def test_ctrl_c_of_the_launcher_leaves_no_rank_behind(tmp_path):
+    exp = ExpDir(tmp_path / "exp")
+    launcher = subprocess.Popen([sys.executable, "-c", DRIVER, str(exp.root), str(STANDIN), str(WORLD)], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, preexec_fn=as_terminal_foreground)
+    deadline = time.monotonic() + 60
+    while len(_ranks(exp)) < WORLD or not exp.service_file("trainer").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0]
+        time.sleep(0.1)
+    time.sleep(1.5)   # the run is up (the lifecycle's watch)
+    os.kill(launcher.pid, signal.SIGINT)
+    out, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, out
+    assert _ends(exp) == {r: "SIGTERM" for r in range(WORLD)}
+    assert not any(_alive(v["pid"]) for v in _ranks(exp).values())
