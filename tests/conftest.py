@@ -32,6 +32,24 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not Path(str(item.path)).resolve().is_relative_to(UNIT_DIR))
 
 
+@pytest.fixture(autouse=True)
+def _cpu_affinity_kept():
+    """A test must leave the pytest process on the CPUs it found: a local launcher pins itself to
+    its services pool until its supervisor closes, and every later test's processes would inherit
+    one core (a test that built a LocalBackend and never closed it once did so for the rest of
+    the suite). Restored either way; the test that changed it fails, named."""
+    if not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    yield
+    after = os.sched_getaffinity(0)
+    if after != before:
+        os.sched_setaffinity(0, before)
+        pytest.fail(f"the test left the pytest process pinned to CPUs {sorted(after)} (it had {sorted(before)}): "
+                    "close the LocalSupervisor / LocalBackend it made", pytrace=False)
+
+
 @pytest.fixture
 def exp(tmp_path) -> ExpDir:
     e = ExpDir(tmp_path / "exp")

@@ -98,6 +98,7 @@ def test_keys_are_random_private_and_both_referenced(tmp_path):
     for name in (GEN_API_KEY, GEN_ADMIN_KEY):
         assert stat.S_IMODE((exp.keys / name).stat().st_mode) == 0o600
     backend = LocalBackend(cfg, exp)
+    backend.sup.close()   # nothing is started here; the launcher's own CPUs back (conftest checks)
     specs = {s.name: s for s in experiment_roles(cfg, exp, False)}
     argv = _tandem_args(specs["gen-0"])
     assert argv[:2] == ["gen", "sglang"]
