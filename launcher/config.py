@@ -227,6 +227,13 @@ def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"{cfg.controller.groups_per_step} differs from trainer.groups_per_step="
                     f"{cfg.trainer.groups_per_step}; admission and training must agree on B"))
     out += _sequence_fits_micro_batch(cfg)
+    lora = cfg.trainer.lora
+    if lora.rank > 0 and lora.sync == "adapter" and cfg.gen.backend == "sglang":
+        out.append(("trainer.lora.sync",
+                    "adapter (the default) publishes LoRA adapter directories, which only the embedded "
+                    "server merges; gen.backend is 'sglang' (it would load adapters through "
+                    "/load_lora_adapter and requests would have to name the adapter, not done yet): set "
+                    "trainer.lora.sync: merged"))
     return out
 
 

@@ -14,7 +14,8 @@ held-out evaluation (`rollout/evaluation.py`), so the figures compare.
 
 `--checkpoint final` (what `tandem eval --exp` does when the run's servers are gone: the run
 ended) serves the run's final policy: the newest weights it published (`<exp>/weights/v<N>/`,
-already a Hugging Face directory, so nothing is converted) unless a checkpoint is newer. A run
+already a Hugging Face directory, so nothing is converted, or a LoRA adapter directory merged
+onto the base model) unless a checkpoint is newer. A run
 that left neither is said in one line.
 
 The server and the temporary model directory (under `<exp>/`, where the run's storage is) are
@@ -53,10 +54,14 @@ def say(msg: str) -> None:
     print(f"tandem eval: {msg}", file=sys.stderr, flush=True)
 
 
-async def export_checkpoint(exp: ExpDir, spec: str, base_model: str, out: Path) -> tuple[int, str]:
-    """(version, checkpoint dir) after writing the HF directory `out`."""
+async def export_checkpoint(exp: ExpDir, spec: str, base_model: str, out: Path,
+                            adapter_dir: Path | None = None) -> tuple[int, str]:
+    """(version, checkpoint dir) after writing the HF directory `out`; with `adapter_dir`, that
+    published LoRA adapter directory merged onto `base_model` instead of a checkpoint."""
+    source = (["--adapter-dir", str(adapter_dir)] if adapter_dir is not None else
+              ["--checkpoints", str(exp.checkpoints), "--version", spec])
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trainer.hf_export", "--checkpoints", str(exp.checkpoints), "--version", spec,
+        sys.executable, "-m", "trainer.hf_export", *source,
         "--model", str(base_model), "--out", str(out), "--weights", str(exp.weights),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -73,6 +78,12 @@ async def export_checkpoint(exp: ExpDir, spec: str, base_model: str, out: Path) 
     return int(info["version"]), info["checkpoint"]
 
 
+def is_adapter_dir(path: Path) -> bool:
+    """A LoRA adapter publication (`trainer.lora.sync: adapter`): merged onto the base model
+    before serving (the trainer's hf_export does it, as for a checkpoint)."""
+    return (path / "adapter_config.json").is_file()
+
+
 def _versions(root: Path, prefix: str) -> list[int]:
     """Policy versions of `root`'s `<prefix><N>` entries (weights/v<N>, checkpoints/step-<N>)."""
     try:
@@ -87,7 +98,8 @@ def final_policy(exp: ExpDir) -> tuple[int, Path | None]:
 
     The newest published weights win ties: serving them converts nothing (and works for a
     Megatron run, whose sharded checkpoints do not convert here)."""
-    published = [v for v in _versions(exp.weights, "v") if (exp.weights / f"v{v}" / "config.json").exists()]
+    published = [v for v in _versions(exp.weights, "v") if (exp.weights / f"v{v}" / "config.json").exists()
+                 or is_adapter_dir(exp.weights / f"v{v}")]
     checkpoints = _versions(exp.checkpoints, "step-")
     if not published and not checkpoints:
         raise EvalError(f"{exp.root}: no policy to evaluate: no published weights in {exp.weights} "
@@ -101,6 +113,9 @@ async def model_for(exp: ExpDir, spec: str, base_model: str, tmp: Path) -> tuple
     """(version, HF directory to serve, what it is) for `--checkpoint spec` (vN, N, latest, final)."""
     if spec == FINAL:
         version, published = final_policy(exp)
+        if published is not None and is_adapter_dir(published):   # trainer.lora.sync: adapter
+            await export_checkpoint(exp, spec, base_model, tmp / "model", adapter_dir=published)
+            return version, tmp / "model", f"the run's final weights, {published}, merged onto {base_model}"
         if published is not None:
             return version, published, f"the run's final weights, {published}"
         spec = f"v{version}"

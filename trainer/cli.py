@@ -78,7 +78,8 @@ def register(sub) -> None:
                    help="auto: <exp>/weights/vN when kept, else <exp>/checkpoints/step-N; or only one of them")
     e.add_argument("--adapter", action="store_true",
                    help="a trainer.lora run: write its LoRA adapters (peft's adapter_config.json and "
-                        "adapter_model.safetensors, from a checkpoint) instead of the merged model")
+                        "adapter_model.safetensors, from a checkpoint or an adapter publication) instead "
+                        "of the merged model")
     e.add_argument("--json", action="store_true", help="print what was exported as one JSON object")
     e.add_argument("out", help="output directory (new or empty)")
     e.set_defaults(func=_export)

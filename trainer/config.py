@@ -37,6 +37,7 @@ class OptimConfig:
 
 # Qwen2's and Llama's names for every linear projection of a decoder layer (attention and MLP).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_SYNC = ("adapter", "merged")
 
 
 @dataclass
@@ -53,9 +54,16 @@ class LoraConfig:
     # Module names (the last part of the name) that get an adapter; every one must exist in
     # the model. The default: every linear projection of a Qwen2/Llama decoder layer.
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    # What a weight publication writes to <exp>/weights/v<N>/ (trainer.weight_sync: disk):
+    # adapter: peft's adapter directory (a few MB; the embedded server merges it onto the model it
+    # loaded); merged: the whole merged model as a plain HF directory (what SGLang and the
+    # broadcast need for now).
+    sync: str = "adapter"
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
+        if self.sync not in LORA_SYNC:
+            out.append(("sync", f"must be one of {list(LORA_SYNC)}, got {self.sync!r}"))
         if self.rank < 0:
             out.append(("rank", f"must be >= 0 (0 = off), got {self.rank}"))
         if self.alpha <= 0:
@@ -261,5 +269,9 @@ class TrainerConfig:
             out.append(("lora.rank", f"LoRA (trainer.lora.rank={self.lora.rank}) is implemented on the torch backend "
                                      f"only, and trainer.backend is {self.backend!r}: set trainer.backend: torch, or "
                                      f"trainer.lora.rank: 0"))
+        if self.lora.rank > 0 and self.lora.sync == "adapter" and self.weight_sync != "disk":
+            out.append(("lora.sync", f"trainer.lora.sync: adapter publishes adapter directories on disk, and "
+                                     f"trainer.weight_sync is {self.weight_sync!r} (it sends the whole merged "
+                                     f"model): set trainer.lora.sync: merged, or trainer.weight_sync: disk"))
         out += objective_problems(self)
         return out

@@ -3,6 +3,7 @@
 
     tandem export --exp DIR [--version N] [--from auto|weights|checkpoint] [--adapter] OUT
     python -m trainer.hf_export --checkpoints <exp>/checkpoints --version latest|N --model BASE --out DIR
+    python -m trainer.hf_export --adapter-dir <exp>/weights/vN --model BASE --out DIR
 
 Which weights "version N" is, in the order `--from auto` tries them:
 
@@ -18,11 +19,16 @@ Which weights "version N" is, in the order `--from auto` tries them:
 
 The version defaults to the newest either holds (the run's final policy once it has ended).
 
-A run trained with `trainer.lora` publishes merged weights, and its checkpoints hold the LoRA
-adapters and their settings: a checkpoint exports as the merged model too (the base model, the
-adapters and `trainer/lora.py`'s merge, the same tensors the run published), or, with
-`--adapter`, as peft's adapter directory (adapter_config.json, adapter_model.safetensors) that
-`PeftModel.from_pretrained(<base model>, OUT)` loads; only checkpoints hold the adapters.
+A run trained with `trainer.lora` publishes its adapters (`trainer.lora.sync: adapter`, peft's
+adapter directory in `weights/vN`) or the merged model (`merged`), and its checkpoints hold the
+adapters and their settings. Either exports as the merged model (the base model, the adapters and
+`trainer/lora.py`'s merge: the same tensors the servers serve), or, with `--adapter`, as peft's
+adapter directory (adapter_config.json, adapter_model.safetensors) that
+`PeftModel.from_pretrained(<base model>, OUT)` loads, from a checkpoint or an adapter publication
+(copied as it is).
+
+`python -m trainer.hf_export --adapter-dir <exp>/weights/vN --model BASE --out DIR` merges one
+published adapter directory (what `tandem eval --checkpoint final` serves for such a run).
 
 Why here: only the trainer knows its checkpoint formats. The evaluator runs the module form as its
 own process (so the other roles never import the trainer, and the memory of the loaded state is
@@ -157,6 +163,19 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
     return out
 
 
+def lora_adapter_dir(path: Path) -> bool:
+    """Whether `path` is peft's adapter directory (a `trainer.lora.sync: adapter` publication)."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def merge_published_adapter(adapter_dir: Path, base_model: Path, out: Path) -> Path:
+    """A published adapter directory merged onto the run's base model: a plain HF directory."""
+    from trainer import lora
+
+    lora.merge_adapter_dir(Path(adapter_dir), Path(base_model), Path(out))
+    return Path(out)
+
+
 def _dtype(out: Path) -> str:
     """The dtype of the exported weights (the first tensor's; every tensor of a run has it)."""
     from safetensors import safe_open
@@ -182,11 +201,8 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
     weights_root, ckpt_root = exp_root / "weights", exp_root / "checkpoints"
     published, checkpointed = published_versions(weights_root), checkpoint.checkpoint_steps(ckpt_root)
     newest = max(published + checkpointed, default=None)
-    if adapter and source == "weights":
-        raise NoSuchCheckpoint("--adapter reads the run's checkpoints (weights/vN hold the merged model): "
-                               "drop --from weights")
-    if adapter:     # only checkpoints hold the adapters
-        published = []
+    if adapter:     # only checkpoints and adapter publications (trainer.lora.sync: adapter) hold them
+        published = [v for v in published if lora_adapter_dir(weights_dir(weights_root, v))]
     if source == "weights":
         checkpointed = []
     elif source == "checkpoint":
@@ -208,7 +224,10 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if v in published:
+        if v in published and lora_adapter_dir(weights_dir(weights_root, v)) and not adapter:
+            merge_published_adapter(weights_dir(weights_root, v), base_model, tmp)
+            origin = f"weights/v{v}"
+        elif v in published:
             shutil.copytree(weights_dir(weights_root, v), tmp)
             origin = f"weights/v{v}"
         else:
@@ -225,15 +244,26 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.hf_export", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoints", required=True, type=Path, help="<exp>/checkpoints")
+    ap.add_argument("--checkpoints", type=Path, help="<exp>/checkpoints")
+    ap.add_argument("--adapter-dir", type=Path, default=None,
+                    help="instead of a checkpoint: a published LoRA adapter directory (<exp>/weights/vN) to merge")
     ap.add_argument("--version", default="latest", help="latest, vN or N")
     ap.add_argument("--model", required=True, type=Path, help="the run's base model (experiment.model)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--weights", type=Path, default=None, help="<exp>/weights (named in the Megatron refusal)")
     a = ap.parse_args(argv)
+    if (a.checkpoints is None) == (a.adapter_dir is None):
+        ap.error("give one of --checkpoints and --adapter-dir")
     try:
-        version, ckpt = resolve(a.checkpoints, a.version)
-        export(ckpt, version, a.model, a.out, a.weights)
+        if a.adapter_dir is not None:
+            m = re.fullmatch(r"v(\d+)", a.adapter_dir.name)
+            if not lora_adapter_dir(a.adapter_dir):
+                raise NoSuchCheckpoint(f"{a.adapter_dir} is not a LoRA adapter directory (no adapter_config.json)")
+            version, ckpt = (int(m.group(1)) if m else -1), a.adapter_dir
+            merge_published_adapter(a.adapter_dir, a.model, a.out)
+        else:
+            version, ckpt = resolve(a.checkpoints, a.version)
+            export(ckpt, version, a.model, a.out, a.weights)
     except NoSuchCheckpoint as e:
         print(e, file=sys.stderr)
         return 2

@@ -9,11 +9,14 @@ What the rest of the trainer sees stays what it was without LoRA:
 - The KL penalty's reference (the initial policy) is the same model with its adapters off
   (`PeftModel.disable_adapter()`): peft initialises B = 0, so version 0 with adapters on is
   exactly the base model, and no second copy of the model is needed.
-- Publication: the servers get the merged model, W + (alpha / r) B A under the plain Hugging
-  Face names (no `base_model.model.` prefix, no adapter tensors), so every weight-sync path and
-  every server loads it unchanged. The merged tensors are computed beside the live model, never
-  by merging into it (`merge_and_unload` would change the weights the next step trains from,
-  and unmerging does not give back the same bits).
+- Publication (`trainer.lora.sync`): `adapter` (the default, disk weight sync only) writes peft's
+  adapter directory to `<exp>/weights/v<N>/`, which the embedded server merges onto the model it
+  loaded (rollout/server/lora.py) and `tandem export` merges onto experiment.model
+  (`merge_adapter_dir`); `merged` gives the servers the merged model, W + (alpha / r) B A under
+  the plain Hugging Face names (no `base_model.model.` prefix, no adapter tensors), so every
+  weight-sync path and every server (SGLang) loads it unchanged. The merged tensors are computed
+  beside the live model, never by merging into it (`merge_and_unload` would change the weights
+  the next step trains from, and unmerging does not give back the same bits).
 - Checkpoints hold the adapters (peft's state-dict names) and their optimizer state, plus the
   LoRA settings they were trained with (`lora_settings`), so a resume and `tandem export`
   rebuild the same wrapped model from the base model.
@@ -138,14 +141,31 @@ def save_merged(model, base_dir: Path, out_dir: Path) -> None:
     copy_tokenizer_files(base_dir, out_dir)
 
 
-def save_adapter(model, base_dir: Path, out_dir: Path) -> None:
+def save_adapter(model, base_dir: Path, out_dir: Path, tokenizer: bool = True) -> None:
     """Write peft's adapter directory (adapter_config.json, adapter_model.safetensors) that
     `PeftModel.from_pretrained(<the base model>, out_dir)` loads, with the base model's
-    tokenizer files beside it."""
+    tokenizer files beside it (`tokenizer`; a weight publication leaves them out: the servers
+    keep the base model's tokenizer, and they can be megabytes where the adapter is not)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True, save_embedding_layers=False)
-    copy_tokenizer_files(base_dir, out_dir)
+    if tokenizer:
+        copy_tokenizer_files(base_dir, out_dir)
+
+
+def merge_adapter_dir(adapter_dir: Path, base_dir: Path, out_dir: Path) -> None:
+    """The plain Hugging Face model of `base_dir` with the adapter directory `adapter_dir` merged
+    in (`save_merged`'s tensors), in the adapter's dtype: what `tandem export` makes of a published
+    adapter version."""
+    from peft import PeftModel
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    with safe_open(str(Path(adapter_dir) / "adapter_model.safetensors"), "pt") as st:
+        dtype = st.get_tensor(next(iter(st.keys()))).dtype
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+    model = PeftModel.from_pretrained(base, adapter_dir, adapter_name=ADAPTER)
+    save_merged(model, Path(base_dir), Path(out_dir))
 
 
 def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> None:

@@ -19,8 +19,9 @@ The model stays in eval mode (no dropout) in training too: the proximal log-prob
 first update's log-probs must be the same numbers, so that r = 1 exactly at the start of a step.
 
 With `trainer.lora.rank > 0` the model is wrapped in peft's LoRA adapters (trainer/lora.py):
-only they train and are checkpointed; the KL reference is the model with its adapters off, and
-publication and export write the merged model.
+only they train and are checkpointed; the KL reference is the model with its adapters off;
+`export_hf` (what the disk publication writes) is peft's adapter directory with
+`trainer.lora.sync: adapter`, else the merged model, as is every broadcast.
 """
 from __future__ import annotations
 
@@ -245,6 +246,9 @@ class TorchBackend(TrainBackend):
 
     def export_hf(self, out_dir: Path) -> None:
         if self.rank != 0:
+            return
+        if self.lora is not None and self.cfg.lora.sync == "adapter":   # peft's adapter directory
+            lora.save_adapter(self.model, self.model_dir, out_dir, tokenizer=False)
             return
         if self.lora is not None:   # the merged model under the plain names
             lora.save_merged(self.model, self.model_dir, out_dir)

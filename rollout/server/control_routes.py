@@ -41,7 +41,7 @@ SELECTORS = ("target", "draft", "all")
 
 class ControlRoutes:
     """Mixed into `GenServer` (which owns `engine`, `paused`, `updating`, `open`, `update_lock`,
-    `group`, `session`, `served_version`, `model_path`)."""
+    `group`, `session`, `served_version`, `model_path`, `adapter_base`)."""
 
     # ---- pause / abort / flush ------------------------------------------------------------
     async def pause(self, request):
@@ -85,9 +85,9 @@ class ControlRoutes:
             self.updating = False
             self._reopen()
 
-    async def _apply(self, state: dict, version: str | None, flush_cache: bool) -> bool:
-        model, engine = self.engine.model, self.engine
-        return await self._exclusive(lambda: engine.apply_update(lambda: weights.apply(model, state),
+    async def _apply(self, update, version: str | None, flush_cache: bool) -> bool:
+        model, engine, base = self.engine.model, self.engine, self.adapter_base
+        return await self._exclusive(lambda: engine.apply_update(lambda: weights.apply(model, update, base),
                                                                  version, flush_cache))
 
     # ---- session ---------------------------------------------------------------------------
@@ -128,12 +128,13 @@ class ControlRoutes:
         async with self.update_lock:
             t0 = time.time()
             try:
-                state = await asyncio.get_running_loop().run_in_executor(
-                    None, weights.load_from_disk, self.engine.model, path)
+                # A HF directory, or a LoRA adapter directory merged onto the model loaded at start.
+                update = await asyncio.get_running_loop().run_in_executor(
+                    None, weights.load_from_disk, self.engine.model, path, self.engine.model_path)
             except weights.WeightError as e:
                 return web.json_response({"success": False, "message": f"Failed to update weights: {e}",
                                           "num_paused_requests": 0}, status=400)
-            flushed = await self._apply(state, version, flush)
+            flushed = await self._apply(update, version, flush)
             if not flushed:
                 return web.json_response({"success": False, "message": FLUSH_REFUSED,
                                           "num_paused_requests": 0}, status=400)

@@ -81,6 +81,7 @@ class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes):
         self.session: dict | None = None                     # the open weight-update session
         self.update_lock = asyncio.Lock()
         self.group = weights.BroadcastGroup()
+        self.adapter_base = weights.AdapterBase()           # pre-adapter weights (server/lora.py)
         self._open: asyncio.Event | None = None
 
     @property

@@ -1,9 +1,10 @@
-"""New weights for a running model: from a Hugging Face directory, or by torch.distributed broadcast.
+"""New weights for a running model: from a Hugging Face directory, a LoRA adapter directory
+(rollout/server/lora.py), or by torch.distributed broadcast.
 
-Both paths first gather a complete, validated `{name: tensor}` set and only then copy it into the
-model, so a bad update (missing tensor, wrong shape) leaves the served weights untouched. The
-broadcast path receives every announced tensor even when some name is wrong, so the sender's
-collective never hangs on us.
+Every path first gathers a complete, validated update (a `{name: tensor}` set, or an `Adapter`)
+and only then copies it into the model, so a bad update (missing tensor, wrong shape, an adapter
+for another model) leaves the served weights untouched. The broadcast path receives every
+announced tensor even when some name is wrong, so the sender's collective never hangs on us.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import torch
 
 from services.protocol.weight_group import join_weight_group, leave_weight_group
+
+from .lora import Adapter, AdapterBase, AdapterError, is_adapter_dir, read_adapter
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +55,32 @@ def validate(model, state: dict[str, torch.Tensor], *, partial: bool = False) ->
             raise WeightError(f"missing tensors: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def apply(model, state: dict[str, torch.Tensor]) -> None:
+def apply(model, update: dict[str, torch.Tensor] | Adapter, base: AdapterBase) -> None:
+    """Copy a validated update into the model. `base` keeps the pre-adapter weights: an adapter
+    merges onto them; plain tensors replace them (rollout/server/lora.py)."""
+    if isinstance(update, Adapter):
+        base.apply(model, update)
+        return
     want = expected_tensors(model)
     with torch.no_grad():
-        for name, t in state.items():
+        for name, t in update.items():
             want[name].copy_(t)
+    base.replaced(update)
 
 
-def load_from_disk(model, model_path: str) -> dict[str, torch.Tensor]:
-    """Read and validate the safetensors weights of a HF directory (sharded or not)."""
+def load_from_disk(model, model_path: str, base_model: str | None = None) -> dict[str, torch.Tensor] | Adapter:
+    """Read and validate the safetensors weights of a HF directory (sharded or not), or the
+    adapter of a LoRA adapter directory (adapter_config.json), which must have been trained on
+    `base_model` (the directory the server loaded at start)."""
     from safetensors.torch import load_file
     root = Path(model_path)
     if not root.is_dir():
         raise WeightError(f"model_path {model_path!r} is not a directory")
+    if is_adapter_dir(root):
+        try:
+            return read_adapter(model, root, base_model or "", _tied_names(model))
+        except AdapterError as e:
+            raise WeightError(str(e)) from None
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise WeightError(f"model_path {model_path!r} holds no *.safetensors file")

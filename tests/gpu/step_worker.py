@@ -46,7 +46,7 @@ def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_ran
     if backend == "torch":
         from trainer.torch_backend import TorchBackend
 
-        cfg = TrainerConfig(backend="torch", optim=optim, lora=LoraConfig(rank=lora_rank))
+        cfg = TrainerConfig(backend="torch", optim=optim, lora=LoraConfig(rank=lora_rank, sync="merged"))
         return TorchBackend(cfg, model, seed=0, dtype=DTYPES[dtype])
     from trainer.megatron.backend import MegatronBackend
 

@@ -1,5 +1,9 @@
 """Weights on disk: `<exp>/weights/v<N>/`, a Hugging Face directory each server loads itself.
 
+What the directory holds is the backend's choice (`export_hf`): the model, or, for a LoRA run
+with `trainer.lora.sync: adapter`, peft's adapter directory, which the embedded server merges
+onto the model it loaded (rollout/server/lora.py) and `tandem export` onto experiment.model.
+
 It is written in a temp directory beside it and renamed into place, so a server told to load
 v<N> never sees half a checkpoint; the last `keep` versions stay (a server still loading
 v<N-1>, or one being caught up, must not find it deleted). Versions above the one just
@@ -100,7 +104,8 @@ def _fsync_dir(path: Path) -> None:
 def keep_final(backend: TrainBackend, root: Path, version: int, keep: int) -> bool:
     """Collective: leave the run's final policy at `<root>/v<version>/` whatever the weight sync
     (with `broadcast` nothing was written there), so `tandem export` and `tandem eval` find the
-    exact weights the run ended with. Rank 0 decides (its view of the directory), so every rank
+    exact weights the run ended with (an adapter directory for `trainer.lora.sync: adapter`,
+    which they merge onto the base model). Rank 0 decides (its view of the directory), so every rank
     takes the same branch. Returns whether it wrote them."""
     import torch
 

@@ -1,6 +1,7 @@
 """LoRA on the torch backend (`trainer.lora`, trainer/lora.py): what trains, the KL reference,
-the published (merged) weights, checkpoints and `tandem export` of both forms, and the config's
-refusals. The model is the small real Qwen2 directory of tests/conftest.py, in float32."""
+the published weights (merged, or the adapter with `trainer.lora.sync: adapter`; the server's
+side of an adapter is tests/unit/generation/test_gen_lora_adapter.py), checkpoints and `tandem
+export` of both forms, and the config's refusals. The model is the small real Qwen2 directory of tests/conftest.py, in float32."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from launcher.config import ConfigError, load_config
-from trainer import checkpoint
+from trainer import checkpoint, lora
 from trainer.batch import StepBatch, plan_step
 from trainer.buffer import Group
 from trainer.config import LoraConfig, TrainerConfig
@@ -21,10 +22,10 @@ from trainer.weights.disk import DiskPublisher
 peft = pytest.importorskip("peft")
 
 
-def cfg(rank=8, **kw) -> TrainerConfig:
+def cfg(rank=8, sync="merged", **kw) -> TrainerConfig:
     c = TrainerConfig(temperature=1.0, max_staleness=0, **kw)
     c.optim.lr = 1e-2
-    c.lora = LoraConfig(rank=rank, alpha=16.0)
+    c.lora = LoraConfig(rank=rank, alpha=16.0, sync=sync)
     return c
 
 
@@ -158,6 +159,23 @@ def test_export_writes_the_merged_model_or_the_adapter(small_model_dir, traj, tm
         assert torch.equal(a, b)
 
 
+def test_an_adapter_publication_exports_as_the_merged_model_or_as_itself(small_model_dir, traj, tmp_path):
+    be = TorchBackend(cfg(sync="adapter"), small_model_dir, 0)
+    _step(be, _plan(traj))
+    exp = tmp_path / "exp"
+    DiskPublisher(exp / "weights", keep=1).publish(be, 1)
+    assert (exp / "weights" / "v1" / "adapter_config.json").is_file()
+    merged = export_run(exp, small_model_dir, tmp_path / "merged")
+    adapter = export_run(exp, small_model_dir, tmp_path / "adapter", adapter=True)
+    assert merged["from"] == adapter["from"] == "weights/v1" and merged["dtype"] == "float32"
+    plain_model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    expect = dict(lora.merged_tensors(be.model, params_only=False))
+    assert all(torch.equal(t, expect[n]) for n, t in plain_model.state_dict().items())
+    assert (tmp_path / "merged" / "tokenizer_config.json").is_file()    # the base model's, beside it
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").read_bytes() == \
+        (exp / "weights" / "v1" / "adapter_model.safetensors").read_bytes()
+
+
 def test_export_adapter_of_a_full_model_run_is_refused(small_model_dir, plain, tmp_path):
     exp = tmp_path / "exp"
     checkpoint.save(exp / "checkpoints", 1, 0, {"backend": plain.state_dict()}, {"version": 1}, keep=1)
@@ -172,6 +190,17 @@ def test_config_refuses_dropout_megatron_and_unknown_modules(small_model_dir, tm
     with pytest.raises(ConfigError, match=r"trainer\.lora\.rank: .*torch backend only.*trainer\.backend is 'megatron'"):
         load_config(None, [*exp, "trainer.lora.rank=8", "trainer.backend=megatron"])
     assert load_config(None, [*exp, "trainer.backend=megatron"]).trainer.lora.rank == 0
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.sync: .*trainer\.weight_sync is 'broadcast'.*"
+                                          r"set trainer\.lora\.sync: merged"):
+        load_config(None, [*exp, "trainer.lora.rank=8", "trainer.weight_sync=broadcast"])
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.sync: .*gen\.backend is 'sglang'.*/load_lora_adapter.*"
+                                          r"set trainer\.lora\.sync: merged"):
+        load_config(None, [*exp, "trainer.lora.rank=8", "gen.backend=sglang"])
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.sync: must be one of \['adapter', 'merged'\]"):
+        load_config(None, [*exp, "trainer.lora.rank=8", "trainer.lora.sync=delta"])
+    for ok in (["trainer.weight_sync=broadcast"], ["gen.backend=sglang"]):
+        assert load_config(None, [*exp, "trainer.lora.rank=8", "trainer.lora.sync=merged", *ok]).trainer.lora.sync \
+            == "merged"
     c = cfg()
     c.lora.target_modules = ["q_proj", "qkv_proj"]
     with pytest.raises(ValueError, match=r"trainer\.lora\.target_modules: \['qkv_proj'\]"):
