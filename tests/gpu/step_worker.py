@@ -54,14 +54,9 @@ def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_ran
     return MegatronBackend(TrainerConfig(backend="megatron", optim=optim), model, seed=0, mcfg=mcfg)
 
 
-def one_sequence(mb: PackedBatch, s: int) -> PackedBatch:
-    a, b = int(mb.cu_seqlens[s]), int(mb.cu_seqlens[s + 1])
-    return PackedBatch(mb.input_ids[a:b], torch.arange(b - a), torch.tensor([0, b - a], dtype=torch.int32))
-
-
 def measure(be, mbs: list[PackedBatch]) -> tuple[torch.Tensor, torch.Tensor]:
     packed = torch.cat([be.forward_logprobs(mb, 1.0).logp.float() for mb in mbs])
-    per_seq = torch.cat([be.forward_logprobs(one_sequence(mb, s), 1.0).logp.float()
+    per_seq = torch.cat([be.forward_logprobs(mc.one_sequence(mb, s), 1.0).logp.float()
                          for mb in mbs for s in range(mb.n_seqs)])
     return packed, per_seq
 

@@ -22,7 +22,12 @@ def make_model_dir(out: Path, *, tied: bool = True, seed: int = 0) -> Path:
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                       tie_word_embeddings=tied, rms_norm_eps=1e-6, rope_theta=10000.0)
-    model = Qwen2ForCausalLM(cfg)
+    return save_random(Qwen2ForCausalLM(cfg), out, seed)
+
+
+def save_random(model, out: Path, seed: int = 0) -> Path:
+    """`model` with non-trivial random weights (norms around 1, the rest ~0.15), saved as a HF
+    directory (safetensors)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -30,6 +35,27 @@ def make_model_dir(out: Path, *, tied: bool = True, seed: int = 0) -> Path:
             p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
     model.save_pretrained(out, safe_serialization=True)
     return Path(out)
+
+
+def one_sequence(mb: PackedBatch, s: int) -> PackedBatch:
+    """Sequence `s` of a packed micro-batch, alone."""
+    a, b = int(mb.cu_seqlens[s]), int(mb.cu_seqlens[s + 1])
+    return PackedBatch(mb.input_ids[a:b], torch.arange(b - a), torch.tensor([0, b - a], dtype=torch.int32))
+
+
+def assert_logits_match(backend, hf, mb) -> list:
+    """The backend's logits of each sequence of `mb` equal transformers' (float32, on the
+    backend's device, compared on the CPU); returns transformers' logits per sequence."""
+    refs = []
+    for s in range(mb.n_seqs):
+        one = one_sequence(mb, s)
+        with torch.no_grad():
+            ref = hf(input_ids=one.input_ids[None].to(backend.device)).logits[0].cpu()
+            got = backend._logits(one).cpu()
+        assert got.shape == ref.shape   # padded vocabulary rows are cut off
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+        refs.append(ref)
+    return refs
 
 
 def trainer_cfg(tp: int = 1, pp: int = 1, params_dtype: str = "bfloat16") -> TrainerConfig:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-from megatron_case import VOCAB
+from megatron_case import VOCAB, save_random
 
 FAMILIES = ("llama", "qwen3", "mistral")
 
@@ -45,11 +44,4 @@ def family_model(family: str):
 
 def make_family_dir(out: Path, family: str, seed: int = 0) -> Path:
     """A HF directory (safetensors) with non-trivial random weights (norms around 1)."""
-    model = family_model(family)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
-    model.save_pretrained(out, safe_serialization=True)
-    return Path(out)
+    return save_random(family_model(family), out, seed)

@@ -12,7 +12,6 @@ import megatron_case as mc
 import pytest
 import torch
 
-from trainer.backend import PackedBatch
 from trainer.megatron import convert
 from trainer.megatron.model import check_parallel_fits
 from trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
@@ -34,11 +33,6 @@ def backend(model_dir):
 def _hf_model(path: Path):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _seq(mb: PackedBatch, s: int) -> PackedBatch:
-    a, b = mb.cu_seqlens[s].item(), mb.cu_seqlens[s + 1].item()
-    return PackedBatch(mb.input_ids[a:b], torch.arange(b - a), torch.tensor([0, b - a], dtype=torch.int32))
 
 
 # ---- conversion (no process groups needed) ------------------------------------------------------
@@ -111,15 +105,7 @@ def test_block_diagonal_mask_and_thd_params():
 # ---- TP=1 in this process -------------------------------------------------------------------
 def test_logits_match_transformers(backend, model_dir):
     """float32 on both sides, on the backend's device (CUDA on a GPU), compared on the CPU."""
-    hf = _hf_model(model_dir).to(backend.device)
-    mb = mc.micro_batches()[0]
-    for s in range(mb.n_seqs):
-        one = _seq(mb, s)
-        with torch.no_grad():
-            ref = hf(input_ids=one.input_ids[None].to(backend.device)).logits[0].cpu()
-            got = backend._logits(one).cpu()
-        assert got.shape == ref.shape  # padded vocabulary rows are cut off
-        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+    mc.assert_logits_match(backend, _hf_model(model_dir).to(backend.device), mc.micro_batches()[0])
 
 
 def test_packed_forward_equals_per_sequence(backend):
@@ -131,7 +117,7 @@ def test_packed_forward_equals_per_sequence(backend):
     packing error, and it is not what this test is for."""
     for mb in mc.micro_batches(seed=3):
         packed = backend.forward_logprobs(mb, 0.7, with_entropy=True)
-        parts = [backend.forward_logprobs(_seq(mb, s), 0.7, with_entropy=True) for s in range(mb.n_seqs)]
+        parts = [backend.forward_logprobs(mc.one_sequence(mb, s), 0.7, with_entropy=True) for s in range(mb.n_seqs)]
         torch.testing.assert_close(packed.logp, torch.cat([p.logp for p in parts]), atol=2e-6, rtol=1e-6)
         torch.testing.assert_close(packed.entropy, torch.cat([p.entropy for p in parts]), atol=2e-6, rtol=1e-6)
         assert (packed.logp[mb.cu_seqlens[:-1].long()] == 0).all()

@@ -16,7 +16,6 @@ import megatron_families as mf
 import pytest
 import torch
 
-from trainer.backend import PackedBatch
 from trainer.megatron import convert
 from trainer.megatron.shape import decoder_shape
 
@@ -128,11 +127,6 @@ def test_mistral_sliding_window_that_cannot_bite_is_accepted(tmp_path, family_di
 
 
 # ---- logits parity (TP=1 in this process) ---------------------------------------------------------
-def _seq(mb: PackedBatch, s: int) -> PackedBatch:
-    a, b = mb.cu_seqlens[s].item(), mb.cu_seqlens[s + 1].item()
-    return PackedBatch(mb.input_ids[a:b], torch.arange(b - a), torch.tensor([0, b - a], dtype=torch.int32))
-
-
 @pytest.fixture
 def backend_of(family_dirs):
     """Builds the in-process TP=1 backend of a family; closes it after the test, failed or not."""
@@ -163,15 +157,7 @@ def test_logits_match_transformers(family_dirs, backend_of, family):
         torch.testing.assert_close(got, hf.model.rotary_emb.inv_freq.cpu(), rtol=0, atol=0)
         assert not torch.allclose(got, 1.0 / 500000.0 ** (torch.arange(0, 16, 2).float() / 16))
     mb = mc.micro_batches()[0]
-    refs = []
-    for s in range(mb.n_seqs):
-        one = _seq(mb, s)
-        with torch.no_grad():
-            ref = hf(input_ids=one.input_ids[None].to(backend.device)).logits[0].cpu()
-            got = backend._logits(one).cpu()
-        assert got.shape == ref.shape   # padded vocabulary rows are cut off
-        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
-        refs.append(ref)
+    refs = mc.assert_logits_match(backend, hf, mb)
     with torch.no_grad():
         packed = backend._logits(mb).cpu()
     torch.testing.assert_close(packed, torch.cat(refs), atol=2e-5, rtol=1e-5)
