@@ -47,8 +47,7 @@ import sys
 from pathlib import Path
 
 from trainer import checkpoint
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+from trainer.hf_dir import copy_tokenizer_files
 
 
 class NoSuchCheckpoint(ValueError):
@@ -157,9 +156,7 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    for f in Path(base_model).iterdir():     # tokenizer, chat template, generation config
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not (out / f.name).exists():
-            shutil.copy2(f, out / f.name)
+    copy_tokenizer_files(base_model, out)
     return out
 
 

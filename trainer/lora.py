@@ -24,13 +24,12 @@ What the rest of the trainer sees stays what it was without LoRA:
 from __future__ import annotations
 
 import copy
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from trainer.hf_export import WEIGHT_SUFFIXES
+from trainer.hf_dir import copy_tokenizer_files
 
 # The adapter name peft gives a single adapter (its state-dict names omit it).
 ADAPTER = "default"
@@ -166,13 +165,3 @@ def merge_adapter_dir(adapter_dir: Path, base_dir: Path, out_dir: Path) -> None:
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
     model = PeftModel.from_pretrained(base, adapter_dir, adapter_name=ADAPTER)
     save_merged(model, Path(base_dir), Path(out_dir))
-
-
-def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> None:
-    """Everything of `base_dir` but its weights and config (tokenizer, chat template, generation
-    config), as it is."""
-    for f in Path(base_dir).iterdir():
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "config.json" \
-                and not (out_dir / f.name).exists():
-            shutil.copy2(f, out_dir / f.name)
-

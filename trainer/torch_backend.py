@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,15 +37,11 @@ import torch.distributed as dist
 from services.protocol import collectives
 from trainer import lora
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.hf_dir import copy_tokenizer_files
 from trainer.logprobs import token_logprobs
 from trainer.lr_schedule import decay_updates, lr_factor
 
 log = logging.getLogger(__name__)
-
-# Files of a HF directory that hold weights (re-written on export); everything else (tokenizer,
-# chat template, generation config) is copied from the source directory as-is.
-WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
-
 
 VARLEN_ATTENTION = "tandem_varlen"
 
@@ -256,10 +251,7 @@ class TorchBackend(TrainBackend):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out_dir, safe_serialization=True)
-        for f in self.model_dir.iterdir():
-            if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
-                    and not (out_dir / f.name).exists():
-                shutil.copy2(f, out_dir / f.name)
+        copy_tokenizer_files(self.model_dir, out_dir)
 
     def full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.lora is not None:   # merged, under the plain model's names and order

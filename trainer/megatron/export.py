@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.hf_dir import copy_tokenizer_files
 from trainer.megatron import convert, cpu_compat, dist_ckpt
 from trainer.megatron.model import (
     build_gpt_model,
@@ -26,7 +27,6 @@ from trainer.megatron.model import (
     transformer_config,
 )
 from trainer.megatron.shape import decoder_shape
-from trainer.torch_backend import WEIGHT_FILES
 
 
 def write_hf_dir(state: dict[str, torch.Tensor], model_dir: Path, out_dir: Path) -> None:
@@ -38,9 +38,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], model_dir: Path, out_dir: Path)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy2(Path(model_dir) / "config.json", out_dir / "config.json")
-    for f in Path(model_dir).iterdir():
-        if f.is_file() and not f.name.endswith(WEIGHT_FILES) and not (out_dir / f.name).exists():
-            shutil.copy2(f, out_dir / f.name)
+    copy_tokenizer_files(model_dir, out_dir)
 
 
 def hf_state_from_dist(dist_dir: Path, model_dir: Path, vocab_multiple: int = 128) -> dict[str, torch.Tensor]:

@@ -1,0 +1,24 @@
+"""What a Hugging Face model directory holds besides its weights, and copying that part.
+
+Every writer of a model directory (the torch backend's publication, the Megatron converter's,
+LoRA's merged model, `tandem export`) writes the weights and config itself and takes the rest —
+tokenizer, chat template, generation config — from the model it started from, as it is. A leaf
+module, so the writers need not import each other for it.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+# Files of a HF directory that hold weights (re-written on export, never copied).
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> None:
+    """Every file of `base_dir` but its weights and config.json (each writer writes its own; a
+    LoRA adapter directory has none) that `out_dir` does not have yet."""
+    out_dir = Path(out_dir)
+    for f in Path(base_dir).iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
+                and not (out_dir / f.name).exists():
+            shutil.copy2(f, out_dir / f.name)
