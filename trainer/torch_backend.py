@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import trainer.lora as lora
 from services.protocol import collectives
-from trainer import lora
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.hf_dir import copy_tokenizer_files
 from trainer.logprobs import token_logprobs
