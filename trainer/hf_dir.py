@@ -1,4 +1,4 @@
-"""What a Hugging Face model directory holds besides its weights, and copying that part.
+"""What a Hugging Face model directory holds besides its weights, and writing one.
 
 Every writer of a model directory (the torch backend's publication, the Megatron converter's,
 LoRA's merged model, `tandem export`) writes the weights and config itself and takes the rest —
@@ -22,3 +22,22 @@ def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> None:
         if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
                 and not (out_dir / f.name).exists():
             shutil.copy2(f, out_dir / f.name)
+
+
+def save_plain_model(state: dict, config, base_dir: Path, out_dir: Path) -> Path:
+    """`out_dir` as a plain Hugging Face directory that `AutoModelForCausalLM.from_pretrained`
+    loads: the model of `config` holding the tensors of `state` (a full state_dict, in its own
+    dtype), built on the meta device so no second copy is made, and `base_dir`'s tokenizer files."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = next((t.dtype for t in state.values() if torch.is_floating_point(t)), torch.float32)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    copy_tokenizer_files(base_dir, out_dir)
+    return out_dir

@@ -47,7 +47,7 @@ import sys
 from pathlib import Path
 
 from trainer import checkpoint
-from trainer.hf_dir import copy_tokenizer_files
+from trainer.hf_dir import save_plain_model
 
 
 class NoSuchCheckpoint(ValueError):
@@ -132,8 +132,7 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
            vocab_multiple: int = 128, adapter: bool = False) -> Path:
     """Write `out/` (config and tokenizer of `base_model`, the checkpoint's weights as safetensors);
     `adapter`: the checkpoint's LoRA adapters as peft's adapter directory instead."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if (ckpt / checkpoint.SHARDED_DIR).is_dir():
         if adapter:
@@ -146,18 +145,7 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
     if adapter:
         raise NotConvertible(f"{ckpt} holds the whole model (the run did not use trainer.lora): there is no "
                              f"adapter; export it without --adapter")
-    state = backend["model"]
-    dtype = next((t.dtype for t in state.values() if torch.is_floating_point(t)), torch.float32)
-    config = AutoConfig.from_pretrained(base_model)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.tie_weights()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    copy_tokenizer_files(base_model, out)
-    return out
+    return save_plain_model(backend["model"], AutoConfig.from_pretrained(base_model), Path(base_model), Path(out))
 
 
 def lora_adapter_dir(path: Path) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.hf_dir import copy_tokenizer_files
+from trainer.hf_dir import copy_tokenizer_files, save_plain_model
 
 # The adapter name peft gives a single adapter (its state-dict names omit it).
 ADAPTER = "default"
@@ -125,19 +125,8 @@ def merged_tensors(model, params_only: bool = True, merged_to_cpu: bool = False
 def save_merged(model, base_dir: Path, out_dir: Path) -> None:
     """Write the merged model as a plain Hugging Face directory (config, safetensors, and the
     tokenizer files of `base_dir`) that `AutoModelForCausalLM.from_pretrained` loads."""
-    from transformers import AutoModelForCausalLM
-
-    base = model.get_base_model()
     state = dict(merged_tensors(model, params_only=False, merged_to_cpu=True))
-    dtype = next(t.dtype for t in state.values() if torch.is_floating_point(t))
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(copy.deepcopy(base.config), dtype=dtype)
-    plain.load_state_dict(state, strict=True, assign=True)
-    plain.tie_weights()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plain.save_pretrained(out_dir, safe_serialization=True)
-    copy_tokenizer_files(base_dir, out_dir)
+    save_plain_model(state, copy.deepcopy(model.get_base_model().config), Path(base_dir), Path(out_dir))
 
 
 def save_adapter(model, base_dir: Path, out_dir: Path, tokenizer: bool = True) -> None:
