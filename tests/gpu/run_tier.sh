@@ -4,9 +4,12 @@
 # 1. installs the project from the wheelhouse carried with the tree (.wheelhouse/, built here by
 #    `make wheelhouse NODE_HAS=tests/gpu/node-packages.txt`; WHEELHOUSE=DIR for another) into the
 #    interpreter that holds the node's torch (GPU_PYTHON, default python3), with pip --no-index;
-# 2. runs `make test-gpu`'s pytest (tests/gpu -m gpu) under a time limit (TIER_TIMEOUT_S, 480),
-#    with the checkout first on the path (the code under test is the tree, not the bundled wheel);
-# 3. writes OUT_DIR/gpu_tier.json (tests/gpu/tier_report.py), the JUnit XML and the logs.
+# 2. runs `make test-gpu`'s pytest one test file at a time (TIER_FILES, default all; each under
+#    TIER_FILE_TIMEOUT_S, 300; no file starts after TIER_TIMEOUT_S, 900; TIER_K: a -k
+#    expression), with the checkout first
+#    on the path (the code under test is the tree, not the bundled wheel);
+# 3. writes OUT_DIR/gpu_tier.json (tests/gpu/tier_report.py), pytest.log, and tier-files.tgz: the
+#    JUnit XML, the step workers' records (TANDEM_GPU_TIER_RECORDS) and the runs' role logs.
 # OUT_DIR defaults to $OUT (the device tool's folder that comes back), else ./gpu-tier-out.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,15 +25,42 @@ if [ -f "$WH/wheelhouse.json" ]; then
   $PY slurm/wheelhouse.py install --wheelhouse "$WH" > "$OUT_DIR/install.log" 2>&1
   install_rc=$?
   echo "offline install from $WH: exit $install_rc ($(( $(date +%s) - t0 )) s)"
+  if [ "$install_rc" != 0 ]; then
+    # pip's resolution refused (say, a node's package older than a bundled one asks for): put the
+    # bundle in without resolution so that the tier still runs; install.log says what was wrong.
+    $PY -m pip install --no-index --no-deps --no-cache-dir -q "$WH"/*.whl >> "$OUT_DIR/install.log" 2>&1
+    echo "  fallback: the bundle installed with --no-deps: exit $?"
+  fi
 else
   echo "no wheelhouse at $WH: using what $PY already has"
 fi
 t1=$(date +%s)
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-timeout -k 10 "${TIER_TIMEOUT_S:-480}" $PY -m pytest tests/gpu -m gpu -v -rA -p no:cacheprovider \
-  --junitxml "$OUT_DIR/gpu_tier.junit.xml" 2>&1 | tee "$OUT_DIR/pytest.log"
-rc=${PIPESTATUS[0]}
-$PY tests/gpu/tier_report.py --junit "$OUT_DIR/gpu_tier.junit.xml" --out "$OUT_DIR/gpu_tier.json" \
-  ${install_rc:+--wheelhouse "$WH" --install-rc "$install_rc" --install-s $(( t1 - t0 ))} \
-  --pytest-rc "$rc" --wall-s $(( $(date +%s) - t0 ))
+WORK=$(mktemp -d)
+export TANDEM_GPU_TIER_RECORDS="$WORK/records"
+# One pytest per test file, each under its own limit, the end-to-end runs last: a file that hangs
+# costs its own limit and leaves the others' reports whole.
+files=${TIER_FILES:-$(ls tests/gpu/test_*.py | grep -v run_resume; ls tests/gpu/test_*run_resume*.py)}
+rc=0 junits=() timed_out=()
+# After each file: the JUnit files, the workers' records and each test's role logs in one file (the
+# device's $OUT returns at most 8 files), and gpu_tier.json so far: a lease that ends mid-tier
+# still brings back what finished.
+report() {
+  (cd "$WORK" && find . -type f -size -4M \( -name '*.xml' -o -name '*.log' -o -name '*.jsonl' -o -name '*.yaml' \
+    -o -path './records/*' \) | tar czf "$OUT_DIR/tier-files.tgz" -T -)
+  $PY tests/gpu/tier_report.py --junit "${junits[@]:-/dev/null}" --out "$OUT_DIR/gpu_tier.json" \
+    ${timed_out:+--timed-out "${timed_out[@]}"} \
+    ${install_rc:+--wheelhouse "$WH" --install-rc "$install_rc" --install-s $(( t1 - t0 ))} \
+    --pytest-rc "$rc" --wall-s $(( $(date +%s) - t0 ))
+}
+for f in $files; do
+  j="$WORK/$(basename "$f" .py).junit.xml"
+  timeout -k 10 "${TIER_FILE_TIMEOUT_S:-300}" $PY -m pytest "$f" -m gpu -v -rA --tb=short --durations=0 ${TIER_K:+-k "$TIER_K"} \
+    -p no:cacheprovider --basetemp "$WORK/tmp-$(basename "$f" .py)" --junitxml "$j" 2>&1 | tee -a "$OUT_DIR/pytest.log"
+  frc=${PIPESTATUS[0]}
+  [ "$frc" = 0 ] || rc=$frc
+  if [ -s "$j" ]; then junits+=("$j"); else timed_out+=("$f"); fi
+  report
+  if [ $(( $(date +%s) - t1 )) -ge "${TIER_TIMEOUT_S:-900}" ]; then echo "tier time limit reached after $f"; break; fi
+done
 exit "$rc"

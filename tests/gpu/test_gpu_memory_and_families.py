@@ -1,10 +1,11 @@
 """What issues 35 and 37 ask the GPU tier to show (CPU tiers: tests/unit/trainer/test_logprobs.py,
 tests/unit/megatron/test_megatron_families.py):
 
-- the chunked log-prob step's CUDA peak memory at Qwen2.5's vocabulary (151,936) and an 8K-token
-  pack, against the whole pass's, from benchmarks/logprob_memory.py's own measurement (each case
-  in a fresh process, `torch.cuda.max_memory_allocated`); the chunk is 256, so tokens / chunk is
-  32 as for a 32K-token pack at the default 1,024 — the whole pass at 32K does not fit an H100;
+- the log-prob step's CUDA peak memory at Qwen2.5's vocabulary (151,936) and an 8K-token pack,
+  with the output layer in chunks (the torch backend's path) against logits made whole and their
+  whole pass, from benchmarks/logprob_memory.py's own measurement (each case in a fresh process,
+  `torch.cuda.max_memory_allocated`); the chunk is 256, so tokens / chunk is 32 as for a 32K-token
+  pack at the default 1,024 — the whole pass at 32K does not fit an H100;
 - a new family on the Megatron backend in bf16 (Qwen3: q/k norm, the TransformerEngine spec where
   TE is installed) held to the same bf16-vs-fp32 bounds as Qwen2 in test_bf16_numerics.py;
 - LoRA on the torch backend in bf16 (adapters on CUDA, the merged export) against fp32.
@@ -17,19 +18,20 @@ import pytest
 import tolerances as tol
 from workers import run_worker
 
-from benchmarks.logprob_memory import VOCAB, _run
+from benchmarks.logprob_memory import HIDDEN, VOCAB, _run
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def test_chunked_logprobs_peak_is_under_a_quarter_of_the_whole_pass(on_gpu):
     device = "cuda" if on_gpu else "cpu"
-    tokens = 8192 if on_gpu else 512    # the CPU rehearsal only checks the code runs
-    whole = _run(tokens, VOCAB, 0, device)
-    chunked = _run(tokens, VOCAB, tokens // 32, device)
+    # the CPU rehearsal only checks the code runs (bf16 matrix products are slow on a CPU)
+    tokens, hidden = (8192, HIDDEN) if on_gpu else (512, 64)
+    whole = _run(tokens, VOCAB, 0, device, "whole", hidden)
+    chunked = _run(tokens, VOCAB, tokens // 32, device, "head", hidden)
     print(f"log-prob step, {tokens} tokens x {VOCAB}: whole {whole['peak_bytes'] / 1e9:.2f} GB "
-          f"{whole['seconds']:.3f} s, chunk {chunked['chunk']}: {chunked['peak_bytes'] / 1e9:.2f} GB "
-          f"{chunked['seconds']:.3f} s")
+          f"{whole['seconds']:.3f} s, output layer in chunks of {chunked['chunk']}: "
+          f"{chunked['peak_bytes'] / 1e9:.2f} GB {chunked['seconds']:.3f} s")
     if on_gpu:
         assert chunked["peak_bytes"] <= whole["peak_bytes"] / 4, (whole, chunked)
 
@@ -40,8 +42,8 @@ def _bf16_against_fp32(tmp_path, model, on_gpu, *args, bf16_only=()):
     ref = run_worker(tmp_path / "fp32.pt", *args, "--dtype", "float32", "--model", model, "--steps", "1")
     layers = 2
     mean_tol, max_tol = tol.logp_bounds(layers, tol.logits_rms(model, mc.micro_batches(seed=0)))
-    if on_gpu:
-        assert "bfloat16" in bf["param_dtypes"], bf["param_dtypes"]
+    if tol.bf16_parameters_expected(args[args.index("--backend") + 1], on_gpu):
+        assert "torch.bfloat16" in bf["param_dtypes"], bf["param_dtypes"]
     err = (bf["logp"][0] - ref["logp"][0]).abs()
     assert err.mean() <= mean_tol and err.max() <= max_tol, (float(err.mean()), float(err.max()), mean_tol, max_tol)
     g, g_ref = bf["grad_norms"][0], ref["grad_norms"][0]

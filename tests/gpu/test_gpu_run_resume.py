@@ -25,6 +25,9 @@ pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 TOTAL = 6
 KILL_AFTER = 2
+# How long the first launch may take to reach step KILL_AFTER (TANDEM_GPU_TIER_STALL_S: a short
+# device lease would rather have the logs of a stall than wait it out).
+STALL_S = float(os.environ.get("TANDEM_GPU_TIER_STALL_S", 300))
 
 
 def _cuda_mapped(pid: int) -> bool:
@@ -32,6 +35,12 @@ def _cuda_mapped(pid: int) -> bool:
         return "libcuda.so" in Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return False
+
+
+def _role_logs(exp: ExpDir, chars: int = 3000) -> str:
+    """The end of each role's log: a failure on the GPU names what the trainer itself said."""
+    logs = sorted((exp.root / "logs").glob("*.log")) if (exp.root / "logs").exists() else []
+    return "".join(f"\n--- {p.name} ---\n{p.read_text(errors='replace')[-chars:]}" for p in logs)
 
 
 def _checkpoints(exp: ExpDir) -> list[int]:
@@ -45,11 +54,12 @@ def test_tandem_run_on_the_gpu_killed_and_resumed_from_a_gpu_checkpoint(tmp_path
     exp = ExpDir(tmp_path / f"gpu-{backend}")
     overrides = [f"trainer.backend={backend}", f"trainer.total_steps={TOTAL}"]
     first = tandem("run", cfg, *overrides, cwd=REPO)
-    deadline, trainer_pid, on_cuda = time.monotonic() + 300, None, False
+    deadline, trainer_pid, on_cuda = time.monotonic() + STALL_S, None, False
     try:
         while not (len(steps(exp)) >= KILL_AFTER and _checkpoints(exp)):
             if first.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the first launch ended or stalled before step {KILL_AFTER}:\n{finish(first, 10)[-4000:]}")
+                pytest.fail(f"the first launch ended or stalled before step {KILL_AFTER}:\n{finish(first, 10)[-4000:]}"
+                            f"{_role_logs(exp)}")
             if trainer_pid is None and exp.service_file("trainer").exists():
                 trainer_pid = int(json.loads(exp.service_file("trainer").read_text())["pid"])
             time.sleep(0.2)
@@ -67,7 +77,7 @@ def test_tandem_run_on_the_gpu_killed_and_resumed_from_a_gpu_checkpoint(tmp_path
 
     second = tandem("run", cfg, *overrides, "--resume", cwd=REPO)
     out2 = finish(second, 400)
-    assert second.returncode == 0, out2[-4000:]
+    assert second.returncode == 0, out2[-4000:] + _role_logs(exp)
     resumed = [r["step"] for r in steps(exp)[n_before:]]
     # The resumed launch continues from the last complete checkpoint, whatever the killed one
     # trained after it, up to the last step.

@@ -6,8 +6,11 @@ whether TransformerEngine and flash-attn were there), the offline install (the w
 manifest, pip's exit status and time), and every check with its outcome (pass / fail / skip /
 error), duration and, when it did not pass, the first lines of why.
 
-    python tests/gpu/tier_report.py --junit J.xml --out gpu_tier.json [--install-rc N --install-s S]
-        [--wheelhouse DIR] [--pytest-rc N] [--wall-s S]
+    python tests/gpu/tier_report.py --junit J.xml [J2.xml ...] --out gpu_tier.json [--install-rc N --install-s S]
+        [--wheelhouse DIR] [--pytest-rc N] [--wall-s S] [--timed-out FILE ...]
+
+A test file killed at its time limit wrote no JUnit XML: `--timed-out` names it, and it is
+reported as one check with the outcome `timeout` (its log says which tests finished first).
 """
 from __future__ import annotations
 
@@ -48,9 +51,11 @@ def environment() -> dict:
 
 def checks(junit: Path) -> list[dict]:
     out = []
-    if not junit.exists():
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):   # a pytest killed while writing it
         return out
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    for case in root.iter("testcase"):
         outcome, why = "pass", None
         for tag in ("failure", "error", "skipped"):
             el = case.find(tag)
@@ -66,7 +71,8 @@ def checks(junit: Path) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--junit", type=Path, required=True)
+    ap.add_argument("--junit", type=Path, nargs="+", required=True)
+    ap.add_argument("--timed-out", nargs="*", default=[], metavar="FILE")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--wheelhouse", type=Path)
     ap.add_argument("--install-rc", type=int)
@@ -74,8 +80,9 @@ def main() -> int:
     ap.add_argument("--pytest-rc", type=int)
     ap.add_argument("--wall-s", type=float)
     a = ap.parse_args()
-    found = checks(a.junit)
-    counts = {k: sum(c["outcome"] == k for c in found) for k in ("pass", "fail", "error", "skip")}
+    found = [c for j in a.junit for c in checks(j)]
+    found += [{"check": f, "outcome": "timeout", "why": ["killed at its time limit (run_tier.sh)"]} for f in a.timed_out]
+    counts = {k: sum(c["outcome"] == k for c in found) for k in ("pass", "fail", "error", "skip", "timeout")}
     manifest = a.wheelhouse / "wheelhouse.json" if a.wheelhouse else None
     report = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
               "install": {"from": str(a.wheelhouse) if a.wheelhouse else None, "exit": a.install_rc,

@@ -73,5 +73,11 @@ def logits_rms(model_dir, mbs) -> float:
     return math.sqrt(sq / n)
 
 
+def bf16_parameters_expected(backend: str, on_gpu: bool) -> bool:
+    """Whether a bf16 run's parameters are bf16: always on a GPU; on the CPU (the rehearsal) only
+    on the torch backend, since Megatron's CPU path keeps float32 parameters."""
+    return on_gpu or backend == "torch"
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double()[None], b.double()[None])[0])
