@@ -142,12 +142,14 @@ def apply_output_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
     set_recording(args.record)
 
 
-def cli(main) -> None:
-    """`python -m benchmarks.<name> [--quick|--record]` or `python benchmarks/<name>.py [...]`."""
+def cli(main, add_args=None) -> None:
+    """`python -m benchmarks.<name> [--quick|--record]` or `python benchmarks/<name>.py [...]`.
+    `add_args(parser)` adds a benchmark's own options and returns their names, passed to main."""
     module = sys.modules.get(main.__module__)
     p = argparse.ArgumentParser(description=module.__doc__ if module else None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_flags(p)
+    own = add_args(p) if add_args else []
     args = p.parse_args()
     apply_output_flags(p, args)
-    main(quick=args.quick)
+    main(quick=args.quick, **{k: getattr(args, k) for k in own})

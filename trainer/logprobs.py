@@ -13,6 +13,13 @@ backward pass recomputes one chunk at a time from the logits in their own dtype.
 independent, so the values are those of the whole pass on the same logits, bit for bit
 (tests/unit/trainer/test_logprobs.py checks values, gradients and what autograd keeps).
 
+The output layer, chunked too (`head`): a chunked pass from logits still keeps the model's own
+logits and their gradient whole, [N, vocab] in bf16 twice, which at a 32K-token pack and a 152K
+vocabulary is 20 GB. Given the hidden states [N, hidden] and the output layer's weight
+[vocab, hidden] instead, each chunk makes its own logits inside the checkpoint, so nothing of a
+vocabulary's width outlives its chunk: autograd keeps the hidden states (the model keeps them
+anyway) and the weight, and the backward pass adds each chunk's share to both gradients.
+
 Layout: logits row j predicts input_ids[j + 1]; the result at position i is that prediction for
 i, 0 at the first position of every sequence (nothing predicts it: the row before a sequence
 start belongs to the previous sequence).
@@ -26,9 +33,12 @@ from torch.utils.checkpoint import checkpoint
 from trainer.backend import TokenOutputs
 
 
-def _rows(logits: torch.Tensor, targets: torch.Tensor, temperature: float, dt: torch.dtype,
-          with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(target | row) and the row's entropy (zeros when not asked) for a chunk of rows."""
+def _rows(rows: torch.Tensor, targets: torch.Tensor, temperature: float, dt: torch.dtype,
+          with_entropy: bool, entropy_grad: bool, head: torch.Tensor | None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target | row) and the row's entropy (zeros when not asked) for a chunk of rows
+    (logits, or hidden states that `head` turns into logits)."""
+    logits = rows if head is None else F.linear(rows, head)
     logp_all = F.log_softmax(logits.to(dt) / temperature, dim=-1)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     if not with_entropy:
@@ -37,28 +47,30 @@ def _rows(logits: torch.Tensor, targets: torch.Tensor, temperature: float, dt: t
         return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+def token_logprobs(rows: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
                    temperature: float, with_entropy: bool, entropy_grad: bool = False,
-                   chunk: int = 0) -> TokenOutputs:
+                   chunk: int = 0, head: torch.Tensor | None = None) -> TokenOutputs:
     """log_softmax(logits / T) of each next token, shifted to the token's own position.
 
-    `logits` [N, vocab] in any dtype (float32 math, float64 kept); `chunk` rows at a time, each
-    recomputed in the backward pass (0: the whole micro-batch in one piece, nothing recomputed).
-    The entropy is detached unless `entropy_grad` (an entropy bonus)."""
+    `rows`: the logits [N, vocab] in any dtype (float32 math, float64 kept), or with `head` (the
+    output layer's weight, [vocab, hidden], no bias) the hidden states [N, hidden] that make them.
+    `chunk` rows at a time, each recomputed in the backward pass (0: the whole micro-batch in one
+    piece, nothing recomputed). The entropy is detached unless `entropy_grad` (an entropy bonus)."""
     n = input_ids.numel()
-    device = logits.device
-    dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    device = rows.device
+    dt = torch.float64 if rows.dtype == torch.float64 else torch.float32
     ids = input_ids.to(device)
     targets = torch.cat([ids[1:], ids.new_zeros(1)]) if n else ids   # the last row predicts nothing
-    recompute = chunk > 0 and torch.is_grad_enabled() and logits.requires_grad
+    needs_grad = rows.requires_grad or (head is not None and head.requires_grad)
+    recompute = chunk > 0 and torch.is_grad_enabled() and needs_grad
     logps, ents = [], []
-    for part, tgt in zip(torch.split(logits, chunk if chunk > 0 else max(n, 1)),
+    for part, tgt in zip(torch.split(rows, chunk if chunk > 0 else max(n, 1)),
                          torch.split(targets, chunk if chunk > 0 else max(n, 1)), strict=True):
         if recompute:
-            lp, ent = checkpoint(_rows, part, tgt, temperature, dt, with_entropy, entropy_grad,
+            lp, ent = checkpoint(_rows, part, tgt, temperature, dt, with_entropy, entropy_grad, head,
                                  use_reentrant=False)
         else:
-            lp, ent = _rows(part, tgt, temperature, dt, with_entropy, entropy_grad)
+            lp, ent = _rows(part, tgt, temperature, dt, with_entropy, entropy_grad, head)
         logps.append(lp)
         ents.append(ent)
     zero = torch.zeros(1, dtype=dt, device=device)

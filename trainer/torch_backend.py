@@ -83,6 +83,18 @@ def packed_attention_implementation() -> str:
     return VARLEN_ATTENTION
 
 
+def plain_output_weight(model) -> torch.Tensor | None:
+    """The output layer's weight when a model's logits are exactly hidden @ weight.T (a Linear
+    without bias, no logit scale or soft-capping, not wrapped by an adapter), else None."""
+    head = model.get_output_embeddings()
+    cfg = model.config
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    return head.weight
+
+
 def _cpu_copy(obj):
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
@@ -127,28 +139,35 @@ class TorchBackend(TrainBackend):
     # ---- forward ------------------------------------------------------------------------------
     def _forward(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None) -> TokenOutputs:
         model = model if model is not None else self.model
-        grad = self.entropy_grad and torch.is_grad_enabled()
         ids = mb.input_ids.to(self.device)
         if mb.n_tokens == 0:
             z = torch.zeros(0, device=self.device)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
         if self.cfg.packed_forward:
-            pos = mb.position_ids.to(self.device)
             cu = mb.cu_seqlens.to(self.device, torch.int32)
             longest = max(mb.seqlens())
-            logits = model(input_ids=ids[None], position_ids=pos[None], use_cache=False,
-                           cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
-                           max_length_k=longest).logits[0]
-            return token_logprobs(logits, ids, mb.cu_seqlens, temperature, with_entropy, grad,
-                                  self.cfg.logprob_chunk)
-        parts = []
+            return self._token_outputs(model, ids, mb.cu_seqlens, temperature, with_entropy,
+                                       position_ids=mb.position_ids.to(self.device)[None], cu_seq_lens_q=cu,
+                                       cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
         cu = mb.cu_seqlens.tolist()
-        for a, b in zip(cu[:-1], cu[1:], strict=True):
-            logits = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
-            parts.append(token_logprobs(logits, ids[a:b], torch.tensor([0, b - a]), temperature,
-                                        with_entropy, grad, self.cfg.logprob_chunk))
+        parts = [self._token_outputs(model, ids[a:b], torch.tensor([0, b - a]), temperature, with_entropy)
+                 for a, b in zip(cu[:-1], cu[1:], strict=True)]
         return TokenOutputs(logp=torch.cat([p.logp for p in parts]),
                             entropy=torch.cat([p.entropy for p in parts]) if with_entropy else None)
+
+    def _token_outputs(self, model, ids: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float,
+                       with_entropy: bool, **inputs) -> TokenOutputs:
+        """One forward of `ids` (a packed row or one sequence) and its token log-probs. With
+        chunks and a plain output layer, the decoder's hidden states go to the log-prob step with
+        the output layer's weight, so the logits are made a chunk at a time (trainer/logprobs.py)."""
+        grad = self.entropy_grad and torch.is_grad_enabled()
+        chunk = self.cfg.logprob_chunk
+        head = plain_output_weight(model) if chunk > 0 else None
+        if head is None:
+            logits = model(input_ids=ids[None], use_cache=False, **inputs).logits[0]
+            return token_logprobs(logits, ids, cu_seqlens, temperature, with_entropy, grad, chunk)
+        hidden = model.get_decoder()(input_ids=ids[None], use_cache=False, **inputs).last_hidden_state[0]
+        return token_logprobs(hidden, ids, cu_seqlens, temperature, with_entropy, grad, chunk, head=head)
 
     @torch.no_grad()
     def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False

@@ -87,3 +87,59 @@ def test_chunked_pass_keeps_no_float32_vocabulary_tensor_for_backward(entropy_gr
     wide32 = [s for s, dt in chunked if dt == torch.float32 and len(s) == 2 and s[-1] == vocab]
     assert all(s[0] <= 16 for s in wide32), wide32
     assert not [s for s, dt in chunked if dt == torch.float32 and s and s[0] > 16 and len(s) == 2]
+
+
+def _head_case(n: int = 23, hidden: int = 11, vocab: int = 37, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(n, hidden, generator=gen).to(dtype).requires_grad_(True)
+    w = torch.randn(vocab, hidden, generator=gen).to(dtype).requires_grad_(True)
+    ids = torch.randint(0, vocab, (n,), generator=gen)
+    return h, w, ids, torch.tensor([0, 5, 6, 15, n], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7, 23, 100])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_the_output_layer_in_chunks_equals_logits_made_whole(chunk, entropy_grad):
+    """head=W: each chunk's logits are h[chunk] @ W.T; values and both gradients (hidden states
+    and weight) as from the whole logits h @ W.T, to float32 rounding (a row's product does not
+    depend on which rows share its matrix product, up to the kernel's summation order)."""
+    h, w, ids, cu = _head_case()
+    ref = token_logprobs(h @ w.T, ids, cu, 0.7, True, entropy_grad, chunk=0)
+    got = token_logprobs(h, ids, cu, 0.7, True, entropy_grad, chunk=chunk, head=w)
+    torch.testing.assert_close(got.logp, ref.logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got.entropy, ref.entropy, rtol=1e-6, atol=1e-6)
+    assert got.logp[cu[:-1].long()].eq(0).all()
+    weights = torch.randn(len(ids), generator=torch.Generator().manual_seed(5))
+
+    def grads(out):
+        loss = (weights * out.logp).sum() + (out.entropy.sum() if entropy_grad else 0.0)
+        return torch.autograd.grad(loss, (h, w))
+    for g, g_ref in zip(grads(got), grads(ref), strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def _largest_saved_storage(h, w, ids, chunk: int, head: bool) -> int:
+    """Elements of the largest storage behind a tensor autograd keeps for the backward pass (a
+    chunk's view of whole logits counts as the whole logits: it keeps them alive)."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.untyped_storage().nbytes() // t.element_size())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        rows = h if head else h @ w.T
+        out = token_logprobs(rows, ids, torch.tensor([0, len(ids)]), 0.9, True, True, chunk=chunk,
+                             head=w if head else None)
+        (out.logp.sum() + out.entropy.sum()).backward()
+    return max(sizes)
+
+
+def test_the_chunked_output_layer_keeps_nothing_of_a_vocabulary_s_width_for_backward():
+    """The point of `head`: from logits, the chunked pass still keeps the model's [N, vocab]
+    logits alive (its chunks are views of them); from hidden states, autograd keeps the hidden
+    states, the weight and per-token columns (bf16, as on a GPU)."""
+    n, hidden, vocab, chunk = 64, 8, 50, 16
+    h, w, ids, _ = _head_case(n, hidden, vocab, torch.bfloat16)
+    assert _largest_saved_storage(h, w, ids, chunk, head=False) >= n * vocab
+    assert _largest_saved_storage(h, w, ids, chunk, head=True) <= max(n * hidden, vocab * hidden)
+    assert h.grad is not None and w.grad is not None and w.grad.abs().sum() > 0
