@@ -6,11 +6,12 @@ tensor-parallel ranks of one data-parallel replica get the same micro-batches (`
 the same forward (logits are gathered over TP), and so compute the same loss; Megatron's
 column/row-parallel layers do the TP communication in forward and backward.
 
-CPU (runs here, see cpu_compat.py): local layer spec, block-diagonal packing mask, torch AdamW
+Packed sequences go in THD format on both paths (TE's attention, or varlen_attention.py's).
+CPU (runs here, see cpu_compat.py): local layer spec, torch AdamW
 over this rank's shards, data-parallel gradients summed with one all-reduce, the gradient norm
 reduced over the model-parallel group counting replicated tensors once.
 GPU (written against megatron-core 0.16.1, not run here): TransformerEngine spec when
-installed, THD packed sequences, Megatron's `DistributedDataParallel` and distributed optimizer
+installed, Megatron's `DistributedDataParallel` and distributed optimizer
 (`calculate_per_token_loss=True`, so gradients are summed, not averaged, over DP ranks).
 
 Pipeline parallelism: each stage holds a contiguous range of layers; micro-batches flow
@@ -45,7 +46,6 @@ from trainer.megatron.model import (
     padded_vocab_size,
     transformer_config,
 )
-from trainer.megatron.packing import block_diagonal_causal_mask
 from trainer.megatron.pipeline import run_micro_batches
 from trainer.megatron.shape import decoder_shape
 
@@ -108,7 +108,6 @@ class MegatronBackend(TrainBackend):
         if self.on_gpu:
             model.cuda()
         self.te_norms = any(k.endswith("layer_norm_weight") for k in model.state_dict())
-        self.use_thd = self.on_gpu and self.te_norms
         self.model = model
         hf_local = self.load_hf(self.model_dir)
         model.eval()  # no dropout anyway; eval keeps proximal and first-update log-probs equal
@@ -175,12 +174,9 @@ class MegatronBackend(TrainBackend):
         model = model if model is not None else self.model
         ids = mb.input_ids.to(self.device)[None]
         pos = mb.position_ids.to(self.device)[None]
-        if self.use_thd:
-            return gpu.forward_thd(model, ids, pos, mb.cu_seqlens, self.device)
-        # Rotary phases follow the packed row's index, not position_ids (Megatron's GPTModel uses
-        # position_ids for learned embeddings only); with the mask confining attention to one
-        # sequence, RoPE's dependence on relative positions alone makes that the same.
-        return model(ids, pos, block_diagonal_causal_mask(mb.cu_seqlens, self.device))
+        # THD on both specs: TE's fused attention, or the local spec's VarlenCoreAttention; rotary
+        # positions restart per sequence from cu_seqlens.
+        return gpu.forward_thd(model, ids, pos, mb.cu_seqlens, self.device)
 
     def _logits(self, mb: PackedBatch) -> torch.Tensor:
         """[N, vocab] logits (padding rows cut off). Single-stage models only (tests, tools)."""

@@ -21,9 +21,8 @@ a few places that assume CUDA. `apply()` fixes them and is called only when
    and restores the CUDA generator's state around the recomputed forward; without CUDA there is
    none, so those two calls save nothing and restore nothing (the CPU generator and the tracker
    above are still saved and restored by Megatron itself).
-6. Not patched but required of callers (see `packing.py` and `backend.py`): always pass an
-   attention mask (the default causal mask is built on CUDA), pack sequences with a
-   block-diagonal mask (THD `PackedSeqParams` needs TransformerEngine), use torch AdamW
+6. Not patched but required of callers (see `packing.py` and `backend.py`): pack sequences in
+   THD format with no mask (the default causal mask is built on CUDA), use torch AdamW
    (Megatron's DDP and optimizer allocate CUDA buffers), and do not use Megatron's pipeline
    schedules (they allocate a `device="cuda"` counter; see pipeline.py).
 """

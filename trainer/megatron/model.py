@@ -93,7 +93,8 @@ def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, re
 
 
 def layer_spec(on_gpu: bool, qk_norm: bool = False):
-    """TransformerEngine spec on GPUs when TE is installed (fused norms, THD packing), else local.
+    """TransformerEngine spec on GPUs when TE is installed (fused norms, THD packing), else the
+    local spec with `VarlenCoreAttention` (THD packing too, one SDPA call per sequence).
 
     The two specs name the norm weights differently (`input_layernorm.weight` vs
     `linear_qkv.layer_norm_weight`); `convert.py` handles both. `qk_norm` (Qwen3) adds the
@@ -107,7 +108,12 @@ def layer_spec(on_gpu: bool, qk_norm: bool = False):
 
     if on_gpu and has_transformer_engine():
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
-    return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    from trainer.megatron.varlen_attention import VarlenCoreAttention
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    # padding-free attention without TE: one causal SDPA per packed sequence (varlen_attention.py)
+    spec.submodules.self_attention.submodules.core_attention = VarlenCoreAttention
+    return spec
 
 
 def has_transformer_engine() -> bool:

@@ -1,15 +1,13 @@
 """Packed (padding-free) micro-batches for GPTModel: one row holding several whole sequences.
 
-Two paths give the same attention pattern — each token sees the earlier tokens of its own
-sequence only — with rotary positions restarting at 0 for every sequence:
+Each token sees the earlier tokens of its own sequence only, with rotary positions restarting
+at 0 for every sequence: THD format, `PackedSeqParams(qkv_format="thd", cu_seqlens_q/kv,
+max_seqlen_q/kv)`, which TE's fused attention (the TE spec) and `VarlenCoreAttention` (the local
+spec, varlen_attention.py) treat as `len(cu_seqlens) - 1` sequences, no mask, no N^2 memory.
 
-- CPU (runs here): the local layer spec's `DotProductAttention` takes an explicit boolean mask
-  `[1, 1, N, N]` (True = masked), so a block-diagonal causal mask does it. It costs N^2 memory,
-  which is fine for the micro-batch sizes a CPU can train.
-- GPU (TransformerEngine): THD format. `PackedSeqParams(qkv_format="thd", cu_seqlens_q/kv,
-  max_seqlen_q/kv)` makes TE's fused attention treat the row as `len(cu_seqlens) - 1`
-  variable-length sequences, no mask, no N^2 memory. Megatron's `DotProductAttention` (the
-  local spec) refuses `packed_seq_params`, so this path needs TE. Not run on this machine.
+The block-diagonal causal mask `[1, 1, N, N]` (True = masked) is the same pattern written out:
+what the local spec's `DotProductAttention` took before VarlenCoreAttention, and the reference
+it is tested against (N^2 memory).
 """
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ def block_diagonal_causal_mask(cu_seqlens: torch.Tensor, device=None) -> torch.T
 
 
 def thd_packed_seq_params(cu_seqlens: torch.Tensor, device):
-    """`PackedSeqParams` for TE's THD attention (GPU path)."""
+    """`PackedSeqParams` of a packed row (THD format: TE's attention or VarlenCoreAttention)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = cu_seqlens.to(device=device, dtype=torch.int32)

@@ -90,8 +90,8 @@ def test_unsupported_checkpoints_are_named(tmp_path, model_dir):
 
 
 def test_block_diagonal_mask_and_thd_params():
-    """The CPU mask lets a token see only earlier tokens of its own sequence. The THD params are
-    the GPU path's input (built here, consumed by TransformerEngine only on GPUs)."""
+    """The mask (the reference of VarlenCoreAttention's test) lets a token see only earlier
+    tokens of its own sequence; the THD params are what both core attentions take."""
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     allowed = ~block_diagonal_causal_mask(cu)[0, 0]
     expect = torch.zeros(5, 5, dtype=torch.bool)
@@ -103,6 +103,30 @@ def test_block_diagonal_mask_and_thd_params():
 
 
 # ---- TP=1 in this process -------------------------------------------------------------------
+def test_varlen_core_attention_equals_megatron_attention_under_the_block_diagonal_mask(backend):
+    """Megatron's own DotProductAttention over the whole packed row under the block-diagonal mask
+    (the local spec's path before issue 37) against VarlenCoreAttention one sequence at a time:
+    the same outputs to float32 rounding, with the config's grouped-query heads."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from trainer.megatron.varlen_attention import VarlenCoreAttention
+
+    cfg = backend.config
+    dense = DotProductAttention(cfg, 1, AttnMaskType.causal, "self")
+    varlen = VarlenCoreAttention(cfg, 1, AttnMaskType.causal, "self")
+    cu = torch.tensor([0, 3, 4, 11, 16], dtype=torch.int32)
+    heads, groups, d = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads, cfg.kv_channels
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(16, n, d, generator=gen) for n in (heads, groups, groups))
+    got = varlen(q, k, v, None, packed_seq_params=thd_packed_seq_params(cu, "cpu"))
+    want = dense(q[:, None], k[:, None], v[:, None], block_diagonal_causal_mask(cu))   # [16, 1, heads * d]
+    assert got.shape == (16, heads * d)
+    torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="THD"):
+        varlen(q, k, v, None)
+
+
 def test_logits_match_transformers(backend, model_dir):
     """float32 on both sides, on the backend's device (CUDA on a GPU), compared on the CPU."""
     mc.assert_logits_match(backend, _hf_model(model_dir).to(backend.device), mc.micro_batches()[0])
