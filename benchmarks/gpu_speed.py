@@ -1,0 +1,168 @@
+"""Trainer speed on one GPU: tokens/s, MFU and peak memory of both backends' own train step at
+real shapes (issue 37), random weights, bf16, no TransformerEngine or flash-attn needed.
+
+Shapes: Qwen2.5-0.5B and Qwen2.5-1.5B, from their published config.json values (below), with
+random weights (`AutoModelForCausalLM.from_config`, saved once per run). Each step trains two
+micro-batches, each one packed row of `pack` tokens made of 1,024-token sequences, through the
+backend's `train_step` with a policy-gradient loss over every token — what the training loop
+runs, log-probs (chunked, trainer.logprob_chunk) and the optimizer step included. One warm-up
+step, then `steps` timed steps (CUDA synchronised). Each configuration runs in its own process
+(Megatron's process groups are per process); one that runs out of memory is recorded as such,
+with the device's memory.
+
+MFU = 6 x parameters x tokens/s / peak, the issue's formula: the dense matrix products of the
+forward and backward passes (attention's own products not counted); peak = 989 TFLOP/s, the
+dense bf16 figure of an H100 / H200 SXM (`--peak-tflops` for another device).
+
+    python -m benchmarks.gpu_speed [--packs 8192 32768] [--shapes 0.5b 1.5b]   (a GPU)
+    python -m benchmarks.gpu_speed --quick                                    (any machine: a tiny
+                                                                               shape, checks the code)
+"""
+from __future__ import annotations
+
+if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
+    import script_path  # noqa: F401
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import cli, print_table, write_results
+
+SEQ_LEN = 1024
+PEAK_TFLOPS = 989.0
+# Published config.json values (Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B): the shapes, not the weights.
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
+}
+
+
+def make_model_dir(shape: str, out: Path) -> Path:
+    """A Qwen2 directory of this shape with random weights (bf16), made once."""
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int) -> dict:
+    """Runs in a fresh process: the backend's train step on two micro-batches of `pack` tokens."""
+    import torch
+
+    from trainer.backend import PackedBatch
+    from trainer.config import OptimConfig, TrainerConfig
+
+    cuda = torch.cuda.is_available()
+    optim = OptimConfig(lr=1e-6, warmup_steps=1)
+    if backend == "torch":
+        from trainer.torch_backend import TorchBackend
+        be = TorchBackend(TrainerConfig(backend="torch", optim=optim), Path(model_dir), seed=0,
+                          dtype=torch.bfloat16 if cuda else torch.float32)
+    else:
+        from trainer.megatron.backend import MegatronBackend
+        from trainer.megatron.config import MegatronConfig
+        be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim), Path(model_dir), seed=0,
+                             mcfg=MegatronConfig(params_dtype="bfloat16"))
+    params = sum(p.numel() for p in be.model.parameters())
+    vocab = be.model.config.vocab_size if backend == "torch" else be.shape.vocab_size
+    gen = torch.Generator().manual_seed(0)
+
+    def micro_batch() -> PackedBatch:
+        n_seq = max(1, pack // seq_len)
+        lengths = [pack // n_seq] * n_seq
+        ids = torch.randint(0, vocab, (sum(lengths),), generator=gen)
+        pos = torch.cat([torch.arange(n) for n in lengths])
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        fields = {"loss_mask": torch.ones(len(ids), dtype=torch.bool), "adv": torch.randn(len(ids), generator=gen)}
+        return PackedBatch(ids, pos, cu, fields, list(range(n_seq)))
+
+    mbs = [micro_batch(), micro_batch()]
+    total = float(sum(mb.n_tokens for mb in mbs))
+
+    def loss_fn(mb, out):
+        loss = -(mb.fields["adv"] * out.logp * mb.fields["loss_mask"]).sum() / total
+        return loss, {"loss": float(loss.detach())}
+
+    record = {"backend": backend, "pack": pack, "tokens_per_step": int(total), "parameters": params,
+              "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    try:
+        be.train_step(mbs, loss_fn, 1.0)             # warm-up: allocations, kernels, optimizer state
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            be.train_step(mbs, loss_fn, 1.0)
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t0) / steps
+    except torch.OutOfMemoryError as e:
+        return {**record, "out_of_memory": True, "error": str(e).splitlines()[0][:300],
+                "device_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None}
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    return {**record, "step_s": seconds, "tokens_per_s": total / seconds, "peak_bytes": peak}
+
+
+def _run(backend: str, model_dir: Path, pack: int, steps: int, seq_len: int) -> dict:
+    code = ("import json; from benchmarks.gpu_speed import one_case; "
+            f"print('RESULT ' + json.dumps(one_case({backend!r}, {str(model_dir)!r}, {pack}, {steps}, {seq_len})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"backend": backend, "pack": pack, "failed": (proc.stdout + proc.stderr)[-1500:]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs: tuple[int, ...] = (8192, 32768),
+         steps: int = 3, peak_tflops: float = PEAK_TFLOPS) -> dict:
+    seq_len = SEQ_LEN
+    if quick:
+        shapes, packs, steps, seq_len = ("tiny",), (256,), 1, 64
+    rows, cases = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in shapes:
+            model_dir = make_model_dir(shape, Path(tmp) / shape)
+            for pack in packs:
+                for backend in ("torch", "megatron"):
+                    c = {"shape": shape, **_run(backend, model_dir, pack, steps, seq_len)}
+                    if "tokens_per_s" in c:
+                        c["mfu"] = 6 * c["parameters"] * c["tokens_per_s"] / (peak_tflops * 1e12)
+                    cases.append(c)
+                    outcome = ("out of memory" if c.get("out_of_memory") else "failed" if "failed" in c
+                               else f"{c['tokens_per_s']:,.0f}")
+                    rows.append([shape, backend, pack, outcome, round(c["mfu"], 4) if "mfu" in c else None,
+                                 round(c["peak_bytes"] / 1e9, 1) if c.get("peak_bytes") else None])
+                    print(f"{shape} {backend} pack {pack}: {outcome}", flush=True)
+    print_table(f"train step, bf16, two packed micro-batches of {seq_len}-token sequences "
+                f"(MFU: 6 x params x tokens/s / {peak_tflops:g} TFLOP/s)",
+                ["shape", "backend", "pack tokens", "tokens/s", "MFU", "peak GB"], rows)
+    headline = {"mfu_formula": f"6 * parameters * tokens_per_s / {peak_tflops:g}e12", "seq_len": seq_len,
+                "cases": cases}
+    if not quick:
+        write_results("gpu_speed", headline)
+    return headline
+
+
+def _args(p) -> list[str]:
+    p.add_argument("--shapes", nargs="+", default=["0.5b", "1.5b"], choices=sorted(SHAPES))
+    p.add_argument("--packs", nargs="+", type=int, default=[8192, 32768], help="tokens per micro-batch")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per case (after one warm-up)")
+    p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="the device's dense bf16 peak")
+    return ["shapes", "packs", "steps", "peak_tflops"]
+
+
+if __name__ == "__main__":
+    cli(main, _args)
