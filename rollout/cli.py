@@ -43,7 +43,7 @@ def _gen_serve(args) -> int:
 def _add_gen_commands(sub):
     p = sub.add_parser("gen", help="generation servers")
     gsub = p.add_subparsers(dest="gen_cmd", required=True, metavar="{serve,sglang}")
-    c = gsub.add_parser("serve", help="run the embedded (CPU) SGLang-compatible generation server")
+    c = gsub.add_parser("serve", help="run the embedded (CPU or CUDA) SGLang-compatible generation server")
     c.add_argument("--model", required=True, help="Hugging Face model directory")
     c.add_argument("--host", default="127.0.0.1")
     c.add_argument("--port", type=int, default=30000, help="0 picks a free port")
@@ -61,6 +61,8 @@ def _add_gen_commands(sub):
                         "server's CPU pool, else gen.threads, else 1)")
     c.add_argument("--max-running", type=int, default=None,
                    help="most sequences decoded together (default: gen.max_running_requests)")
+    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                   help="where the model runs (default: gen.device, auto = cuda when torch sees a GPU)")
     c.add_argument("--weight-version", default="0",
                    help="weight_version reported until the first update (the policy version)")
     c.set_defaults(func=_gen_serve)

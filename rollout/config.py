@@ -131,10 +131,15 @@ class RolloutConfig:
         return out
 
 
+# The values of gen.device (rollout/server/main.py `resolve_device` turns them into a device).
+DEVICES = ("auto", "cpu", "cuda")
+
+
 @dataclass
 class GenConfig:
-    """Generation servers: the embedded CPU server or SGLang on GPUs (same HTTP API)."""
-    # embedded: Tandem's CPU server; sglang: SGLang servers on GPUs (same HTTP API).
+    """Generation servers: the embedded server (CPU or one GPU) or SGLang on GPUs (same HTTP API)."""
+    # embedded: Tandem's own server (CPU, or one CUDA GPU, see device); sglang: SGLang servers on
+    # GPUs (same HTTP API).
     backend: str = "embedded"
     # Generation servers (embedded: processes on this machine; sglang: one per tp_size GPUs).
     num_servers: int = 1
@@ -147,6 +152,11 @@ class GenConfig:
     prefill_tokens_per_step: int = 2048
     # Weights dtype of the embedded server (float32 keeps log-probs exact on CPU).
     dtype: str = "float32"
+    # Where an embedded server runs its model: auto (cuda when torch sees a CUDA device, else
+    # cpu), cpu or cuda (the first GPU the process sees: the launcher's CUDA_VISIBLE_DEVICES
+    # picks which). cuda without a CUDA device stops the server before it starts, naming this
+    # field (the server checks, not the config check: the launching machine may have no GPU).
+    device: str = "auto"
     # Seeds unseeded requests' sampling (server rank is added).
     seed: int = 0
     # Seconds between two `gen_window` records (decode/prefill timings the simulator calibrates
@@ -178,6 +188,8 @@ class GenConfig:
             out.append(("prefill_tokens_per_step", "must be >= 1"))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             out.append(("dtype", f"must be float32, bfloat16 or float16, got {self.dtype!r}"))
+        if self.device not in DEVICES:
+            out.append(("device", f"must be {', '.join(DEVICES[:-1])} or {DEVICES[-1]}, got {self.device!r}"))
         if self.metrics_interval_s < 0:
             out.append(("metrics_interval_s", "must be >= 0"))
         if self.tp_size < 1:

@@ -12,6 +12,12 @@ records the version change on every held request (its `weight_versions` spans) a
 cache built with the old weights; held requests are re-prefilled under the new weights when they
 resume. The one exception is SGLang's: an `in_place` pause keeps its running batch and that
 batch's KV cache through an update (see `apply_update`).
+
+Devices: the engine runs wherever the model's parameters are (`self.device`: cpu, or one CUDA
+GPU, gen.device). Every tensor it feeds the model (input ids, positions, masks, KV rows) is made
+there, because a CPU tensor beside CUDA weights fails at the first matmul of a GPU run (and
+nowhere on a CPU-only machine: tests/unit/generation/test_engine_device.py checks it on the
+CPU). What leaves the engine (token ids, log-probs) is python ints and floats.
 """
 from __future__ import annotations
 
@@ -68,6 +74,7 @@ class Engine:
         self.context_len = int(getattr(model.config, "max_position_embeddings", 4096))
         self.vocab_size = int(model.config.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.device = next(model.parameters()).device
         self.kv = KVBatch()
         self.running: list[Request] = []       # in KV-row order
         self.waiting: deque[Request] = deque()
@@ -106,7 +113,7 @@ class Engine:
                     raise ValueError(f"Duplicate request ID {r.rid!r}")
             self.window.submitted(len(reqs))
             for r in reqs:
-                r.generator = torch.Generator().manual_seed(
+                r.generator = request_generator(
                     r.params.sampling_seed if r.params.sampling_seed is not None
                     else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng).item()))
                 self.waiting.append(r)
@@ -277,7 +284,8 @@ class Engine:
             seq = r.prompt_ids + r.output_ids
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
-            logits = self.model(input_ids=torch.tensor([seq]), past_key_values=cache, use_cache=True).logits[0]
+            ids = torch.tensor([seq], device=self.device)
+            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
             self.window.prefill(time.perf_counter() - t0, len(seq))
             self.stats["prefill_tokens"] += len(seq)
             budget -= len(seq)
@@ -309,7 +317,7 @@ class Engine:
     def _decode_step(self) -> None:
         t0 = time.perf_counter()
         context, padded, passes = sum(self.kv.lengths), self.kv.padded_entries, self.kv.passes
-        ids = torch.tensor([[r.pending] for r in self.running])
+        ids = torch.tensor([[r.pending] for r in self.running], device=self.device)
         logits = self.kv.decode(self.model, ids)
         tokens, lps = sample_rows(logits, [r.params for r in self.running], [r.generator for r in self.running])
         done = []
@@ -402,12 +410,27 @@ class Engine:
     def _input_logprobs(self, r: Request, logits: torch.Tensor) -> list:
         start = min(r.logprob_start_len, len(r.prompt_ids) - 1)
         logp = torch.log_softmax(logits.float() / logprob_temperature(r.params), dim=-1)
+        # One gather and one copy to the CPU (not a device sync per prompt token).
+        scored = range(max(start, 1), len(r.prompt_ids))
+        picked = logp[[pos - 1 for pos in scored], [r.prompt_ids[pos] for pos in scored]].tolist()
+        lps = [None] * (len(r.prompt_ids) - start - len(picked)) + picked
         out = []
-        for pos in range(start, len(r.prompt_ids)):
+        for pos, lp in zip(range(start, len(r.prompt_ids)), lps, strict=True):
             t = r.prompt_ids[pos]
-            lp = None if pos == 0 else float(logp[pos - 1, t])
             out.append([lp, t, self._token_text(r, t)])
         return out
+
+
+def request_generator(seed: int) -> torch.Generator:
+    """A request's own sampling generator: on the CPU, whatever device the model is on.
+
+    `sample_rows` draws one uniform number per row per token from it and moves the numbers to
+    the logits' device. A CPU generator keeps a seeded request's draws bit for bit what they are
+    on a CPU server (the seeded-reproducibility tests), makes them the same on a CUDA server (a
+    CUDA generator's stream differs from the CPU's for the same seed), and costs one scalar per
+    row per step, nothing beside the decode step's forward; a per-request CUDA generator would
+    also hold device state for every waiting request."""
+    return torch.Generator().manual_seed(seed)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -18,6 +18,9 @@ capacity, head_dim] per layer:
 - buffers are reallocated only when they run out of rows or columns, with room to spare.
 What stays is the rectangle: a step attends over every row padded to the longest
 (`kv_batch.py` keeps long rows apart for that).
+
+The buffers are made like the prefilled rows (`new_zeros`), so they live on the model's
+device; the masks, positions and row indices are made on that device too.
 """
 from __future__ import annotations
 
@@ -114,7 +117,8 @@ class RowBuffer:
         for hole, mover in zip(holes, movers, strict=True):
             order[hole] = mover
         if holes:
-            dst, src = torch.tensor(holes), torch.tensor(movers)
+            device = self.keys[0].device
+            dst, src = torch.tensor(holes, device=device), torch.tensor(movers, device=device)
             for buf in self.keys + self.values:
                 live = buf[:, :, self.lo:self.hi]
                 live[dst] = live[src]
@@ -126,8 +130,9 @@ class RowBuffer:
         """One decode step of every row (ids [B, 1]); the last position's logits [B, vocab]."""
         n, width = self.size, self.width
         self._make_room(n, width, 1)
-        lengths = torch.tensor(self.lengths, dtype=torch.long)
-        mask = (torch.arange(width + 1).unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
+        # Masks and positions on the ids' device: the model's (engine.py makes the ids there).
+        lengths = torch.tensor(self.lengths, dtype=torch.long, device=ids.device)
+        mask = (torch.arange(width + 1, device=ids.device).unsqueeze(0) >= (width - lengths).unsqueeze(1)).long()
         cache = Cache(layers=[_StepLayer(k[:n], v[:n], self.lo, self.hi)
                               for k, v in zip(self.keys, self.values, strict=True)])
         logits = model(input_ids=ids, attention_mask=mask, position_ids=lengths.unsqueeze(1),

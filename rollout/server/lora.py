@@ -144,7 +144,9 @@ class AdapterBase:
     @torch.no_grad()
     def apply(self, model: torch.nn.Module, adapter: Adapter) -> None:
         """Set every weight an adapter ever touched to W0 (+ this adapter's B A where it has one):
-        the served model becomes exactly base + this adapter."""
+        the served model becomes exactly base + this adapter. W0 is kept where the weight is (on
+        a GPU server, in GPU memory: only the adapted Linear weights), A and B are moved there,
+        and the merge writes into the parameter in place."""
         live = dict(model.state_dict())
         for name in adapter.pairs:
             if name not in self.saved:

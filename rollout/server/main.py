@@ -41,14 +41,46 @@ def read_key_file(flag: str, path) -> tuple[str | None, str | None]:
     return key, None
 
 
+class DeviceError(ValueError):
+    """gen.device names a device this process cannot use; the message names the field."""
+
+
+def resolve_device(name: str, cuda_available: bool | None = None):
+    """gen.device as a torch.device: auto = cuda when torch sees one, else cpu.
+
+    CUDA means the first GPU this process sees (`cuda:<current device>`, normally cuda:0): the
+    launcher picks the physical GPU with CUDA_VISIBLE_DEVICES, so the server never counts GPUs
+    itself. The device is also made current, so an NCCL weight group (whose tensors live on
+    the current device, services/protocol/collectives.py) receives where the model is.
+    `cuda_available` is for tests (None: ask torch)."""
+    import torch
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if name not in ("auto", "cpu", "cuda"):
+        raise DeviceError(f"gen.device must be auto, cpu or cuda, got {name!r}")
+    if name == "cpu" or (name == "auto" and not cuda_available):
+        return torch.device("cpu")
+    if not cuda_available:
+        raise DeviceError(f"gen.device=cuda but torch sees no CUDA device (torch {torch.__version__}, CUDA build "
+                          f"{torch.version.cuda or 'none'}, CUDA_VISIBLE_DEVICES="
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); use auto or cpu")
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    return device
+
+
 def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: int, dtype: str,
-                weight_version: str, seed: int, metrics=None, metrics_interval_s: float = 5.0):
+                weight_version: str, seed: int, metrics=None, metrics_interval_s: float = 5.0,
+                device="cpu"):
+    """The model on `device` (a torch.device or its name), its tokenizer, and the engine thread,
+    which makes every tensor it feeds the model on the model's device."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .engine import Engine
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model.to(device)
     model.eval()
     return Engine(model, tokenizer, model_path=str(model_path), max_running=max_running,
                   prefill_tokens_per_step=prefill_tokens_per_step, weight_version=weight_version, seed=seed,
@@ -104,12 +136,19 @@ def serve_from_args(args) -> int:
             log.error("%s", error)
             return 2
     api_key, admin_api_key = keys["api_key_file"], keys["admin_api_key_file"]
+    try:
+        device = resolve_device(getattr(args, "device", None) or cfg.device)
+    except DeviceError as e:
+        log.error("%s", e)
+        return 2
     max_running = args.max_running or cfg.max_running_requests
     engine = load_engine(args.model, max_running=max_running, prefill_tokens_per_step=cfg.prefill_tokens_per_step,
                          dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank,
-                         metrics=metrics, metrics_interval_s=cfg.metrics_interval_s)
+                         metrics=metrics, metrics_interval_s=cfg.metrics_interval_s, device=device)
+    log.info("model on %s (gen.device=%s, CUDA_VISIBLE_DEVICES=%s)", engine.device,
+             getattr(args, "device", None) or cfg.device, os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
     server_args = {"model_path": str(args.model), "tokenizer_path": str(args.model), "dtype": cfg.dtype,
-                   "device": "cpu", "threads": threads, "random_seed": cfg.seed + args.rank,
+                   "device": str(engine.device), "threads": threads, "random_seed": cfg.seed + args.rank,
                    "prefill_tokens_per_step": cfg.prefill_tokens_per_step, "weight_version": args.weight_version,
                    "enable_deterministic_inference": False}
 

@@ -118,15 +118,21 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     Each row consumes exactly one uniform number from its own generator per token, so a seeded
     request draws the same tokens whatever else shares the batch. Rows without top-k/top-p
     (the RL default) are sampled together by inverse CDF; truncated rows one by one.
+
+    The generators are CPU generators (engine.py `request_generator` says why); their numbers
+    and every other tensor here are made on the logits' device, and only the tokens and
+    log-probs come back, as python lists.
     """
     logits = logits.float()
-    temps = torch.tensor([logprob_temperature(p) for p in params], dtype=torch.float32).unsqueeze(1)
+    device = logits.device
+    temps = torch.tensor([logprob_temperature(p) for p in params], dtype=torch.float32, device=device).unsqueeze(1)
     logp = torch.log_softmax(logits / temps, dim=-1)
-    u = torch.tensor([torch.rand(1, generator=g).item() for g in generators], dtype=torch.float32)
+    u = torch.tensor([torch.rand(1, generator=g, device=g.device).item() for g in generators],
+                     dtype=torch.float32, device=device)
     tokens = torch.argmax(logits, dim=-1)
     plain = [i for i, p in enumerate(params) if not p.greedy and p.top_k <= 0 and p.top_p >= 1.0]
     if plain:
-        rows = torch.tensor(plain, dtype=torch.long)
+        rows = torch.tensor(plain, dtype=torch.long, device=device)
         cdf = torch.cumsum(logp[rows].exp(), dim=-1)
         drawn = torch.searchsorted(cdf, (u[rows] * cdf[:, -1]).unsqueeze(1)).squeeze(1)
         tokens[rows] = drawn.clamp(max=logits.shape[1] - 1)

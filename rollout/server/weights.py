@@ -57,7 +57,11 @@ def validate(model, state: dict[str, torch.Tensor], *, partial: bool = False) ->
 
 def apply(model, update: dict[str, torch.Tensor] | Adapter, base: AdapterBase) -> None:
     """Copy a validated update into the model. `base` keeps the pre-adapter weights: an adapter
-    merges onto them; plain tensors replace them (rollout/server/lora.py)."""
+    merges onto them; plain tensors replace them (rollout/server/lora.py).
+
+    The update's tensors may be anywhere (read from disk: CPU; received: the group's device);
+    `copy_` writes them into the parameters in place, on the model's device and in its dtype, so
+    the served tensors (and everything holding them, e.g. tied weights) stay where they are."""
     if isinstance(update, Adapter):
         base.apply(model, update)
         return
@@ -142,9 +146,12 @@ class BroadcastGroup:
         if not (len(names) == len(dtypes) == len(shapes)):
             raise WeightError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
         parsed = [parse_dtype(d) for d in dtypes]
+        # Received on the group's device (NCCL: the current CUDA device, the model's: main.py
+        # `resolve_device` makes it current; gloo: CPU), so NCCL needs no copy on the way in.
+        device = collectives.group_device(self.pg)
         state = {}
         for name, dtype, shape in zip(names, parsed, shapes, strict=True):
-            t = torch.empty(shape, dtype=dtype)
+            t = torch.empty(shape, dtype=dtype, device=device)
             collectives.broadcast(t, src=0, group=self.pg)
             state[name] = t
         return state
