@@ -77,6 +77,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.kv = KVBatch()
         self.running: list[Request] = []       # in KV-row order
+        self._admitting: list[Request] = []    # taken from waiting by _admit, not yet running
         self.waiting: deque[Request] = deque()
         self.paused: str | None = None         # None, "abort", "retract" or "in_place"
         self._pending_idle: tuple[Callable[[], object], Future] | None = None
@@ -227,7 +228,10 @@ class Engine:
                         self._decode_step()
                 except Exception as e:  # keep serving: fail what was in flight, not the server
                     log.exception("generation step failed")
-                    for r in list(self.running) + list(self.waiting):
+                    # (a request a failed prefill had taken is in neither list: answer it too)
+                    taken = [r for r in self._admitting if r.finish is None and r not in self.running]
+                    self._admitting = []
+                    for r in list(self.running) + list(self.waiting) + taken:
                         self._finish(r, {"type": "abort", "message": f"internal error: {e}"})
                     self.kv.clear()
             if self.metrics is not None:
@@ -281,6 +285,7 @@ class Engine:
                 self._finish(r, {"type": "length", "length": 0})
                 continue
             group = [r] + self._same_prompt(r, self.max_running - len(self.running) - len(joining) - 1)
+            self._admitting += group
             seq = r.prompt_ids + r.output_ids
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
@@ -302,6 +307,7 @@ class Engine:
             order = self.kv.add_many([(cache, length) for _, cache, length in joining])
             rows = self.running + [g for g, _, _ in joining]
             self.running = [rows[i] for i in order]
+        self._admitting = []
 
     def _same_prompt(self, r: Request, room: int) -> list[Request]:
         """Up to `room` fresh waiting requests with r's exact prompt (a GRPO group's n samples):

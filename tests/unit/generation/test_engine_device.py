@@ -133,3 +133,40 @@ def test_config_checks_the_device_value():
     from rollout.config import GenConfig
     assert GenConfig().device == "auto" and not GenConfig().problems()
     assert [f for f, _ in GenConfig(device="gpu").problems()] == ["device"]
+
+
+def test_a_failed_prefill_answers_the_requests_it_had_taken(monkeypatch):
+    """A prefill that raises (a CUDA out-of-memory, say) fails what it was admitting with an abort
+    reply instead of leaving it in neither the waiting nor the running list, unanswered; the
+    engine keeps serving the next request."""
+    monkeypatch.setattr(engine_mod, "sample_rows", lambda logits, params, gens: ([7] * len(params), [-1.0] * len(params)))
+    model = MetaModel()
+    boom = {"left": 1}
+    forward = model.forward
+
+    def failing_forward(*args, **kwargs):
+        if boom["left"]:
+            boom["left"] -= 1
+            raise RuntimeError("CUDA out of memory (stand-in)")
+        return forward(*args, **kwargs)
+    model.forward = failing_forward
+    engine = Engine(model, Tokenizer(), model_path="meta", max_running=8)
+    done: list[dict] = []
+    got = threading.Semaphore(0)
+
+    def on_done(resp):
+        done.append(resp)
+        got.release()
+
+    try:
+        same = [Request(prompt_ids=[1, 5, 9], params=SamplingParams(max_new_tokens=3, ignore_eos=True), on_done=on_done)
+                for _ in range(2)]          # a group sharing one prefill: both taken at once
+        engine.submit(same).result(timeout=10)
+        assert got.acquire(timeout=10) and got.acquire(timeout=10), f"unanswered after a failed prefill: {done}"
+        assert [r["meta_info"]["finish_reason"]["type"] for r in done] == ["abort", "abort"], done
+        assert "CUDA out of memory" in done[0]["meta_info"]["finish_reason"]["message"]
+        engine.submit([Request(prompt_ids=[3, 4], params=SamplingParams(max_new_tokens=2, ignore_eos=True),
+                               on_done=on_done)]).result(timeout=10)
+        assert got.acquire(timeout=10) and done[-1]["meta_info"]["finish_reason"]["type"] == "length", done
+    finally:
+        engine.stop()
