@@ -61,7 +61,8 @@ def _add_gen_commands(sub):
                         "server's CPU pool, else gen.threads, else 1)")
     c.add_argument("--max-running", type=int, default=None,
                    help="most sequences decoded together (default: gen.max_running_requests)")
-    c.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+    from rollout.config import DEVICES
+    c.add_argument("--device", choices=DEVICES, default=None,
                    help="where the model runs (default: gen.device, auto = cuda when torch sees a GPU)")
     c.add_argument("--weight-version", default="0",
                    help="weight_version reported until the first update (the policy version)")

@@ -54,10 +54,12 @@ def resolve_device(name: str, cuda_available: bool | None = None):
     the current device, services/protocol/collectives.py) receives where the model is.
     `cuda_available` is for tests (None: ask torch)."""
     import torch
+
+    from rollout.config import DEVICES
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
-    if name not in ("auto", "cpu", "cuda"):
-        raise DeviceError(f"gen.device must be auto, cpu or cuda, got {name!r}")
+    if name not in DEVICES:
+        raise DeviceError(f"gen.device must be one of {', '.join(DEVICES)}, got {name!r}")
     if name == "cpu" or (name == "auto" and not cuda_available):
         return torch.device("cpu")
     if not cuda_available:

@@ -5,7 +5,8 @@ Modules: `config` (the `megatron` config section), `cpu_compat` (the only place 
 Megatron to run without a GPU), `shape` (which HF families, read from config.json), `model`
 (shape -> TransformerConfig/GPTModel, process groups), `convert` (HF <-> Megatron weight
 names, fused layouts and TP shards), `packing` (packed sequences: THD `PackedSeqParams`; the
-block-diagonal mask, the reference in tests), `varlen_attention` (core attention without TE), `pipeline` (the micro-batch schedule over pipeline stages),
+block-diagonal mask, the reference in tests), `varlen_attention` (core attention without TE),
+`pipeline` (the micro-batch schedule over pipeline stages),
 `dist_ckpt` (resharding-capable checkpoints), `gpu` (Megatron DDP and optimizer, GPUs only)
 and `backend` (the `TrainBackend` the loop drives). See docs/megatron.md.
 """

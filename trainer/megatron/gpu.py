@@ -4,8 +4,8 @@ The optimizer's state is read and written per parameter by optim_state.py (check
 
 Written against megatron-core 0.16.1's API and NOT run end to end on this CPU-only machine:
 `get_megatron_optimizer` allocates CUDA tensors. The THD forward runs on both paths (with the
-local spec's VarlenCoreAttention on the CPU). The CPU path in backend.py uses torch AdamW with the same learning-rate
-schedule and clipping semantics instead.
+local spec's VarlenCoreAttention on the CPU). The CPU path in backend.py uses torch AdamW with
+the same learning-rate schedule and clipping semantics instead.
 
 Every megatron-core call of this path lives here, with its receivers annotated with megatron
 classes, so that tests/unit/megatron/test_megatron_api_contract.py can bind each call's arguments
@@ -66,9 +66,9 @@ def wrap_model_and_optimizer(model: GPTModel, config, mcfg, optim, dtype: torch.
 
 def forward_thd(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
                 cu_seqlens: torch.Tensor, device) -> torch.Tensor:
-    """Packed forward in THD format (no mask; TE's or VarlenCoreAttention). `model` is the DDP wrapper at
-    run time, which hands its arguments to the wrapped GPTModel unchanged: GPTModel.forward's
-    signature is the contract."""
+    """Packed forward in THD format (no mask; TE's attention or VarlenCoreAttention). `model` is
+    the DDP wrapper at run time, which hands its arguments to the wrapped GPTModel unchanged:
+    GPTModel.forward's signature is the contract."""
     return model(input_ids, position_ids, None,
                  packed_seq_params=thd_packed_seq_params(cu_seqlens, device))
 
