@@ -150,7 +150,8 @@ def serve_from_args(args) -> int:
     log.info("model on %s (gen.device=%s, CUDA_VISIBLE_DEVICES=%s)", engine.device,
              getattr(args, "device", None) or cfg.device, os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"))
     server_args = {"model_path": str(args.model), "tokenizer_path": str(args.model), "dtype": cfg.dtype,
-                   "device": str(engine.device), "threads": threads, "random_seed": cfg.seed + args.rank,
+                   # SGLang's server_args.device is the device type ("cuda", "cpu"), no index
+                   "device": engine.device.type, "threads": threads, "random_seed": cfg.seed + args.rank,
                    "prefill_tokens_per_step": cfg.prefill_tokens_per_step, "weight_version": args.weight_version,
                    "enable_deterministic_inference": False}
 
