@@ -55,6 +55,7 @@ from services.protocol import (
 )
 
 from .admission import AdmissionLedger
+from .pending_versions import PendingVersions
 from .registry import RegisteredServer, ServerRegistry, learn_tp_size
 from .state import StateStore
 from .weight_sync import WeightSync
@@ -70,6 +71,7 @@ class Controller:
         self.registry = ServerRegistry(cfg.sticky_entries)
         self.store = StateStore(exp.checkpoints / "controller")
         self.sync_lock = asyncio.Lock()
+        self.pending = PendingVersions(self.sync_lock)
         self.syncer = WeightSync(self.registry, self._admin, cfg)
         # The last weights every server should hold: {"version", "method" (the message's op),
         # "message" (its fields when the method can replay it for a lagging server, else None)}.
@@ -154,7 +156,18 @@ class Controller:
             raise ValueError(f"{op}: version {req.version} is behind the controller's version "
                              f"{self.ledger.version}; versions never go backwards (a trainer resumed from a "
                              f"checkpoint must send trainer_resumed first)")
-        async with self.sync_lock:
+        # Coalesced versions (pending_versions.py): a replayable announcement still waiting when a
+        # newer one arrives is answered superseded; a broadcast must be applied once sent.
+        if applier.replayable:
+            newer = await self.pending.acquire(req.version)
+            if newer:
+                log.info("%s v%d superseded by v%d before it was applied", op, req.version, newer)
+                if self.metrics:
+                    self.metrics.log(event="weights_superseded", version=req.version, superseded_by=newer)
+                return WeightsAck(version=req.version, ok=True, failed_servers=[], timings={}, superseded_by=newer)
+        else:
+            await self.sync_lock.acquire()
+        try:
             if req.version < self.ledger.version:   # another update won the race for the lock
                 raise ValueError(f"{op}: version {req.version} is behind {self.ledger.version}")
             if req.version > self.ledger.version + 1:
@@ -165,6 +178,8 @@ class Controller:
                                  "message": asdict(req) if applier.replayable else None}
             self.snapshot()
             self._record_sync(result, op)
+        finally:
+            self.sync_lock.release()
         return WeightsAck(version=req.version, ok=result.ok, failed_servers=sorted(result.failed),
                           timings={**{f"{k}_s": v for k, v in result.phases.items()}, "total_s": result.seconds})
 

@@ -94,6 +94,9 @@ class WeightsAck:
     # Servers that failed the update and were taken out of rotation.
     failed_servers: list[str]
     timings: dict[str, float]
+    # Non-zero: this version was never applied; a newer one announced while it waited for the
+    # previous update is applied instead (coalesced versions; 0 in acks of older controllers).
+    superseded_by: int = 0
 
 
 @message("register_server")

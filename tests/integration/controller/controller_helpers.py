@@ -83,7 +83,8 @@ class RecordingGenServer:
     400), the live `weight_version` in `/model_info` while `/server_info` keeps the start-up
     value, load per DP rank in `/v1/loads`. `fail` maps a path to the HTTP status to answer with;
     `delay` a path to seconds to wait first (`/health` delayed = SGLang's generation probe
-    stalled by a pause).
+    stalled by a pause); `gate` a path to an asyncio.Event its calls wait for (an update held
+    until the test says, as a drain holds a non-interruptible update).
     """
 
     def __init__(self, api_key: str | None = None, weight_version: str = "0", admin_key: str | None = None,
@@ -98,6 +99,7 @@ class RecordingGenServer:
         self.keys: list[tuple[str, str | None]] = []
         self.fail: dict[str, int] = {}
         self.delay: dict[str, float] = {}
+        self.gate: dict = {}
         self.paused = False
         self.session = False
         self.runner = None
@@ -129,6 +131,8 @@ class RecordingGenServer:
             self.calls.append((path, body))
             self.keys.append((path, header.removeprefix("Bearer ") if header else None))
             await asyncio.sleep(self.delay.get(path, 0.0))
+            if path in self.gate:
+                await self.gate[path].wait()
             if path in self.fail:
                 status = self.fail[path]
                 return web.json_response({"success": False, "message": f"injected failure of {path}"},

@@ -252,3 +252,51 @@ def test_a_restarted_controller_still_knows_every_group_it_remembered():
     assert restored.release_dropped([oldest_remembered])["groups"] == [oldest_remembered]
     assert restored.finish("w", granted[29_999][0], "accepted", 0.0)[0] == "recorded"
     assert restored.dropped == 2
+
+
+def test_coalesced_versions_charge_each_group_to_the_version_served_when_admitted():
+    """Coalesced weight versions (services/controller/pending_versions.py): the ledger's version
+    jumps from what the servers held to the newest version applied, skipping the ones never
+    served. Each group is charged to the version served when it was admitted (never a skipped
+    one), the staleness bound holds for every version, and the journal replays the jumps."""
+    rng = random.Random(11)
+    B, eta = 4, 2
+    ledger = AdmissionLedger(B, eta, max_concurrent=10)
+    events, served, jumps = [], {0}, []
+    accepted_at: dict[int, int] = {}
+    running: list[tuple[str, int]] = []
+    trainer_version = 0
+    for step in range(4000):
+        r = rng.random()
+        e = None
+        if r < 0.4:
+            tickets, e = ledger.admit(f"w{rng.randrange(3)}", rng.randint(1, 5), float(step))
+            assert all(v == ledger.version for _, v in tickets)
+            running += tickets
+        elif r < 0.8 and running:
+            gid, v = running.pop(rng.randrange(len(running)))
+            status = rng.choice(["accepted", "accepted", "accepted", "rejected"])
+            _, e = ledger.finish(ledger.running[gid].worker_id, gid, status, 0.0)
+            if status == "accepted":
+                accepted_at[v] = accepted_at.get(v, 0) + 1
+        elif r < 0.93:
+            if ledger.accepted >= B * (trainer_version + 1):
+                trainer_version += 1     # the trainer published a version; no server holds it yet
+        elif trainer_version > ledger.version:
+            # A sync ends: the servers hold the newest version published, whatever they skipped.
+            jumps.append(trainer_version - ledger.version)
+            e = ledger.set_version(trainer_version)
+            served.add(trainer_version)
+            assert ledger.capacity() == staleness_capacity(B, eta, trainer_version, ledger.accepted,
+                                                           len(ledger.running), 10)
+        if e is not None:
+            events.append(e)
+    assert trainer_version > 50 and sum(j > 1 for j in jumps) > 10
+    assert {e["version"] for e in events if e["op"] == "admit"} <= served
+    for v in range(ledger.version + 1):
+        assert sum(n for av, n in accepted_at.items() if av <= v) <= B * (eta + v + 1)
+    replayed = AdmissionLedger(B, eta, max_concurrent=10)
+    for e in events:
+        replayed.apply(e)
+    assert replayed.counters() | {"workers": 0} == ledger.counters() | {"workers": 0}
+    assert replayed.state_dict()["running"] == ledger.state_dict()["running"]
