@@ -40,7 +40,9 @@ class ControllerConfig:
     update_timeout_s: float = 600.0
     # Interruptible generation: a weight update pauses the servers (interrupt_mode) and in-flight
     # samples continue under the new weights (per-token versions). False: no pause; the update
-    # waits for in-flight requests to finish under the old weights (the non-interruptible baseline).
+    # waits for in-flight requests to finish under the old weights (the non-interruptible baseline);
+    # with disk weights and trainer.wait_for_ack false the trainer publishes on meanwhile and the
+    # servers go straight to the newest version, skipping those they never served (coalesced).
     interruptible: bool = True
     # How the pause treats in-flight requests (SGLang's /pause_generation modes). abort: they
     # return at once with their partial output and the generation client resubmits them as

@@ -181,10 +181,13 @@ class TrainerConfig:
     # disk: write <exp>/weights/v<N>/ as a HF directory each server loads; broadcast: send the
     # tensors over a torch.distributed group joined by every TP rank of every server.
     weight_sync: str = "disk"
-    # Published weight versions kept under <exp>/weights/ (oldest removed first).
+    # Published weight versions kept under <exp>/weights/ (oldest removed first). With coalesced
+    # versions it also bounds how far the trainer publishes ahead of the controller: never a
+    # version that would remove one still being loaded.
     keep_weights: int = 3
     # Wait for the controller's weights_ack before the next step (false = overlap the update
-    # with the next step's training; the next publish still waits for the previous ack).
+    # with the next step's training; the next publish still waits for the previous ack, except
+    # with controller.interruptible false and disk weights: coalesced versions).
     wait_for_ack: bool = True
     # Seconds to wait for the controller's weights_ack before giving up on that version.
     ack_timeout_s: float = 600.0

@@ -68,7 +68,13 @@ class ControllerLink:
             except Exception as e:  # servers that missed it are the controller's to repair
                 log.error("weights v%d: transfer failed: %s", ready.version, e)
                 out["transfer_ok"] = False
-        if isinstance(ack, WeightsAck):
+        if isinstance(ack, WeightsAck) and ack.superseded_by:
+            # Coalesced versions: never applied; the servers went straight to a newer one.
+            log.info("weights v%d: superseded by v%d before the controller applied it", ack.version,
+                     ack.superseded_by)
+            out["ack_ok"] = True
+            out["superseded_by"] = ack.superseded_by
+        elif isinstance(ack, WeightsAck):
             if not ack.ok or ack.failed_servers:
                 log.warning("weights v%d: controller reports failed servers %s", ack.version, ack.failed_servers)
             out["ack_ok"] = ack.ok

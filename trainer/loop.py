@@ -47,6 +47,7 @@ from services.protocol import (
 from services.protocol.trackers import TrackerFollower, start_trackers
 from trainer import build_backend, checkpoint
 from trainer import objective_step as objective
+from trainer.announcements import Announcements, coalesces_versions
 from trainer.backend import TrainBackend
 from trainer.batch import StepBatch, plan_step
 from trainer.buffer import ReplayBuffer
@@ -91,7 +92,10 @@ class Trainer:
         self.settings = objective.settings_from_config(self.tcfg)
         self.backend.entropy_grad = self.settings.entropy_coef > 0
         self._rejected_seen = 0             # the controller's count of rejected groups, last step
-        self._pending_ack: BackgroundCall | None = None
+        # Announcements not answered yet; with coalesced versions (announcements.py) several.
+        self.announcements = Announcements(coalesces_versions(
+            getattr(getattr(cfg, "controller", None), "interruptible", True), self.tcfg.weight_sync,
+            self.tcfg.wait_for_ack), self.tcfg.keep_weights, self._await)
         self.publisher = build_publisher(self.tcfg, exp.weights, self._receiver_ranks())
         self._step_staleness: Counter = Counter()
         self._step_token_staleness: Counter = Counter()
@@ -109,6 +113,8 @@ class Trainer:
             self.keys = load_keys(exp.keys)
             self.intake = Intake(TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port), wal)
             self.controller = ControllerLink(exp, self.keys, self.shutdown, self.tcfg.ack_timeout_s)
+            self.announcements.new_link = lambda: ControllerLink(exp, self.keys, self.shutdown,
+                                                                 self.tcfg.ack_timeout_s)
 
     # ---- main loop ----------------------------------------------------------------------------
     def run(self, install_signals: bool = True) -> int:
@@ -150,7 +156,7 @@ class Trainer:
                         self.metrics.log(event="checkpoint", step=self.version, checkpoint_s=time.perf_counter() - t0)
                 if self._stop_requested():
                     break
-            self._wait_pending_ack()
+            self.announcements.wait_all()
             if self.version >= self.tcfg.total_steps:   # the final policy stays on disk (tandem export)
                 keep_final(self.backend, self.exp.weights, self.version, self.tcfg.keep_weights)
             if self._last_checkpoint != self.version or self._stop_requested():
@@ -313,7 +319,7 @@ class Trainer:
     def _publish(self) -> dict:
         """Publish self.version (with trainer.weight_sync's publisher) and notify the controller;
         returns phase timings."""
-        self._wait_pending_ack()
+        self.announcements.make_room(self.version)
         t_start = time.perf_counter()
         publication = self.publisher.publish(self.backend, self.version)
         timings = dict(publication.timings)
@@ -323,12 +329,12 @@ class Trainer:
         sender = BackgroundCall(publication.transfer, "weights transfer") if publication.transfer else None
         # What the trainer spends making the version available, before any server loads it.
         timings["weight_publish_s"] = time.perf_counter() - t_start
-        notify = BackgroundCall(lambda: self.controller.weights_ready(publication.message, sender),
-                                "weights announcement")
+        notify = self.announcements.send(self.version, publication.message, sender)
         if self.tcfg.wait_for_ack:
             timings.update(self._await(notify))
         else:
-            self._pending_ack = notify
+            self.announcements.add(self.version, notify)
+        timings.update(self.announcements.superseded_since_last())
         return timings
 
     def _await(self, call: BackgroundCall) -> dict:
@@ -355,7 +361,7 @@ class Trainer:
             self._announce_resume()
         if self.version > 0:
             self._publish()
-            self._wait_pending_ack()
+            self.announcements.wait_all()
 
     def _announce_resume(self) -> None:
         """Tell the controller what a resumed trainer really holds, before taking data: its
@@ -374,13 +380,6 @@ class Trainer:
         gen = getattr(self.cfg, "gen", None)
         tp = int(getattr(gen, "tp_size", 1)) if getattr(gen, "backend", "embedded") == "sglang" else 1
         return int(getattr(gen, "num_servers", 1)) * tp
-
-    def _wait_pending_ack(self) -> None:
-        if self._pending_ack is not None:
-            try:
-                self._await(self._pending_ack)
-            finally:
-                self._pending_ack = None
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self) -> None:

@@ -6,7 +6,8 @@ process admits one experiment's key): answers weights_on_disk / weights_broadcas
 Answers `status` with the ledger counter the trainer reads each step (`rejected`, from the
 file <exp>/fake-controller/rejected, 0 without it). Appends every received version to <exp>/fake-controller/received (trainer_resumed messages to
 .../resumed as "version groups_held"); the ack of a held version
-waits until the file <exp>/fake-controller/release-<version> exists. For weights_broadcast it
+waits until the file <exp>/fake-controller/release-<version> exists. <exp>/fake-controller/events
+lists "received N" and "answered N" in the order they happened. For weights_broadcast it
 joins the weight group as rank 1 with the shared rendezvous (`services.protocol.weight_group`,
 SGLang's /init_weights_update_group contract) the generation servers use, receives
 every tensor, and saves them to <exp>/fake-controller/broadcast-v<N>.pt before acking.
@@ -36,10 +37,14 @@ async def main(exp: ExpDir, hold: set[int]) -> None:
     async def on_ready(body):
         with open(state / "received", "a") as f:
             f.write(f"{body.version}\n")
+        with open(state / "events", "a") as f:
+            f.write(f"received {body.version}\n")
         if isinstance(body, WeightsBroadcast):
             await asyncio.to_thread(receive, body, state / f"broadcast-v{body.version}.pt")
         while body.version in hold and not (state / f"release-{body.version}").exists():
             await asyncio.sleep(0.02)
+        with open(state / "events", "a") as f:
+            f.write(f"answered {body.version}\n")
         return WeightsAck(version=body.version, ok=True, failed_servers=[], timings={"update_s": 0.01})
 
     async def on_resumed(body):
