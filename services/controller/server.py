@@ -250,6 +250,8 @@ class Controller:
         return StatusReply(state={"role": "controller", **self.ledger.counters(), "epoch": self.ledger.epoch,
                                   "servers": self.registry.summary(), "last_weights": self.last_weights,
                                   "last_sync": self.last_sync, "requests": self.requests,
+                                  "syncing": self.sync_lock.locked(),
+                                  "version_waiting": self.pending.newest_waiting(),
                                   "errors": self.server.errors if self.server else 0,
                                   "journal_seq": self.store.seq})
 

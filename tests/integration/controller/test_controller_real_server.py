@@ -219,3 +219,69 @@ def test_a_pause_keeps_the_request_on_the_server_across_the_update(exp, controll
         assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 480
     finally:
         client.close()
+
+
+def test_non_interruptible_updates_coalesce_while_a_real_server_drains(exp, controller_proc, gen_server,
+                                                                       tiny_model_dir):
+    """`controller.interruptible: false` against the real embedded server: the first update waits
+    for the sample in flight (a drain); of the two versions announced meanwhile, the older is
+    answered superseded at once, and when the drain ends (the sample is aborted here, so the
+    test decides when) the server loads the first and then jumps straight to the newest."""
+    write_config(exp, groups_per_step=2, max_staleness=1, update_timeout_s=120, interruptible="false")
+    address = controller_proc().start()
+    keys = load_keys(exp.keys)
+    client = SyncRequestClient(keys, address, timeout_s=120)
+    try:
+        register(client, gen_server)
+        flipped_weights(tiny_model_dir, exp.weights / "v1")
+        base = int(http(gen_server, "/model_info")["weight_version"])   # the module's server moves on
+        reply: dict = {}
+
+        def long_sample():
+            reply.update(http(gen_server, "/generate", {
+                "input_ids": [5, 6, 7, 8], "sampling_params": {"temperature": 0.0, "max_new_tokens": 500,
+                                                              "ignore_eos": True}}))
+
+        sampler = threading.Thread(target=lambda: _record_errors(long_sample, reply), daemon=True)
+        sampler.start()
+        deadline = time.monotonic() + 30
+        while not any(r["num_running_reqs"] for r in http(gen_server, "/v1/loads")["loads"]):
+            assert time.monotonic() < deadline and sampler.is_alive(), "the sample never started"
+            time.sleep(0.01)
+        acks: dict = {}
+
+        def announce(version: int):
+            c = SyncRequestClient(keys, address, timeout_s=120)   # one socket each, as the trainer's
+            try:
+                acks[version] = c.request(WeightsOnDisk(version=version, path=str(exp.weights / "v1")))
+            finally:
+                c.close()
+
+        first, second, third = base + 1, base + 2, base + 3
+        threads = {v: threading.Thread(target=_record_errors, args=(lambda v=v: announce(v), acks), daemon=True)
+                   for v in (first, second, third)}
+        def status() -> dict:
+            return client.request(StatusRequest()).state
+
+        def until(predicate) -> None:
+            while not predicate():
+                assert sampler.is_alive(), "the sample ended before the test could check the drain"
+                time.sleep(0.02)
+
+        threads[first].start()
+        until(lambda: status()["syncing"])                         # v1 waits for the sample: a drain
+        threads[second].start()
+        until(lambda: status()["version_waiting"] == second)
+        threads[third].start()
+        threads[second].join(60)
+        assert second in acks and acks[second].superseded_by == third, acks
+        assert sampler.is_alive() and first not in acks, "the drain ended before the test could check it"
+        http(gen_server, "/abort_request", {"abort_all": True}, key=ADMIN_KEY)   # the drain ends
+        for v in (first, third):
+            threads[v].join(120)
+        assert acks[first].ok and acks[first].superseded_by == 0, acks
+        assert acks[third].ok and acks[third].superseded_by == 0, acks
+        assert http(gen_server, "/model_info")["weight_version"] == str(third)
+        assert client.request(StatusRequest()).state["version"] == third
+    finally:
+        client.close()
