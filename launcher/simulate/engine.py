@@ -14,7 +14,9 @@ moves once every server has loaded it; refused rollout workers poll again), grad
 trainer taking the B oldest groups, publishing, waiting for the servers' loads or not
 (trainer.wait_for_ack), checkpoints, and each server pausing to load new weights (interrupting
 its requests, which come back as new requests, or draining them first when generation is not
-interruptible).
+interruptible). Syncs run one at a time, as the controller runs them; with coalesced versions
+(trainer/announcements.py) the trainer publishes while one runs, as far ahead as
+`trainer.keep_weights` allows, and the next sync goes straight to the newest version published.
 """
 from __future__ import annotations
 
@@ -33,6 +35,15 @@ from launcher.simulate.records import (
     SimSetup,
     SimulationError,
 )
+from launcher.simulate.trainer_side import (
+    GRADED,
+    LOAD_DONE,
+    PUBLISH_DONE,
+    SERVER,
+    TRAIN_DONE,
+    TRAINER_FREE,
+    TrainerSide,
+)
 from rollout.server.cohorts import rows_to_set_apart
 from services.controller.admission import staleness_capacity
 
@@ -40,11 +51,8 @@ from services.controller.admission import staleness_capacity
 # admitted, so the KV cache rarely overflows (SGLang's new-token-ratio idea; its floor is 0.1).
 KV_RESERVE_FRACTION = 0.1
 
-# Event kinds.
-SERVER, LOAD_DONE, GRADED, TRAIN_DONE, PUBLISH_DONE, TRAINER_FREE, ADMIT = range(7)
 
-
-class Simulation:
+class Simulation(TrainerSide):
     def __init__(self, setup: SimSetup, costs: Costs, lengths: np.ndarray):
         self.s = setup
         self.c = costs
@@ -71,6 +79,9 @@ class Simulation:
         self.now = 0.0
         self.version = 0      # the trainer's newest published version
         self.ctl_version = 0  # the controller's: the newest every server has loaded
+        self.target = 0       # the version the sync in progress brings every server to
+        self.pending = 0      # coalescing: the newest version published during that sync (0 = none)
+        self.syncs = 0
         self.admitted = 0
         self.in_flight = 0
         self.eta_blocked = False  # the last admission attempt stopped at the staleness bound
@@ -93,6 +104,7 @@ class Simulation:
         self.token_staleness: Counter = Counter()
         self.retractions = 0
         self.interrupts = 0
+        self.drained = 0.0    # server-seconds spent draining before a load (non-interruptible)
         self.n_events = 0
         self.snap = None
 
@@ -292,9 +304,11 @@ class Simulation:
             self._sample_done(rec, srv, t)
 
     def _start_load(self, srv: ServerState, now: float) -> None:
+        if srv.draining:
+            self.drained += now - srv.drain_from
         srv.paused = True
         srv.token += 1
-        srv.loading_version = self.version
+        srv.loading_version = self.target
         start = max(srv.t_last, now)
         srv.t_last = start
         self._push(start + self.c.load_s, LOAD_DONE, srv.idx)
@@ -313,13 +327,13 @@ class Simulation:
                 prefill += again + c.prefill_s(rec.base + clock)
             srv.t_last += prefill
             srv.busy += prefill
-        if srv.version < self.version:
+        if srv.version < self.target:
             self._update_server(srv, t)
             return
         self._admit(srv, t)
         self._schedule(srv)
         self.unacked.discard(srv.idx)
-        if not self.unacked and self.ctl_version < self.version:
+        if not self.unacked and self.ctl_version < self.target:
             self._version_synced(t)
 
     def _update_server(self, srv: ServerState, now: float) -> None:
@@ -336,6 +350,7 @@ class Simulation:
             self._start_load(srv, now)
         else:
             srv.draining = True
+            srv.drain_from = now
 
     # ---- controller -------------------------------------------------------------------------
     def _pick_server(self) -> int:
@@ -402,89 +417,18 @@ class Simulation:
                 self._graded(rec.gid, t)
             self._admit_groups(t)
 
-    # ---- trainer -----------------------------------------------------------------------------
-    def _graded(self, gid: int, t: float) -> None:
-        heapq.heappush(self.buffer, (self.groups[gid].admit_version, gid))
-        self._try_train(t)
-
-    def _try_train(self, t: float) -> None:
-        B = self.s.groups_per_step
-        if self.trainer_busy or len(self.buffer) < B:
-            return
-        tokens = sq = 0.0
-        for _ in range(B):
-            _, gid = heapq.heappop(self.buffer)
-            g = self.groups.pop(gid)
-            tokens += g.tokens
-            sq += g.sum_sq
-            self.staleness[self.version - g.admit_version] += 1
-            self.token_staleness[self.version - g.min_version] += 1
-        dur = self.c.train_step_s(tokens, sq)
-        self.trainer_busy = True
-        self.train_busy.append(dur)
-        self.trained_tokens.append(tokens)
-        self._push(t + dur, TRAIN_DONE)
-
-    def _train_done(self, t: float) -> None:
-        self.steps_done += 1
-        self.step_times.append(t)
-        if self.steps_done == self.s.warmup_steps:
-            self._snapshot(t)
-        if self.unacked:
-            # Without wait_for_ack the trainer went on, but it cannot publish again before
-            # every server has loaded the previous version.
-            self.on_ack = PUBLISH_DONE
-        else:
-            self._push(t + self.c.publish_s, PUBLISH_DONE)
-
-    def _publish_done(self, t: float) -> None:
-        self.version += 1
-        self.unacked = set(range(len(self.servers)))
-        for srv in self.servers:
-            self._update_server(srv, t)
-        if self.s.wait_for_ack:
-            self.on_ack = TRAINER_FREE
-        else:
-            self._step_finished(t)
-
-    def _version_synced(self, t: float) -> None:
-        """Every server holds the new version: the controller moves on (admission follows it)
-        and acknowledges the trainer."""
-        self.ctl_version = self.version
-        if self.s.admit_delay_s and self.eta_blocked:
-            self._push(t + self.s.admit_delay_s, ADMIT)
-        else:
-            self._admit_groups(t)
-        then, self.on_ack = self.on_ack, None
-        if then == PUBLISH_DONE:
-            self._push(t + self.c.publish_s, PUBLISH_DONE)
-        elif then == TRAINER_FREE:
-            self._step_finished(t)
-
-    def _step_finished(self, t: float) -> None:
-        """Published (and acknowledged, when the trainer waits for that): checkpoint, go on."""
-        every = self.s.checkpoint_every
-        if every and self.version % every == 0:
-            self._push(t + self.c.checkpoint_s, TRAINER_FREE)
-        else:
-            self._trainer_free(t)
-
-    def _trainer_free(self, t: float) -> None:
-        self.trainer_busy = False
-        self._try_train(t)
-
     # ---- results -----------------------------------------------------------------------------
     def _snapshot(self, t: float) -> None:
         for srv in self.servers:
             self._advance(srv, t)
         self.snap = (t, self.decoded, sum(x.busy for x in self.servers),
-                     sum(x.area for x in self.servers))
+                     sum(x.area for x in self.servers), self.drained, self.syncs)
 
     def _result(self) -> SimResult:
         s, t_end = self.s, self.now
         for srv in self.servers:
             self._advance(srv, t_end)
-        t0, dec0, busy0, area0 = self.snap if self.snap else (0.0, 0.0, 0.0, 0.0)
+        t0, dec0, busy0, area0, drained0, syncs0 = self.snap if self.snap else (0.0, 0.0, 0.0, 0.0, 0.0, 0)
         window = t_end - t0
         measured = s.steps - s.warmup_steps
         busy = sum(x.busy for x in self.servers) - busy0
@@ -501,4 +445,6 @@ class Simulation:
             mean_batch=area / busy if busy else 0.0,
             step_times=self.step_times, staleness=self.staleness,
             token_staleness=self.token_staleness, retractions=self.retractions,
-            interrupts=self.interrupts, events=self.n_events)
+            interrupts=self.interrupts, events=self.n_events,
+            drain_fraction=(self.drained - drained0) / (window * len(self.servers)),
+            syncs_per_step=(self.syncs - syncs0) / measured)

@@ -33,6 +33,11 @@ class SimSetup:
     # trainer.wait_for_ack: the trainer waits until every server holds the new version; else it
     # goes on and only its next publish waits for the previous version's loads.
     wait_for_ack: bool = True
+    # Coalesced versions (trainer/announcements.py: coalesces_versions): the trainer publishes
+    # while a sync runs, keeping the newest keep_weights versions on disk, and the next sync
+    # goes straight to the newest.
+    coalesce_versions: bool = False
+    keep_weights: int = 3
     # trainer.checkpoint_every (0 = never): the trainer is busy Costs.checkpoint_s after those steps.
     checkpoint_every: int = 0
     # A rollout worker refused by the staleness bound asks again after controller.retry_after_s:
@@ -55,6 +60,10 @@ class SimResult:
     retractions: int = 0
     interrupts: int = 0
     events: int = 0
+    # Non-interruptible generation: the share of server time spent draining (admitting nothing
+    # while the running requests finish) before a load; and weight syncs per training step.
+    drain_fraction: float = 0.0
+    syncs_per_step: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -89,7 +98,8 @@ class ServerState:
     """One simulated generation server: its decode clock, running and queued requests, and
     whether it is loading weights or draining."""
     __slots__ = ("idx", "clock", "n", "base", "t_last", "heap", "run", "queue", "paused",
-                 "draining", "version", "loading_version", "token", "next_clock", "busy", "area")
+                 "draining", "drain_from", "version", "loading_version", "token", "next_clock", "busy",
+                 "area")
 
     def __init__(self, idx: int):
         self.idx = idx
@@ -102,6 +112,7 @@ class ServerState:
         self.queue: deque = deque()
         self.paused = False
         self.draining = False
+        self.drain_from = 0.0  # when the current drain began
         self.version = 0
         self.loading_version = 0
         self.token = 0

@@ -24,7 +24,8 @@ def result_rows(sc: Scenario, r: SimResult, total_steps: int) -> list[tuple[str,
         ("mode", f"{mode}, " + (("interruptible generation (interrupted requests "
                                   + ("resubmitted by the workers)" if su.resubmit_interrupted
                                      else "kept on the server)"))
-                                 if su.interruptible else "non-interruptible generation")),
+                                 if su.interruptible else "non-interruptible generation"
+                                 + (" (coalesced versions)" if su.coalesce_versions else ""))),
         ("generation servers", f"{sc.layout.num_servers} x TP {sc.layout.gen_tp}"),
         ("trainer GPUs", f"{sc.layout.train_gpus} (TP {sc.layout.train_tp} x PP {sc.layout.train_pp})"),
         ("batch", f"{sc.cfg.trainer.groups_per_step} groups x {su.n_samples} samples, up to "
@@ -40,6 +41,8 @@ def result_rows(sc: Scenario, r: SimResult, total_steps: int) -> list[tuple[str,
         ("staleness (step - admit version)", staleness_text(r.staleness)),
         ("staleness of oldest token", staleness_text(r.token_staleness)),
         ("interrupted requests / KV retractions", f"{r.interrupts} / {r.retractions}"),
+        *([("server time draining / syncs per step", f"{100 * r.drain_fraction:.0f}% / {r.syncs_per_step:.2f}")]
+          if not su.interruptible else []),
     ]
 
 

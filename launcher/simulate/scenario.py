@@ -15,6 +15,7 @@ from launcher.simulate.costs import Costs, Layout, physical_costs
 from launcher.simulate.engine import SimResult, SimSetup, Simulation, SimulationError
 from launcher.simulate.hardware import load_gpu, load_model_shape
 from launcher.simulate.workload import sample_lengths
+from trainer.announcements import coalesces_versions
 
 
 @dataclass
@@ -130,6 +131,9 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
                      reprefill_interrupted=getattr(cfg.controller, "interrupt_mode", "abort") != "in_place",
                      reward_s=sim.reward_s,
                      wait_for_ack=cfg.trainer.wait_for_ack, checkpoint_every=cfg.trainer.checkpoint_every,
+                     coalesce_versions=coalesces_versions(cfg.controller.interruptible, cfg.trainer.weight_sync,
+                                                          cfg.trainer.wait_for_ack),
+                     keep_weights=cfg.trainer.keep_weights,
                      admit_delay_s=cfg.controller.retry_after_s / 2)
     return Scenario(cfg=cfg, plan=plan, layout=layout, setup=setup, costs=costs, notes=notes, shrink=k)
 

@@ -54,13 +54,15 @@ def test_eta0_reproduces_hand_computed_step_times():
     assert np.diff(r.step_times[1:]) == pytest.approx([2.104, 2.104])
 
 
-def _async_toy(wait_for_ack: bool, **costs) -> list[float]:
+def _async_toy(wait_for_ack: bool, setup_kw: dict | None = None, result: list | None = None, **costs) -> list[float]:
     """Generation is instant next to training: the step time is the trainer's critical path."""
     setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=1, eta=4, max_concurrent_groups=10,
                      steps=6, warmup_steps=0, prompt_tokens=10, max_new_tokens=100,
-                     wait_for_ack=wait_for_ack, checkpoint_every=costs.pop("checkpoint_every", 0))
+                     wait_for_ack=wait_for_ack, checkpoint_every=costs.pop("checkpoint_every", 0), **(setup_kw or {}))
     args = dict(decode_fixed=[0.0] + [1e-6] * 8, prefill_per_token=0.0, train_fixed=1.0, train_per_token=0.0)
     r = Simulation(setup, _toy_costs(**(args | costs)), np.array([5] * 100)).run()
+    if result is not None:
+        result.append(r)
     return list(np.diff(r.step_times[2:]))
 
 
@@ -72,6 +74,20 @@ def test_trainer_waits_for_the_servers_load_only_with_wait_for_ack():
     # A load longer than a step holds the next publish back: train 1, then wait for the load of
     # 2.0 that started after the previous publish, then publish 0.5 = 2.5 per step.
     assert _async_toy(False, load_s=2.0) == pytest.approx([2.5] * 4)
+
+
+def test_coalesced_versions_let_the_trainer_publish_during_a_long_load():
+    """Non-interruptible generation with coalesced versions (trainer/announcements.py): a load of
+    2.0 s no longer holds the next publish (train 1 + publish 0.5 = 1.5 per step, against 2.5 one
+    version at a time), the syncs skip versions, and keep_weights 1 leaves nothing to overlap."""
+    coalesce = {"interruptible": False, "coalesce_versions": True}
+    runs: list = []
+    assert _async_toy(False, {**coalesce, "keep_weights": 3}, runs, load_s=2.0) == pytest.approx([1.5] * 4)
+    assert _async_toy(False, {**coalesce, "keep_weights": 1}, runs, load_s=2.0) == pytest.approx([2.5] * 4)
+    assert runs[0].syncs_per_step < runs[1].syncs_per_step     # versions skipped
+    # keep_weights 2: before publishing v the sync of v - 1 must have begun (v - 2 may be pruned)
+    between = _async_toy(False, {**coalesce, "keep_weights": 2}, runs, load_s=2.0)
+    assert all(1.5 - 1e-9 <= dt <= 2.5 + 1e-9 for dt in between) and sum(between) < 2.5 * 4
 
 
 def test_checkpoints_cost_the_trainer_every_nth_step():
