@@ -33,6 +33,7 @@ SHAPES = {
                       "trainer.tensor_parallel=2"],
 }
 PUBLISHED = {"1.5B x 16 nodes": 41.0 / 14.8, "7B x 24 nodes": 2.27}
+PUBLISHED_INTERRUPTIBLE_GAIN = {"1.5B x 16 nodes": 0.12, "7B x 24 nodes": 0.17}
 
 
 # --quick: an eighth of the batch and 3 measured steps, only to check the benchmark runs.
@@ -72,8 +73,9 @@ def events_per_s(cfg) -> tuple[float, int, float]:
     return r.events / dt, r.events, dt
 
 
-def paper_comparison(quick: bool) -> list[list]:
-    rows = []
+def paper_comparison(quick: bool) -> tuple[list[list], list[list]]:
+    """(the async/sync rows, the interruptible-generation rows) for each shape."""
+    rows, drain_rows = [], []
     # Longer windows than the default (6 measured steps) for the published comparison.
     steps = [] if quick else ["simulate.steps=18", "simulate.warmup_steps=6"]
     for name, shape in SHAPES.items():
@@ -81,12 +83,39 @@ def paper_comparison(quick: bool) -> list[list]:
         for label, ov in (("sync", ["controller.max_staleness=0"]),
                           ("sync colocated", ["controller.max_staleness=0", "simulate.colocated=true"]),
                           ("async", ["controller.max_staleness=4"]),
+                          # Coalesced versions (trainer/announcements.py): the trainer publishes
+                          # during a drain and the servers skip to the newest version.
                           ("async non-interruptible", ["controller.max_staleness=4",
-                                                       "controller.interruptible=false"])):
+                                                       "controller.interruptible=false"]),
+                          # keep_weights 1 leaves nothing to overlap: one version at a time, the
+                          # trainer's next publish waiting for every drain (the old baseline).
+                          ("one at a time", ["controller.max_staleness=4", "controller.interruptible=false",
+                                             "trainer.keep_weights=1"])):
             _, r = simulate(paper_cfg(*shape, *ov, *steps))
-            res[label] = r.steps_per_hour
-        rows.append([name, PUBLISHED[name], res["async"] / res["sync"], res["async"] / res["sync colocated"],
-                     res["async"] / res["async non-interruptible"] - 1, res["sync"], res["async"]])
+            res[label] = r
+        sph = {k: r.steps_per_hour for k, r in res.items()}
+        rows.append([name, PUBLISHED[name], sph["async"] / sph["sync"], sph["async"] / sph["sync colocated"],
+                     sph["async"] / sph["async non-interruptible"] - 1, sph["sync"], sph["async"]])
+        coalesced = res["async non-interruptible"]
+        drain_rows.append([name, PUBLISHED_INTERRUPTIBLE_GAIN[name], sph["async"] / sph["async non-interruptible"] - 1,
+                           sph["async"] / sph["one at a time"] - 1, res["async"].mean_batch, coalesced.mean_batch,
+                           coalesced.drain_fraction, coalesced.syncs_per_step, coalesced.train_utilization,
+                           res["one at a time"].train_utilization])
+    return rows, drain_rows
+
+
+def drain_sensitivity(quick: bool) -> list[list]:
+    """What the drains cost as the longest answer shrinks: the 1.5B gain from interruption
+    (against coalesced non-interruptible generation) at 32K, 16K and 8K new tokens at most."""
+    steps = [] if quick else ["simulate.steps=18", "simulate.warmup_steps=6"]
+    rows = []
+    for limit in (32768, 16384, 8192):
+        res = {}
+        for label, ov in (("interruptible", []), ("coalesced", ["controller.interruptible=false"])):
+            _, res[label] = simulate(paper_cfg(*SHAPES["1.5B x 16 nodes"], "controller.max_staleness=4",
+                                               f"rollout.max_new_tokens={limit}", *ov, *steps))
+        rows.append([limit, res["interruptible"].steps_per_hour / res["coalesced"].steps_per_hour - 1,
+                     res["coalesced"].drain_fraction])
     return rows
 
 
@@ -132,10 +161,18 @@ def main(quick: bool = False) -> dict:
                 ["ratio", *[f"eta={e}" for e in etas]],
                 [[r, *[sw.cells[(r, e)].result.steps_per_hour if sw.cells[(r, e)].result else None for e in etas]]
                  for r in ratios])
-    paper = paper_comparison(quick)
+    paper, drains = paper_comparison(quick)
     print_table("Predictions beside the AReaL paper (async eta=4 vs synchronous)",
                 ["shape", "paper async/sync", "sim async/sync (separate)", "sim async/sync (colocated)",
                  "sim gain from interruption", "sim sync steps/h", "sim async steps/h"], paper)
+    print_table("Interruptible vs non-interruptible generation (eta=4; non-interruptible with coalesced versions, "
+                "and one version at a time)",
+                ["shape", "paper gain", "sim gain (coalesced)", "sim gain (one at a time)",
+                 "mean batch, interruptible", "mean batch, non-interruptible", "server time draining",
+                 "syncs per step (coalesced)", "trainer busy (coalesced)", "trainer busy (one at a time)"], drains)
+    sensitivity = drain_sensitivity(quick)
+    print_table("Gain from interruption vs the longest answer (1.5B, 16 nodes, eta=4, coalesced baseline)",
+                ["max new tokens", "sim gain", "server time draining"], sensitivity)
     scaling = strong_scaling(quick)
     print_table("Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4",
                 ["nodes", "steps/h", "efficiency vs smallest"], scaling)
@@ -151,6 +188,17 @@ def main(quick: bool = False) -> dict:
         "paper_7b_async_over_sync_pred": round(paper[1][2], 2),
         "interruptible_gain_1_5b_pred": round(paper[0][4], 3),
         "interruptible_gain_7b_pred": round(paper[1][4], 3),
+        "interruptible_gain_1_5b_one_at_a_time_pred": round(drains[0][3], 3),
+        "interruptible_gain_7b_one_at_a_time_pred": round(drains[1][3], 3),
+        "mean_batch_interruptible_1_5b": round(drains[0][4], 1),
+        "mean_batch_noninterruptible_1_5b": round(drains[0][5], 1),
+        "drain_fraction_noninterruptible_1_5b": round(drains[0][6], 3),
+        "drain_fraction_noninterruptible_7b": round(drains[1][6], 3),
+        "syncs_per_step_noninterruptible_1_5b": round(drains[0][7], 2),
+        "train_busy_noninterruptible_1_5b": round(drains[0][8], 3),
+        "train_busy_one_at_a_time_1_5b": round(drains[0][9], 3),
+        "interruptible_gain_1_5b_16k_pred": round(sensitivity[1][1], 3),
+        "interruptible_gain_1_5b_8k_pred": round(sensitivity[2][1], 3),
         "strong_scaling_efficiency_largest": round(scaling[-1][2], 2),
     }
     if not quick:
