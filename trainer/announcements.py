@@ -13,7 +13,13 @@ ones `superseded_by` the newer one, and the servers jump straight to it
 What bounds the run-ahead is the disk: publishing v prunes everything but the newest
 `trainer.keep_weights` versions (`trainer/weights/disk.py`), so before publishing v every
 announcement of a version v - keep_weights or older must have been answered (applied or
-superseded) — the controller may be loading it. With `keep_weights: 1` nothing overlaps.
+superseded) — the controller may be loading it. With `keep_weights: 1` nothing overlaps. The
+version the controller applied last is not kept on purpose: keeping it too would hold the
+trainer to keep_weights - 1 versions past the one the servers hold, which a long drain makes
+the bottleneck (the simulator puts that at most of the coalescing gain at the paper's shape). A
+lagging server being caught up to it meanwhile (a replay of the current disk version) may then
+find it gone; it stays out of rotation and is caught up to the next version once the sync in
+progress ends, as any failed catch-up is.
 
 Only disk weights are coalesced: a broadcast announcement comes with tensors the servers must
 receive while the trainer sends them, so it cannot be skipped once sent, and the trainer sends
