@@ -66,7 +66,9 @@ def measure(model_dir: Path, sync: str, work: Path, versions: int) -> dict:
         t0 = time.perf_counter()
         pub = publisher.publish(trainer, v)
         t1 = time.perf_counter()
-        update = weights.load_from_disk(server, pub.message.path, str(model_dir))
+        # what /load_lora_adapter reads for an adapter, /update_weights_from_disk for a model
+        update = (weights.load_adapter(server, pub.message.path, str(model_dir)) if sync == "adapter"
+                  else weights.load_from_disk(server, pub.message.path))
         t2 = time.perf_counter()
         weights.apply(server, update, base)
         t3 = time.perf_counter()

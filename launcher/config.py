@@ -227,13 +227,28 @@ def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"{cfg.controller.groups_per_step} differs from trainer.groups_per_step="
                     f"{cfg.trainer.groups_per_step}; admission and training must agree on B"))
     out += _sequence_fits_micro_batch(cfg)
-    lora = cfg.trainer.lora
-    if lora.rank > 0 and lora.sync == "adapter" and cfg.gen.backend == "sglang":
-        out.append(("trainer.lora.sync",
-                    "adapter (the default) publishes LoRA adapter directories, which only the embedded "
-                    "server merges; gen.backend is 'sglang' (it would load adapters through "
-                    "/load_lora_adapter and requests would have to name the adapter, not done yet): set "
-                    "trainer.lora.sync: merged"))
+    out += _adapter_sync_problems(cfg)
+    return out
+
+
+def _adapter_sync_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """`trainer.lora.sync: adapter`: the servers swap adapters over /load_lora_adapter, always
+    under an abort pause (services/controller/weights/adapter.py says why)."""
+    from rollout.sglang_launch import SGLANG_LORA_TARGETS
+
+    if not cfg.trainer.lora.adapter_sync:
+        return []
+    out = []
+    if not cfg.controller.interruptible:
+        out.append(("controller.interruptible",
+                    "false cannot hold with trainer.lora.sync: adapter: an adapter swap pauses the servers "
+                    "(abort), since SGLang swaps an adapter name safely only while no request holds it; set "
+                    "controller.interruptible: true, or trainer.lora.sync: merged"))
+    unsupported = [m for m in cfg.trainer.lora.target_modules if m not in SGLANG_LORA_TARGETS]
+    if cfg.gen.backend == "sglang" and unsupported:
+        out.append(("trainer.lora.target_modules",
+                    f"{unsupported} cannot take a LoRA adapter in SGLang (its supported target modules: "
+                    f"{list(SGLANG_LORA_TARGETS)}); drop them, or set trainer.lora.sync: merged"))
     return out
 
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.protocol import ExpDir, free_port
+from services.protocol import POLICY_ADAPTER, ExpDir, free_port
 
 from .config import ConfigError, ExperimentConfig
 
@@ -113,6 +113,8 @@ def gen_roles(cfg: ExperimentConfig, exp: ExpDir, host: str, pick_port: Callable
             argv += ["--nccl-port", str(pick_port())]
         argv += ["--api-key-file", str(exp.keys / GEN_API_KEY), "--admin-api-key-file",
                  str(exp.keys / GEN_ADMIN_KEY), "--exp", str(exp.root), "--rank", str(i)]
+        if cfg.trainer.lora.adapter_sync:   # serve version 0's adapter under the name requests give
+            argv += ["--lora-paths", f"{POLICY_ADAPTER}={exp.initial_adapter}"]
         # SGLang runs a scheduler per TP rank, a tokenizer/HTTP process and a detokenizer, each
         # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
         threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads

@@ -9,6 +9,8 @@ import logging
 import os
 import secrets
 import shutil
+import tempfile
+from pathlib import Path
 
 from services.protocol import ExpDir, generate_keys
 
@@ -38,12 +40,31 @@ def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[Exper
                               "staleness accounting would not agree")
     elif resume:
         raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
+    # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
+    adapter = initial_adapter(cfg) if cfg.trainer.lora.adapter_sync and not exp.initial_adapter.is_dir() else None
     exp.root.mkdir(parents=True, exist_ok=True)
     save_resolved(cfg, exp.root)
     record_launch(exp.root, file, resume)   # file, commit and time: the report's title
     generate_keys(exp.keys)
     write_gen_keys(exp)
+    if adapter is not None:   # kept by a resume: its servers restart with it and are caught up
+        shutil.move(str(adapter), exp.initial_adapter)
+        shutil.rmtree(adapter.parent, ignore_errors=True)
     return cfg, exp
+
+
+def initial_adapter(cfg: ExperimentConfig):
+    """Version 0 of a LoRA run's adapter (zeros: the base model), which every generation server
+    starts serving under the policy's adapter name, in a temporary directory; ConfigError when
+    trainer.lora does not fit experiment.model."""
+    from trainer.lora import lora_settings, write_initial_adapter
+
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-adapter-v0-"))
+    try:
+        return write_initial_adapter(lora_settings(cfg.trainer.lora), cfg.experiment.model, tmp / "adapter-v0")
+    except (ValueError, OSError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"trainer.lora: cannot make version 0's adapter on {cfg.experiment.model}: {e}") from None
 
 
 def write_gen_keys(exp: ExpDir) -> None:

@@ -66,6 +66,10 @@ def _add_gen_commands(sub):
                    help="where the model runs (default: gen.device, auto = cuda when torch sees a GPU)")
     c.add_argument("--weight-version", default="0",
                    help="weight_version reported until the first update (the policy version)")
+    c.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters (/load_lora_adapter; requests name one in lora_path)")
+    c.add_argument("--lora-paths", nargs="*", default=None, metavar="NAME=PATH",
+                   help="LoRA adapter directories served from the start (turns --enable-lora on)")
     c.set_defaults(func=_gen_serve)
     return gsub
 

@@ -37,6 +37,11 @@ HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 READY_PATH = "/ready"
 # Flags that must never be on a command line (they would be readable by every local user).
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
+# The modules SGLang 0.5.23 puts LoRA adapters on (utils/common.py SUPPORTED_LORA_TARGET_MODULES;
+# the contract test compares): an adapter on another module cannot be loaded.
+SGLANG_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "kv_a_proj_with_mqa", "q_b_proj",
+                       "kv_b_proj", "wq_b", "wk", "weights_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                       "gate_up_proj", "embed_tokens", "lm_head", "qkvr", "wo_ud")
 
 
 @dataclass
@@ -61,6 +66,9 @@ class SGLangServerSpec:
     nccl_port: int | None = None
     trust_remote_code: bool = False
     deterministic_inference: bool = False
+    # LoRA adapters served from the start, as SGLang's `--lora-paths` takes them (`NAME=PATH`);
+    # any turns `--enable-lora` on, and the first sets the adapters' rank and target modules.
+    lora_paths: list[str] = field(default_factory=list)
     log_level: str = "warning"
     extra_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -112,6 +120,8 @@ def sglang_argv(spec: SGLangServerSpec) -> list[str]:
         argv.append("--trust-remote-code")
     if spec.deterministic_inference:
         argv.append("--enable-deterministic-inference")
+    if spec.lora_paths:
+        argv += ["--enable-lora", "--lora-paths", *spec.lora_paths]
     return argv + list(spec.extra_args)
 
 

@@ -104,7 +104,7 @@ def server_spec(args, gen_cfg, port: int, nccl_port: int, key_config: Path | Non
         mem_fraction_static=gen_cfg.mem_fraction_static, key_config=str(key_config) if key_config else None,
         weight_version=args.weight_version, random_seed=gen_cfg.seed + args.rank, nccl_port=nccl_port,
         deterministic_inference=getattr(gen_cfg, "deterministic_inference", False),
-        extra_args=list(gen_cfg.sglang_args))
+        lora_paths=list(args.lora_paths or []), extra_args=list(gen_cfg.sglang_args))
 
 
 def _check_gpus(tp_size: int) -> str | None:
@@ -203,4 +203,6 @@ def add_parser(gsub) -> None:
     c.add_argument("--admin-api-key-file", type=Path, default=None,
                    help="file holding the admin key (pause, update, abort, flush need it)")
     c.add_argument("--weight-version", default="0", help="weight_version reported until the first update")
+    c.add_argument("--lora-paths", nargs="*", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters served from the start (SGLang's --lora-paths; turns --enable-lora on)")
     c.set_defaults(func=run_from_args)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from services.protocol import (
+    POLICY_ADAPTER,
     ExpDir,
     MetricsWriter,
     PickServer,
@@ -68,11 +69,13 @@ class ControllerRouting:
             delay = min(delay * 2, BACKOFF_MAX_S)
 
 
-def _services(exp: ExpDir, worker_id: str):
+def _services(cfg, exp: ExpDir, worker_id: str):
     from rollout.client import GenerationClient
     keys = load_keys(exp.keys)
     controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30))
-    generator = GenerationClient(ControllerRouting(exp, controller, worker_id))
+    # A run whose servers serve the trained LoRA adapter by name: every request names it.
+    adapter = POLICY_ADAPTER if cfg.trainer.lora.adapter_sync else None
+    generator = GenerationClient(ControllerRouting(exp, controller, worker_id), adapter=adapter)
     return keys, controller, generator
 
 
@@ -85,7 +88,7 @@ def cmd_rollout(args) -> int:
 
     async def main():
         worker_id = f"rollout-{args.rank}"
-        _, controller, generator = _services(exp, worker_id)
+        _, controller, generator = _services(args.cfg, exp, worker_id)
         worker = RolloutWorker(args.cfg, exp, args.rank, generator, controller, shutdown)
         try:
             return await worker.run()
@@ -98,7 +101,7 @@ def cmd_rollout(args) -> int:
 async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
     from rollout.evaluation import evaluate_prompts, held_out_prompts
 
-    keys, _, generator = _services(exp, "eval")
+    keys, _, generator = _services(cfg, exp, "eval")
     reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30), timeout_s=300)
     try:
         return await evaluate_prompts(cfg, held_out_prompts(cfg, n), generator, reward)

@@ -55,10 +55,15 @@ class LoraConfig:
     # the model. The default: every linear projection of a Qwen2/Llama decoder layer.
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
     # What a weight publication writes to <exp>/weights/v<N>/ (trainer.weight_sync: disk):
-    # adapter: peft's adapter directory (a few MB; the embedded server merges it onto the model it
-    # loaded); merged: the whole merged model as a plain HF directory (what SGLang and the
-    # broadcast need for now).
+    # adapter: peft's adapter directory (a few MB), which every server (SGLang or embedded)
+    # loads over /load_lora_adapter and serves under one name each request gives; merged: the
+    # whole merged model as a plain HF directory (what the broadcast needs).
     sync: str = "adapter"
+
+    @property
+    def adapter_sync(self) -> bool:
+        """The servers serve the trained adapter by name (services/controller/weights/adapter.py)."""
+        return self.rank > 0 and self.sync == "adapter"
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

@@ -154,3 +154,27 @@ def merge_adapter_dir(adapter_dir: Path, base_dir: Path, out_dir: Path) -> None:
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
     model = PeftModel.from_pretrained(base, adapter_dir, adapter_name=ADAPTER)
     save_merged(model, Path(base_dir), Path(out_dir))
+
+
+def write_initial_adapter(settings: dict, base_dir: Path, out_dir: Path) -> Path:
+    """Version 0 as peft's adapter directory: the adapters of `settings` on `base_dir`'s model,
+    all zero, so the served model is exactly the base model. Generation servers start with it
+    under the policy's adapter name (`--lora-paths`), so requests can name the adapter before the
+    trainer publishes anything. The model is built on the meta device from its config alone
+    (nothing of the base weights is read); only the adapters' tensors are made, in the base
+    model's dtype."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(base_dir)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    with torch.device("meta"):
+        model = wrap(AutoModelForCausalLM.from_config(config, dtype=dtype), settings, seed=0)
+    for name, p in list(model.named_parameters()):
+        if ".lora_" in name:
+            owner, _, leaf = name.rpartition(".")
+            module = model.get_submodule(owner)
+            setattr(module, leaf, torch.nn.Parameter(torch.zeros(p.shape, dtype=dtype), requires_grad=False))
+    model.peft_config[ADAPTER].base_model_name_or_path = str(base_dir)
+    save_adapter(model, Path(base_dir), Path(out_dir), tokenizer=False)
+    return Path(out_dir)

@@ -197,6 +197,27 @@ class AdminClient:
                                            timeout_s: float | None = None) -> dict:
         return await self._success("/destroy_weights_update_group", {"group_name": group_name}, timeout_s)
 
+    async def update_weight_version(self, new_version: str | int, *, abort_all_requests: bool = False,
+                                    timeout_s: float | None = None) -> dict:
+        """Set the `weight_version` the server reports (and stamps tokens with) without loading
+        anything: what follows a LoRA adapter swap, which leaves it alone. SGLang's default is to
+        abort every request first; here that is asked for explicitly."""
+        return await self._success("/update_weight_version", {"new_version": str(new_version),
+                                                              "abort_all_requests": abort_all_requests}, timeout_s)
+
+    # ---- LoRA adapters (admin key; the server runs with --enable-lora) ---------------------
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, *, pinned: bool = False,
+                                timeout_s: float | None = None) -> dict:
+        """Load peft's adapter directory `lora_path` under `lora_name` (requests name it in
+        `lora_path`); 400 with `error_message` if the name is taken or the adapter does not fit."""
+        return await self._success("/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path),
+                                                          "pinned": pinned}, timeout_s)
+
+    async def unload_lora_adapter(self, lora_name: str, timeout_s: float | None = None) -> dict:
+        """Stop serving `lora_name`: new requests naming it are refused at once; the call returns
+        once the requests that were using it have finished."""
+        return await self._success("/unload_lora_adapter", {"lora_name": lora_name}, timeout_s)
+
     # ---- information (API key) -----------------------------------------------------------
     async def model_info(self, timeout_s: float | None = None) -> dict:
         """`/model_info`: answered by the HTTP process from its own state (no generation, no
@@ -235,7 +256,7 @@ def _parse(text: str):
 
 def _message(reply, text: str) -> str:
     if isinstance(reply, dict):
-        for key in ("message", "detail", "error"):
+        for key in ("message", "error_message", "detail", "error"):
             if isinstance(reply.get(key), str):
                 return reply[key][:500]
         err = reply.get("error")

@@ -113,10 +113,14 @@ class GenerationClient:
 
     def __init__(self, servers: Sequence[ServerRef | str] | Picker, *, api_key: str | None = None,
                  timeout_s: float = 600.0, connect_timeout_s: float = 10.0, max_failovers: int = 7,
-                 max_interruptions: int = 64, retry_delay_s: float = 0.5, seed_mode: str = "auto"):
+                 max_interruptions: int = 64, retry_delay_s: float = 0.5, seed_mode: str = "auto",
+                 adapter: str | None = None):
         if seed_mode not in SEED_MODES:
             raise ValueError(f"GenerationClient: seed_mode must be one of {SEED_MODES}, got {seed_mode!r}")
         self.seed_mode = seed_mode
+        # The LoRA adapter every request names (SGLang's `lora_path`), resubmissions included:
+        # the servers swap what the name holds at each update (services/controller/weights/adapter.py).
+        self.adapter = adapter
         self._seed_modes: dict[str, str] = {}
         self._picker = servers if callable(servers) else None
         self._servers = [] if callable(servers) else [_ref(s, api_key) for s in servers]
@@ -177,6 +181,8 @@ class GenerationClient:
             rid = uuid.uuid4().hex
             payload = {"input_ids": res.prompt_ids + res.output_ids, "sampling_params": params,
                        "return_logprob": True, "rid": rid}
+            if self.adapter:
+                payload["lora_path"] = self.adapter
             res.requests += 1
             try:
                 reply = await self._post(server, payload)

@@ -128,9 +128,8 @@ class ControlRoutes:
         async with self.update_lock:
             t0 = time.time()
             try:
-                # A HF directory, or a LoRA adapter directory merged onto the model loaded at start.
                 update = await asyncio.get_running_loop().run_in_executor(
-                    None, weights.load_from_disk, self.engine.model, path, self.engine.model_path)
+                    None, weights.load_from_disk, self.engine.model, path)
             except weights.WeightError as e:
                 return web.json_response({"success": False, "message": f"Failed to update weights: {e}",
                                           "num_paused_requests": 0}, status=400)

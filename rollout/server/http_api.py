@@ -20,6 +20,7 @@ from .auth import AuthLevel
 from .control_routes import ControlRoutes
 from .engine import Engine, Request
 from .info_routes import InfoRoutes
+from .lora_routes import LoraRoutes, ServedAdapters, request_adapter
 from .openai_routes import OpenAIRoutes
 from .requests import parse_generate, read_json, text_to_input_ids
 from .sampling import BadRequest
@@ -50,6 +51,8 @@ ROUTES: list[tuple[tuple[str, ...], str, str, AuthLevel]] = [
     (("POST",), "/end_weight_update", "end_weight_update", _A),
     (("POST",), "/update_weights_from_distributed", "update_from_distributed", _A),
     (("POST",), "/update_weight_version", "update_weight_version", _A),
+    (("POST",), "/load_lora_adapter", "load_lora_adapter", _A),
+    (("POST",), "/unload_lora_adapter", "unload_lora_adapter", _A),
     # The OpenAI-compatible API (openai_routes): NORMAL, as in the release.
     (("GET",), "/v1/models", "models", _N),
     (("POST",), "/v1/completions", "completions", _N),
@@ -63,7 +66,7 @@ def error_body(message: str, code: int = 400) -> dict:
             "param": None, "code": code, "error": {"message": message}}
 
 
-class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes):
+class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes, LoraRoutes):
     def __init__(self, engine: Engine, *, api_key: str | None = None, admin_api_key: str | None = None,
                  server_args: dict | None = None):
         self.engine = engine
@@ -82,6 +85,7 @@ class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes):
         self.update_lock = asyncio.Lock()
         self.group = weights.BroadcastGroup()
         self.adapter_base = weights.AdapterBase()           # pre-adapter weights (server/lora.py)
+        self.adapters = ServedAdapters(enabled=bool(self.server_args.get("enable_lora")))   # lora_routes.py
         self._open: asyncio.Event | None = None
 
     @property
@@ -126,6 +130,7 @@ class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes):
     # ---- generation -----------------------------------------------------------------------
     async def generate(self, request):
         body = await read_json(request)
+        adapter = request_adapter(body)
         # Tokenizing text takes time in proportion to its length: off the event loop, so serving,
         # health checks and weight updates go on meanwhile.
         body = await asyncio.to_thread(text_to_input_ids, body, tokenizer=self.engine.tokenizer,
@@ -140,11 +145,13 @@ class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes):
 
         reqs, single = parse_generate(body, tokenizer=self.engine.tokenizer, vocab=self.engine.vocab_size,
                                       context_len=self.engine.context_len, on_done_factory=on_done_factory)
-        results = await self._run(reqs, futures)
+        results = await self._run(reqs, futures, adapter)
         return web.json_response(results[0] if single else results)
 
-    async def _run(self, reqs: list[Request], futures: list[asyncio.Future]) -> list[dict]:
+    async def _run(self, reqs: list[Request], futures: list[asyncio.Future], adapter: str | None = None
+                   ) -> list[dict]:
         await self.open.wait()
+        await self.resolve_adapter(adapter)     # after the pause, as SGLang resolves lora_path
         try:
             await asyncio.wrap_future(self.engine.submit(reqs))
         except ValueError as e:

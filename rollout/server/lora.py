@@ -1,8 +1,9 @@
-"""LoRA adapter directories as weight updates: `<exp>/weights/v<N>/` written by a run with
+"""LoRA adapter directories merged into the served model: what `/load_lora_adapter`
+(rollout/server/lora_routes.py) loads, e.g. `<exp>/weights/v<N>/` written by a run with
 `trainer.lora.sync: adapter` (trainer/lora.py `save_adapter`: peft's adapter_config.json and
 adapter_model.safetensors, a few MB where the merged model is the whole model).
 
-The server keeps serving a plain model: an adapter update sets every adapted Linear weight to
+The server keeps serving a plain model: loading an adapter sets every adapted Linear weight to
 W0 + (alpha / r) B A, where W0 is that weight as it was before any adapter touched it (a copy is
 kept the first time an adapter names it). Merging always starts from W0, never from the weights
 served now, so applying v5 gives the same model whether the server applied v1..v4 before, skipped
@@ -46,6 +47,10 @@ class Adapter:
     source: str
     scale: float
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def rank(self) -> int:
+        return max((a.shape[0] for a, _ in self.pairs.values()), default=0)
 
 
 def _same_model(a: str, b: str) -> bool:

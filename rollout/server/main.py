@@ -90,11 +90,14 @@ def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: i
 
 
 async def serve(engine, *, host: str, port: int, api_key: str | None, server_args: dict,
-                on_ready=None, stop_event: asyncio.Event | None = None, admin_api_key: str | None = None) -> None:
+                on_ready=None, stop_event: asyncio.Event | None = None, admin_api_key: str | None = None,
+                lora_paths: dict[str, str] | None = None) -> None:
+    """`lora_paths`: {name: adapter directory} served from the start (rollout/server/lora_routes.py)."""
     from aiohttp import web
 
     from .http_api import GenServer
     server = GenServer(engine, api_key=api_key, admin_api_key=admin_api_key, server_args=server_args)
+    await server.load_initial_adapters(lora_paths or {})
     runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -143,6 +146,12 @@ def serve_from_args(args) -> int:
     except DeviceError as e:
         log.error("%s", e)
         return 2
+    from .lora_routes import parse_lora_paths
+    try:
+        lora_paths = parse_lora_paths(getattr(args, "lora_paths", None))
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     max_running = args.max_running or cfg.max_running_requests
     engine = load_engine(args.model, max_running=max_running, prefill_tokens_per_step=cfg.prefill_tokens_per_step,
                          dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank,
@@ -153,7 +162,10 @@ def serve_from_args(args) -> int:
                    # SGLang's server_args.device is the device type ("cuda", "cpu"), no index
                    "device": engine.device.type, "threads": threads, "random_seed": cfg.seed + args.rank,
                    "prefill_tokens_per_step": cfg.prefill_tokens_per_step, "weight_version": args.weight_version,
-                   "enable_deterministic_inference": False}
+                   "enable_deterministic_inference": False,
+                   # as SGLang: --lora-paths turns LoRA on (arg_groups/lora_hook.py)
+                   "enable_lora": bool(lora_paths or getattr(args, "enable_lora", False)),
+                   "lora_paths": [f"{name}={path}" for name, path in lora_paths.items()]}
 
     def on_ready(host: str, port: int) -> None:
         if exp is not None:
@@ -170,7 +182,7 @@ def serve_from_args(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await serve(engine, host=args.host, port=args.port, api_key=api_key, admin_api_key=admin_api_key,
-                    server_args=server_args, on_ready=on_ready, stop_event=stop)
+                    server_args=server_args, on_ready=on_ready, stop_event=stop, lora_paths=lora_paths)
 
     try:
         asyncio.run(main())

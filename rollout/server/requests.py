@@ -16,10 +16,11 @@ _MISSING = object()
 # a text longer than context_len times it cannot fit and is refused without being tokenized.
 MAX_CHARS_PER_TOKEN = 64
 
-# GenerateReqInput fields accepted only at their neutral value (multimodal, LoRA, sessions, ...).
+# GenerateReqInput fields accepted only at their neutral value (multimodal, sessions, ...);
+# `lora_path` is taken off the body before (lora_routes.py `request_adapter`).
 _NEUTRAL_GENERATE = {
     "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None,
-    "lora_path": None, "lora_id": None, "session_params": None, "custom_logit_processor": None,
+    "lora_id": None, "session_params": None, "custom_logit_processor": None,
     "return_hidden_states": False, "modalities": None, "bootstrap_host": None, "bootstrap_port": None,
     "bootstrap_room": None, "bootstrap_pair_key": None, "data_parallel_rank": None, "background": False,
     "top_logprobs_num": 0, "token_ids_logprob": None, "return_entropy": False, "return_bytes": False,

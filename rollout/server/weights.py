@@ -72,19 +72,24 @@ def apply(model, update: dict[str, torch.Tensor] | Adapter, base: AdapterBase) -
     base.replaced(update)
 
 
-def load_from_disk(model, model_path: str, base_model: str | None = None) -> dict[str, torch.Tensor] | Adapter:
-    """Read and validate the safetensors weights of a HF directory (sharded or not), or the
-    adapter of a LoRA adapter directory (adapter_config.json), which must have been trained on
-    `base_model` (the directory the server loaded at start)."""
+def load_adapter(model, path: str, base_model: str) -> Adapter:
+    """Read and validate a LoRA adapter directory for `/load_lora_adapter`: trained on
+    `base_model` (the directory the server loaded at start), on untied Linear weights of `model`."""
+    try:
+        return read_adapter(model, path, base_model, _tied_names(model))
+    except AdapterError as e:
+        raise WeightError(str(e)) from None
+
+
+def load_from_disk(model, model_path: str) -> dict[str, torch.Tensor]:
+    """Read and validate the safetensors weights of a HF directory (sharded or not)."""
     from safetensors.torch import load_file
     root = Path(model_path)
     if not root.is_dir():
         raise WeightError(f"model_path {model_path!r} is not a directory")
-    if is_adapter_dir(root):
-        try:
-            return read_adapter(model, root, base_model or "", _tied_names(model))
-        except AdapterError as e:
-            raise WeightError(str(e)) from None
+    if is_adapter_dir(root):   # SGLang fails on it too: it is not a model
+        raise WeightError(f"model_path {model_path!r} holds a LoRA adapter (adapter_config.json), not a model: "
+                          f"load it with /load_lora_adapter")
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise WeightError(f"model_path {model_path!r} holds no *.safetensors file")

@@ -8,6 +8,8 @@ Each phase runs on all servers at once (one slow server bounds the phase, not th
             KV cache of the old weights and go on with the new ones; the update is sent with
             `flush_cache: false`, which SGLang needs for that); skipped when
             `interruptible: false` (SGLang then runs the update once in-flight requests finish);
+            a method that needs its own mode (`WeightApplier.pause_mode`: LoRA adapters, abort)
+            pauses in it whatever the config says;
   update    the applier of the message's method (`services/controller/weights/`): disk or
             broadcast; it stamps `weight_version` = the policy version;
   continue  `/continue_generation`.
@@ -64,7 +66,7 @@ class WeightSync:
             else:
                 run.fail(s, f"unhealthy during the update to v{msg.version}; will be caught up")
         targets = await applier.receivers(run, targets, msg)
-        return await self._sequence(run, applier, targets, msg, pause=self.interruptible)
+        return await self._sequence(run, applier, targets, msg, pause=self.interruptible or bool(applier.pause_mode))
 
     async def catch_up(self, server: RegisteredServer, msg) -> SyncResult:
         """Bring one lagging server to `msg.version` (a replayable message: weights on disk).
@@ -77,8 +79,12 @@ class WeightSync:
         run = self._run(msg)
         return await self._sequence(run, applier, [server], msg, pause=True)
 
+    def _mode(self, msg) -> str:
+        """The pause mode: the method's own where it needs one (adapters: abort), else the config's."""
+        return self.applier(msg).pause_mode or self.interrupt_mode
+
     def _run(self, msg) -> SyncRun:
-        keep_kv = self.interruptible and self.interrupt_mode == "in_place"
+        keep_kv = self.interruptible and self._mode(msg) == "in_place"
         return SyncRun(msg.version, self.admin_for, self.timeout_s, flush_cache=not keep_kv)
 
     async def _sequence(self, run: SyncRun, applier: WeightApplier, servers: list[RegisteredServer], msg,
@@ -86,8 +92,8 @@ class WeightSync:
         t0 = time.perf_counter()
         timeout = self.timeout_s
         if pause:
-            servers = await run.phase("pause", servers,
-                                      lambda a: a.pause_generation(self.interrupt_mode, timeout))
+            mode = self._mode(msg)
+            servers = await run.phase("pause", servers, lambda a: a.pause_generation(mode, timeout))
         live = await applier.update(run, servers, msg) if servers else []
         for s in live:
             s.bring_back(msg.version)

@@ -6,6 +6,8 @@ each other's internals.
 from . import control, grading, trajectory  # noqa: F401  (registers the message schemas)
 from .codec import PROTOCOL_VERSION, REGISTRY, Envelope, ProtocolError, decode, encode, message
 from .control import (
+    POLICY_ADAPTER,
+    AdapterOnDisk,
     AdmitReply,
     AdmitRequest,
     GroupDone,
@@ -42,7 +44,7 @@ from .transport import (
 
 __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
-    "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
+    "POLICY_ADAPTER", "AdapterOnDisk", "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
     "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",

@@ -70,6 +70,21 @@ class WeightsOnDisk:
     path: str
 
 
+# The name generation servers serve the policy's LoRA adapter under (`trainer.lora.sync:
+# adapter`): every /generate request of such a run names it (`lora_path`), each server starts
+# with version 0's adapter under it (`--lora-paths`), and each update swaps what it names.
+POLICY_ADAPTER = "policy"
+
+
+@message("adapter_on_disk")
+class AdapterOnDisk:
+    """Version `version` is peft's LoRA adapter directory at `path` (adapter_config.json and
+    adapter_model.safetensors, trained on the servers' base model): the servers serve it as
+    `POLICY_ADAPTER` from then on."""
+    version: int
+    path: str
+
+
 @message("weights_broadcast")
 class WeightsBroadcast:
     """Version `version` will be broadcast tensor by tensor from the trainer (rank 0).

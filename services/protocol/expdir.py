@@ -23,6 +23,8 @@ class ExpDir:
     metrics = property(lambda self: self.root / "metrics.jsonl")
     trajectories = property(lambda self: self.root / "trajectories")
     report = property(lambda self: self.root / "report")
+    # Version 0 of a LoRA run's adapter (all zero), which generation servers start serving.
+    initial_adapter = property(lambda self: self.root / "adapter-v0")
 
     def log_file(self, role: str, rank: int = 0) -> Path:
         return self.logs / f"{role}-{rank}.log"

@@ -1,8 +1,9 @@
 """Weights on disk: `<exp>/weights/v<N>/`, a Hugging Face directory each server loads itself.
 
 What the directory holds is the backend's choice (`export_hf`): the model, or, for a LoRA run
-with `trainer.lora.sync: adapter`, peft's adapter directory, which the embedded server merges
-onto the model it loaded (rollout/server/lora.py) and `tandem export` onto experiment.model.
+with `trainer.lora.sync: adapter`, peft's adapter directory, announced as `adapter_on_disk`: the
+servers load it over /load_lora_adapter (services/controller/weights/adapter.py) and
+`tandem export` merges it onto experiment.model.
 
 It is written in a temp directory beside it and renamed into place, so a server told to load
 v<N> never sees half a checkpoint; the last `keep` versions stay (a server still loading
@@ -19,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from services.protocol import WeightsOnDisk
+from services.protocol import AdapterOnDisk, WeightsOnDisk
 from trainer.backend import TrainBackend
 
 from .base import Publication, WeightPublisher
@@ -48,12 +49,14 @@ def stale_versions(versions: list[int], current: int, keep: int) -> list[int]:
 class DiskPublisher(WeightPublisher):
     transfer_path = "filesystem"
 
-    def __init__(self, root: Path, keep: int):
-        self.root, self.keep = Path(root), keep
+    def __init__(self, root: Path, keep: int, adapter: bool = False):
+        # adapter: the directories are LoRA adapters (trainer.lora.sync: adapter), announced as
+        # adapter_on_disk so the servers swap the adapter they serve instead of loading a model.
+        self.root, self.keep, self.adapter = Path(root), keep, adapter
 
     @classmethod
     def from_config(cls, tcfg, weights_root: Path, receiver_ranks: int) -> DiskPublisher:
-        return cls(weights_root, tcfg.keep_weights)
+        return cls(weights_root, tcfg.keep_weights, adapter=tcfg.lora.adapter_sync)
 
     def publish(self, backend: TrainBackend, version: int) -> Publication:
         """Export the model as `<root>/v<version>/` atomically; prune to the newest `keep` versions.
@@ -81,7 +84,8 @@ class DiskPublisher(WeightPublisher):
             for old in stale_versions(published_versions(root), version, self.keep):
                 shutil.rmtree(weights_dir(root, old), ignore_errors=True)
         t3 = time.perf_counter()
-        return Publication(WeightsOnDisk(version=version, path=str(final)),
+        announce = AdapterOnDisk if self.adapter else WeightsOnDisk
+        return Publication(announce(version=version, path=str(final)),
                            {"export_s": t1 - t0, "rename_s": t2 - t1, "prune_s": t3 - t2})
 
 

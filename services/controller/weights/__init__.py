@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from services.config import ControllerConfig
 
+from .adapter import AdapterApplier
 from .base import SyncResult, SyncRun, WeightApplier
 from .broadcast import BroadcastApplier
 from .disk import DiskApplier
 
-APPLIERS: tuple[type[WeightApplier], ...] = (DiskApplier, BroadcastApplier)
+APPLIERS: tuple[type[WeightApplier], ...] = (DiskApplier, BroadcastApplier, AdapterApplier)
 
 
 def build_appliers(cfg: ControllerConfig) -> dict[str, WeightApplier]:

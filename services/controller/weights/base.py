@@ -88,6 +88,9 @@ class WeightApplier(ABC):
     # True when the same message can later bring one lagging server to that version (the
     # weights still exist, e.g. on disk); False when it describes a one-time transfer.
     replayable: ClassVar[bool] = False
+    # The pause this method needs whatever `controller.interruptible` / `interrupt_mode` say
+    # (None: the config's); see weights/adapter.py for why adapters need an abort pause.
+    pause_mode: ClassVar[str | None] = None
 
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg

@@ -49,6 +49,8 @@ class RecordingSGLang:
     startup_version: str = "0"
     generate_script: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    # LoRA adapters loaded (name -> path), as a server started with --enable-lora keeps them.
+    adapters: dict[str, str] = field(default_factory=dict)
     # What the test is running now (e.g. "AdminClient.pause_generation(mode='abort')"): stamped on calls.
     origin: str = ""
     url: str = ""
@@ -108,6 +110,8 @@ class RecordingSGLang:
             if path == "/update_weight_version" and body.get("new_version") is not None:
                 self.weight_version = str(body["new_version"])
             return 200, ok
+        if path in ("/load_lora_adapter", "/unload_lora_adapter"):
+            return self._lora(path, body)
         if path in ("/model_info", "/get_model_info"):
             # the live version: `/model_info` reads tokenizer_manager's weight_version
             return 200, {"model_path": "/models/policy", "tokenizer_path": "/models/policy", "is_generation": True,
@@ -123,6 +127,23 @@ class RecordingSGLang:
                                                            "num_running_reqs": 1, "num_waiting_reqs": 2,
                                                            "num_used_tokens": 0, "max_running_requests": 8}]}
         return 404, {"detail": "Not Found"}
+
+    def _lora(self, path: str, body: dict) -> tuple[int, object]:
+        """`LoRAUpdateOutput` {success, error_message, loaded_adapters}, 400 on failure (http_server.py);
+        the messages of lora_manager.py `validate_new_adapter` and lora_registry.py `unregister`."""
+        name = body.get("lora_name") if isinstance(body, dict) else None
+        error = None
+        if path == "/load_lora_adapter":
+            if name in self.adapters:
+                error = f"Failed to load LoRA adapter {name} because it is already loaded"
+            else:
+                self.adapters[name] = body.get("lora_path")
+        elif name not in self.adapters:
+            error = f"LoRA with name {name} does not exist. Loaded LoRAs: odict_keys({list(self.adapters)})"
+        else:
+            del self.adapters[name]
+        return (400 if error else 200), {"success": error is None, "error_message": error,
+                                         "loaded_adapters": dict(self.adapters)}
 
     def _generate(self, body: dict) -> tuple[int, object]:
         mode = self.generate_script.pop(0) if self.generate_script else "complete"

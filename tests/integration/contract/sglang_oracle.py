@@ -253,9 +253,24 @@ def reply_keys(src: Source, route: dict) -> set[str]:
                     from sglang.srt.server_args import ServerArgs
                     keys |= {f.name for f in record_fields(ServerArgs)} | {"launch_command", "kv_events"}
                     keys |= _literal_keys(_functions(src.tree(SCHEDULER_INFO[0]))[SCHEDULER_INFO[1]])
+                elif n.func.id == "msgspec_to_builtins" and route.get("body_class"):
+                    keys |= set(class_fields(src, route["body_module"], _output_class(src, route))["fields"])
                 elif n.func.id in fns:
                     todo.append(n.func.id)
     return keys
+
+
+def _output_class(src: Source, route: dict) -> str:
+    """The reply class of an endpoint that answers `msgspec_to_builtins(result)`: its request
+    class's `...ReqOutput` counterpart, through aliases (`LoadLoRAAdapterReqOutput = ... =
+    LoRAUpdateOutput` in io_struct.py)."""
+    name = route["body_class"].replace("ReqInput", "ReqOutput")
+    tree = src.tree(src.module_file(route["body_module"]))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+            return node.value.id
+    return name
 
 
 def check_reply(src: Source, route: dict, reply) -> list[str]:

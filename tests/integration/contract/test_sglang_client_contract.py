@@ -31,6 +31,7 @@ from contract_recorder import RecordingSGLang
 
 from rollout.client import AdminClient, GenerationClient, ServerRef
 from rollout.client import admin as admin_module
+from services.protocol import POLICY_ADAPTER
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,6 +46,7 @@ SAMPLES = {
     "world_size": 2, "group_name": "tandem-weights", "backend": "nccl",
     "names": ["model.embed_tokens.weight", "lm_head.weight"], "dtypes": ["bfloat16", "bfloat16"],
     "shapes": [[64, 32], [64, 32]], "flush_cache": False, "rid": "0123456789abcdef", "abort_all": True,
+    "new_version": 1, "lora_name": "policy", "lora_path": "/exp/weights/v1", "pinned": False,
 }
 ALTERNATIVES = {"mode": list(getattr(admin_module, "PAUSE_MODES", ("abort",)))}
 CLIENT_ONLY = {"self", "timeout_s"}     # never sent to the server
@@ -118,6 +120,8 @@ async def run_admin_client(rec: RecordingSGLang, keys: dict) -> list[str]:
     async with AdminClient(rec.url, **kw) as admin:
         for name, args in invocations:
             rec.origin = f"AdminClient.{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+            # each call against a server in the state it expects: the adapter there to unload, not to load
+            rec.adapters = {SAMPLES["lora_name"]: "/exp/weights/v0"} if name == "unload_lora_adapter" else {}
             try:
                 await getattr(admin, name)(**args)
             except Exception as e:   # the recorder answers like 0.5.23: a raise is a client problem
@@ -150,18 +154,21 @@ async def run_generation_client(rec: RecordingSGLang, keys: dict) -> list[str]:
     # what the rollout worker passes (rollout/worker.py), with a seed and a small budget
     params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "max_new_tokens": 8}
     problems = []
-    async with GenerationClient([ServerRef(rec.url, **kw)], **client_kw) as client:
-        for origin, script, sampling in (
-                ("GenerationClient.generate (a 503, an abort-mode interruption, a reply across an update)",
-                 ["503", "abort", "span"], {**params, "sampling_seed": 1234}),
-                ("GenerationClient.generate (plain)", [], params)):
-            rec.origin, rec.generate_script = origin, list(script)
-            try:
-                res = await client.generate([3, 4, 5, 6], sampling, sticky_key="group-1/0")
-                if len(res.output_ids) != sampling["max_new_tokens"]:
-                    problems.append(f"{origin}: got {len(res.output_ids)} tokens, wanted {sampling['max_new_tokens']}")
-            except Exception as e:
-                problems.append(f"{origin} raised {type(e).__name__}: {e}")
+    for adapter in (None, POLICY_ADAPTER):    # a LoRA run names its adapter in every request
+        async with GenerationClient([ServerRef(rec.url, **kw)], **client_kw, adapter=adapter) as client:
+            for origin, script, sampling in (
+                    ("GenerationClient.generate (a 503, an abort-mode interruption, a reply across an update)",
+                     ["503", "abort", "span"], {**params, "sampling_seed": 1234}),
+                    ("GenerationClient.generate (plain)", [], params)):
+                origin += f" adapter={adapter!r}"
+                rec.origin, rec.generate_script = origin, list(script)
+                try:
+                    res = await client.generate([3, 4, 5, 6], sampling, sticky_key="group-1/0")
+                    if len(res.output_ids) != sampling["max_new_tokens"]:
+                        problems.append(f"{origin}: got {len(res.output_ids)} tokens, "
+                                        f"wanted {sampling['max_new_tokens']}")
+                except Exception as e:
+                    problems.append(f"{origin} raised {type(e).__name__}: {e}")
     return problems
 
 
@@ -173,6 +180,8 @@ def test_every_generation_client_call_matches_the_pinned_release(sglang_wheel):
         recorders.append(asyncio.run(_with_recorder(deployment, body)))
     paths = {c.path for r in recorders for c in r.calls}
     assert {"/generate", "/abort_request"} <= paths, f"the scripted failure did not reach the client: {paths}"
+    named = {c.body.get("lora_path") for r in recorders for c in r.calls if c.path == "/generate"}
+    assert named == {None, POLICY_ADAPTER}, f"requests named {named}"
     problems += judge(sglang_wheel, recorders)
     assert not problems, report(sglang_wheel, problems)
 

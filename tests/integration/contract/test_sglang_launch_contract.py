@@ -28,7 +28,8 @@ API_KEY, ADMIN_KEY = "contract-api-key", "contract-admin-key"
 SPEC_SAMPLES = {"model_path": "/models/policy", "host": "10.0.0.2", "port": 30123, "tp_size": 2, "base_gpu_id": 2,
                 "mem_fraction_static": 0.7, "weight_version": 3, "dtype": "bfloat16", "random_seed": 11,
                 "context_length": 4096, "max_running_requests": 48, "nccl_port": 31123, "trust_remote_code": True,
-                "deterministic_inference": True, "log_level": "info", "extra_args": ["--disable-radix-cache"]}
+                "deterministic_inference": True, "log_level": "info", "extra_args": ["--disable-radix-cache"],
+                "lora_paths": ["policy=/exp/adapter-v0"]}
 SPEC_NOT_FLAGS = {"python", "key_config", "api_key"}     # the interpreter; keys are checked separately
 
 
@@ -53,11 +54,13 @@ def launches(tmp_path) -> list[tuple[str, SGLangServerSpec, dict]]:
                                   **({"deterministic_inference": True}
                                      if "deterministic_inference" in {f.name for f in dataclasses.fields(GenConfig)}
                                      else {}))
-        args = types.SimpleNamespace(model="/models/policy", host="0.0.0.0", rank=1, weight_version=3)
+        args = types.SimpleNamespace(model="/models/policy", host="0.0.0.0", rank=1, weight_version=3,
+                                     lora_paths=["policy=/exp/adapter-v0"])
         spec = server_spec(args, gen, 30001, 31001, keys)
         out.append(("the generation role's launch (rollout.sglang_role.server_spec)", spec,
                     {"model_path": "/models/policy", "tp_size": 2, "port": 30001, "nccl_port": 31001,
-                     "weight_version": "3", "random_seed": 6, "mem_fraction_static": 0.75, **key_expect}))
+                     "weight_version": "3", "random_seed": 6, "mem_fraction_static": 0.75, "enable_lora": True,
+                     "lora_paths": ["policy=/exp/adapter-v0"], **key_expect}))
     fields = {f.name: f for f in dataclasses.fields(SGLangServerSpec)}
     unsampled = [n for n in fields if n not in SPEC_SAMPLES and n not in SPEC_NOT_FLAGS]
     assert not unsampled, (f"SGLangServerSpec fields {unsampled} have no sample value in SPEC_SAMPLES "
@@ -67,7 +70,8 @@ def launches(tmp_path) -> list[tuple[str, SGLangServerSpec, dict]]:
         kw["key_config"] = keys
     out.append(("every option SGLangServerSpec can emit", SGLangServerSpec(**kw),
                 {"tp_size": 2, "base_gpu_id": 2, "port": 30123, "nccl_port": 31123, "weight_version": "3",
-                 "context_length": 4096, "max_running_requests": 48, **key_expect}))
+                 "context_length": 4096, "max_running_requests": 48, "enable_lora": True,
+                 "lora_paths": ["policy=/exp/adapter-v0"], **key_expect}))
     return out
 
 
@@ -95,6 +99,18 @@ def test_the_launch_argv_parses_with_the_releases_own_parser(sglang_wheel, tmp_p
                 problems.append(f"{label}: ServerArgs.{dest} parses as {got!r}, the launcher meant {want!r}")
     assert not problems, (f"launch argv vs {sglang_wheel.name} (sglang=={sglang_wheel.version}):\n  "
                           + "\n  ".join(problems))
+
+
+def test_the_lora_target_modules_are_the_releases(sglang_wheel):
+    """trainer.lora.target_modules is checked against SGLANG_LORA_TARGETS (launcher/config.py):
+    the list must be the release's SUPPORTED_LORA_TARGET_MODULES (utils/common.py)."""
+    import ast
+    with zipfile.ZipFile(sglang_wheel.path) as z:
+        tree = ast.parse(z.read("sglang/srt/utils/common.py"))
+    found = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "SUPPORTED_LORA_TARGET_MODULES" for t in n.targets)]
+    assert found, "sglang/srt/utils/common.py has no SUPPORTED_LORA_TARGET_MODULES"
+    assert tuple(found[0]) == sglang_launch.SGLANG_LORA_TARGETS, (found[0], sglang_launch.SGLANG_LORA_TARGETS)
 
 
 def test_the_launch_environment_is_the_releases(sglang_wheel):

@@ -4,9 +4,9 @@ process, the disk weight sync with the default `trainer.lora.sync: adapter`), tw
 
 What it shows beyond the unit tier (tests/unit/trainer/test_trainer_lora.py, and
 tests/unit/generation/test_gen_lora_adapter.py for the server's merge): the setting reaches the
-trainer through the resolved config; every published version is peft's adapter directory and the
-generation server applies each one (its `weight_load` records reach v2, and the run goes on with
-them); the run checkpoints the adapters, not the model; and the CLI turns the final published
+trainer through the resolved config; every published version is peft's adapter directory, which
+the controller swaps in on the generation server over /load_lora_adapter (the server started
+serving version 0's zero adapter under the name every request gives); the run checkpoints the adapters, not the model; and the CLI turns the final published
 adapter into the same plain model as the merge of the final checkpoint, and writes the adapter
 directory."""
 from __future__ import annotations
@@ -53,8 +53,14 @@ def test_a_lora_run_publishes_adapters_the_server_applies(tmp_path, tiny_model_d
         assert not list(p.glob("model*.safetensors")) and not (p / "config.json").exists()
     adapter = load_file(exp.weights / "v2" / "adapter_model.safetensors")
     assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
-    loads = read_metrics(exp, "gen", "weight_load")
-    assert {str(r["weight_version"]) for r in loads} >= {"1", "2"}, loads
+    # the controller swapped each version's adapter in over the LoRA routes, on every server
+    syncs = read_metrics(exp, "controller", "weight_sync")
+    assert [(r["version"], r["method"], r["failed"]) for r in syncs] == [(1, "adapter_on_disk", {}),
+                                                                         (2, "adapter_on_disk", {})], syncs
+    gen_log = exp.log_file("gen", 0).read_text()
+    for v in (1, 2):
+        assert f"LoRA adapter policy loaded from {exp.weights / f'v{v}'}" in gen_log, gen_log[-3000:]
+    assert f"LoRA adapter policy loaded from {exp.initial_adapter}" in gen_log   # version 0, at start
 
     state = torch.load(exp.checkpoints / "step-2" / "rank-0.pt", map_location="cpu", weights_only=True)["backend"]
     assert "model" not in state and state["lora"]["rank"] == 8 and state["adapter"]

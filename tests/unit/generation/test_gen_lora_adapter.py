@@ -1,11 +1,11 @@
-"""The embedded server's adapter updates (rollout/server/lora.py through weights.py): a
+"""The embedded server's adapter merge (rollout/server/lora.py through weights.py): a
 `trainer.lora.sync: adapter` publication is merged onto the weights the server loaded at start.
 
 The adapters are real: a torch-backend LoRA model (trainer/lora.py, peft) trained one step on
 the small Qwen2 directory of tests/conftest.py, published by the real DiskPublisher; the
 "server" is the model `rollout/server/main.py` loads (AutoModelForCausalLM of that directory)
-with the update functions the `/update_weights_from_disk` route calls, without the HTTP layer
-(the LoRA end-to-end run drives the route)."""
+with the functions `/load_lora_adapter` calls, without the HTTP layer (tests/integration/
+generation/test_gen_lora_routes.py drives the routes, the LoRA end-to-end run the whole loop)."""
 from __future__ import annotations
 
 import json
@@ -71,7 +71,11 @@ def _logits(model, ids):
 
 
 def _update(model, path, base, model_dir):
-    weights.apply(model, weights.load_from_disk(model, str(path), str(model_dir)), base)
+    """An adapter directory as /load_lora_adapter applies it; a model directory as
+    /update_weights_from_disk does."""
+    adapter = (path / "adapter_config.json").is_file()
+    update = weights.load_adapter(model, str(path), str(model_dir)) if adapter else weights.load_from_disk(model, str(path))
+    weights.apply(model, update, base)
 
 
 def _state(model):

@@ -59,3 +59,17 @@ def test_a_role_is_ready_when_it_writes_its_announcement_again(exp):
     publish_service(exp, "controller", {"address": "tcp://127.0.0.1:5555"})
     assert ready.fresh()
     assert not Announcement(exp.service_file("reward")).fresh()   # nothing written yet
+
+
+def test_a_lora_adapter_run_starts_every_server_on_version_0s_adapter(exp):
+    """`trainer.lora.sync: adapter`: both server kinds get SGLang's `--lora-paths policy=<exp>/adapter-v0`;
+    a merged-sync or full fine-tuning run gets none."""
+    for backend in ("embedded", "sglang"):
+        roles = experiment_roles(_cfg(exp, "trainer.lora.rank=8", f"gen.backend={backend}"),
+                                 exp, False, pick_port=lambda: 0)
+        gens = [_args(r) for r in roles if r.kind == "gen"]
+        assert gens and all(a[a.index("--lora-paths") + 1:] == [f"policy={exp.initial_adapter}"]
+                                      for a in gens), gens
+    for overrides in (["trainer.lora.rank=8", "trainer.lora.sync=merged"], []):
+        roles = experiment_roles(_cfg(exp, *overrides), exp, False, pick_port=lambda: 0)
+        assert not any("--lora-paths" in _args(r) for r in roles)

@@ -4,8 +4,11 @@ side of an adapter is tests/unit/generation/test_gen_lora_adapter.py), checkpoin
 export` of both forms, and the config's refusals. The model is the small real Qwen2 directory of tests/conftest.py, in float32."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from launcher.config import ConfigError, load_config
@@ -193,15 +196,38 @@ def test_config_refuses_dropout_megatron_and_unknown_modules(small_model_dir, tm
     with pytest.raises(ConfigError, match=r"trainer\.lora\.sync: .*trainer\.weight_sync is 'broadcast'.*"
                                           r"set trainer\.lora\.sync: merged"):
         load_config(None, [*exp, "trainer.lora.rank=8", "trainer.weight_sync=broadcast"])
-    with pytest.raises(ConfigError, match=r"trainer\.lora\.sync: .*gen\.backend is 'sglang'.*/load_lora_adapter.*"
-                                          r"set trainer\.lora\.sync: merged"):
-        load_config(None, [*exp, "trainer.lora.rank=8", "gen.backend=sglang"])
+    # adapters reach SGLang over /load_lora_adapter: its modules only, always under an abort pause
+    assert load_config(None, [*exp, "trainer.lora.rank=8", "gen.backend=sglang"]).trainer.lora.adapter_sync
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.target_modules: \['c_attn'\] cannot take a LoRA "
+                                          r"adapter in SGLang"):
+        load_config(None, [*exp, "trainer.lora.rank=8", "gen.backend=sglang", "trainer.lora.target_modules=[c_attn]"])
+    with pytest.raises(ConfigError, match=r"controller\.interruptible: false cannot hold with trainer\.lora\.sync: "
+                                          r"adapter"):
+        load_config(None, [*exp, "trainer.lora.rank=8", "controller.interruptible=false"])
     with pytest.raises(ConfigError, match=r"trainer\.lora\.sync: must be one of \['adapter', 'merged'\]"):
         load_config(None, [*exp, "trainer.lora.rank=8", "trainer.lora.sync=delta"])
-    for ok in (["trainer.weight_sync=broadcast"], ["gen.backend=sglang"]):
+    for ok in (["trainer.weight_sync=broadcast"], ["gen.backend=sglang", "trainer.lora.target_modules=[c_attn]"],
+               ["controller.interruptible=false"]):
         assert load_config(None, [*exp, "trainer.lora.rank=8", "trainer.lora.sync=merged", *ok]).trainer.lora.sync \
             == "merged"
     c = cfg()
     c.lora.target_modules = ["q_proj", "qkv_proj"]
     with pytest.raises(ValueError, match=r"trainer\.lora\.target_modules: \['qkv_proj'\]"):
         TorchBackend(c, small_model_dir, 0)
+
+
+def test_the_initial_adapter_is_the_publications_shape_all_zero(small_model_dir, tmp_path):
+    """Version 0 as an adapter directory (what servers start serving, `--lora-paths`): the same
+    tensors, shapes and config as the trainer's own publication of the same settings, all zero,
+    trained on experiment.model; built without reading the base weights."""
+    c = cfg(sync="adapter")
+    be = TorchBackend(c, small_model_dir, 0)
+    DiskPublisher(tmp_path / "weights", keep=1).publish(be, 1)
+    lora.write_initial_adapter(lora.lora_settings(c.lora), small_model_dir, tmp_path / "v0")
+    published, initial = (load_file(tmp_path / d / "adapter_model.safetensors") for d in ("weights/v1", "v0"))
+    assert {k: v.shape for k, v in initial.items()} == {k: v.shape for k, v in published.items()}
+    assert all(v.dtype == published[k].dtype and not v.any() for k, v in initial.items())
+    want, got = (json.loads((tmp_path / d / "adapter_config.json").read_text()) for d in ("weights/v1", "v0"))
+    assert {k: got[k] for k in ("r", "lora_alpha", "base_model_name_or_path", "peft_type")} == \
+        {k: want[k] for k in ("r", "lora_alpha", "base_model_name_or_path", "peft_type")}
+    assert sorted(got["target_modules"]) == sorted(want["target_modules"])
