@@ -7,7 +7,10 @@ each, see shared/BASELINES.md); each keeps exactly one admit request in flight. 
 loop p50 latency is about N / throughput, so the 512-client row measures throughput, and tail
 latency is meaningful at 64 clients. A bare `RequestServer` answering the same reply with no
 ledger, no journal (`echo` row) shows what the shared transport and codec alone allow at the
-same moment on the same machine: the controller's own cost is the difference.
+same moment on the same machine: the controller's own cost is the difference. A plain ROUTER
+(`floor` row: CURVE, a synchronous poller draining every ready message, the reply's msgpack
+made from the request id alone, no schema) is the machine's own ceiling for this exchange, the
+method of shared/BASELINES.md: a target in admissions/s means something only against it.
 """
 from __future__ import annotations
 
@@ -84,10 +87,41 @@ def _echo_server(keys_dir: str, queue) -> None:
     asyncio.run(serve())
 
 
-def start_echo(keys_dir: Path) -> tuple[mp.Process, str]:
+def _floor_server(keys_dir: str, queue) -> None:
+    """The least a server can do: read the request id, answer the same one-ticket reply."""
+    import msgpack
+
+    from services.protocol.keys import ensure_authenticator, make_server
+    from services.protocol.transport import bind
+
+    sync, _ = contexts()
+    keys = load_keys(keys_dir)
+    ensure_authenticator(sync, keys)
+    sock = sync.socket(zmq.ROUTER)
+    make_server(sock, keys)
+    address = bind(sock, "127.0.0.1", 0)
+    body = decode(encode(AdmitReply(tickets=[Ticket("0-0", 0)], version=0))).body
+    reply = {"v": 1, "op": AdmitReply.OP, "id": 0, "body": {"tickets": [{"group_id": "0-0", "admit_version": 0}],
+                                                            "version": 0, "retry_after_s": 0.0}}
+    assert decode(msgpack.packb(reply)).body == body, "the floor's reply must decode as the controller's"
+    queue.put(address)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while True:
+        poller.poll(1000)
+        while True:
+            try:
+                ident, payload = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            reply["id"] = msgpack.unpackb(payload)["id"]
+            sock.send_multipart([ident, msgpack.packb(reply)])
+
+
+def start_echo(keys_dir: Path, target=_echo_server) -> tuple[mp.Process, str]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_echo_server, args=(str(keys_dir), queue), daemon=True)
+    proc = ctx.Process(target=target, args=(str(keys_dir), queue), daemon=True)
     proc.start()
     return proc, queue.get(timeout=60)
 
@@ -181,23 +215,33 @@ def main(quick: bool = False) -> dict:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
-    echo_proc, echo_address = start_echo(ExpDir(root).keys)
-    try:
-        echo = asyncio.run(measure(echo_address, keys, 64, 4, warmup_s, window_s))
-    finally:
-        echo_proc.kill()
+    others = {}
+    for name, target in (("echo", _echo_server), ("floor", _floor_server)):
+        other_proc, other_address = start_echo(ExpDir(root).keys, target)
+        try:
+            others[name] = [asyncio.run(measure(other_address, keys, c, s, warmup_s, window_s))
+                            for c, s in LEVELS[1:]]
+        finally:
+            other_proc.kill()
+    # In a closed loop a request waits for the others ahead of it: clients / throughput is the
+    # queueing floor of its latency; p99 over it says how much worse than that the tail is.
+    table = [[name, r["clients"], r["sockets"], r["admissions_per_s"], r["p50_ms"], r["p99_ms"],
+              r["p99_ms"] / (1e3 * r["clients"] / r["admissions_per_s"])]
+             for name, rs in (("controller", rows), *others.items()) for r in rs]
     print_table("controller admission round trips (CURVE on, closed loop)",
-                ["server", "clients", "sockets", "admissions/s", "p50 ms", "p99 ms"],
-                [["controller", r["clients"], r["sockets"], r["admissions_per_s"], r["p50_ms"], r["p99_ms"]]
-                 for r in rows] + [["echo", echo["clients"], echo["sockets"], echo["admissions_per_s"],
-                                    echo["p50_ms"], echo["p99_ms"]]])
+                ["server", "clients", "sockets", "admissions/s", "p50 ms", "p99 ms", "p99 / queueing floor"], table)
     headline = {}
     for r in rows:
         n = r["clients"]
         headline[f"admissions_per_s@{n}"] = round(r["admissions_per_s"], 1)
         headline[f"p50_ms@{n}"] = round(r["p50_ms"], 3)
         headline[f"p99_ms@{n}"] = round(r["p99_ms"], 3)
-    headline["echo_admissions_per_s@64"] = round(echo["admissions_per_s"], 1)
+        headline[f"p99_over_floor@{n}"] = round(r["p99_ms"] / (1e3 * n / r["admissions_per_s"]), 2)
+    for name, rs in others.items():
+        for r in rs:
+            headline[f"{name}_admissions_per_s@{r['clients']}"] = round(r["admissions_per_s"], 1)
+    headline["controller_vs_floor@512"] = round(rows[-1]["admissions_per_s"]
+                                                / others["floor"][-1]["admissions_per_s"], 3)
     if not quick:
         write_results("controller", headline)
     return headline

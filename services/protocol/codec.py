@@ -67,16 +67,35 @@ def _hints(cls) -> dict[str, Any]:
     return cached
 
 
+def _fields(cls) -> tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]:
+    """(name, type hint, required) of each field of a message class, and the names, worked out
+    once per class: every message is encoded and decoded through them (the controller's
+    admission rate rests on it)."""
+    cached = cls.__dict__.get("_wire_fields")
+    if cached is None:
+        hints = _hints(cls)
+        fields = tuple((f.name, hints[f.name], f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING) for f in dataclasses.fields(cls))
+        cached = fields, frozenset(name for name, _, _ in fields)
+        cls._wire_fields = cached
+    return cached
+
+
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
 def _to_wire(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_to_wire(v) for v in value]
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
         return {"dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
-    if dataclasses.is_dataclass(value):
-        return {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_to_wire(v) for v in value]
     if isinstance(value, dict):
         return {k: _to_wire(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        return {name: _to_wire(getattr(value, name)) for name, _, _ in _fields(type(value))[0]}
     return value
 
 
@@ -99,6 +118,14 @@ def _array_from_wire(raw: Any, path: str) -> np.ndarray:
 def _check(value: Any, tp: Any, path: str) -> Any:
     """Validate (and build) `value` against type `tp`; raise _Invalid naming `path`."""
     if tp is Any:
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(f"{path}: expected an integer, got {type(value).__name__}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise _Invalid(f"{path}: expected str, got {type(value).__name__}")
         return value
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -158,18 +185,16 @@ def _check(value: Any, tp: Any, path: str) -> Any:
 def _build(cls, raw: Any, path: str):
     if not isinstance(raw, dict):
         raise _Invalid(f"{path or cls.__name__}: expected a map, got {type(raw).__name__}")
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(raw) - set(fields)
-    if unknown:
+    fields, names = _fields(cls)
+    if not raw.keys() <= names:
+        unknown = set(raw) - names
         raise _Invalid(f"{path or cls.__name__}: unknown field(s) {sorted(map(str, unknown))}")
     kwargs = {}
-    for name, f in fields.items():
-        sub = f"{path}.{name}" if path else name
+    for name, hint, required in fields:
         if name in raw:
-            kwargs[name] = _check(raw[name], hints[name], sub)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise _Invalid(f"{sub}: required field missing")
+            kwargs[name] = _check(raw[name], hint, f"{path}.{name}" if path else name)
+        elif required:
+            raise _Invalid(f"{f'{path}.{name}' if path else name}: required field missing")
     return cls(**kwargs)
 
 
