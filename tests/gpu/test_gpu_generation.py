@@ -117,3 +117,59 @@ def test_generation_throughput(server):
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         (Path(keep) / f"gen_throughput_{dtype}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def test_a_lora_adapter_swapped_in_over_the_routes_serves_peft_merge(tiny_model_dir, tmp_path, on_gpu):
+    """A LoRA run's serving on the GPU (`trainer.lora.sync: adapter`, docs/generation.md "LoRA
+    adapters"): the server starts on version 0's zero adapter, the controller's swap (unload,
+    load, version) brings a trained one in, merged on the device where the weights live; greedy
+    tokens' log-probs match peft's own merge run by transformers on the same device, in bf16."""
+    from launcher.config import load_config, save_resolved
+    from safetensors.torch import load_file, save_file
+    from services.protocol import ExpDir
+    from trainer.config import LoraConfig
+    from trainer.lora import lora_settings, write_initial_adapter
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if on_gpu else "cpu"
+    v0 = write_initial_adapter(lora_settings(LoraConfig(rank=8)), tiny_model_dir, tmp_path / "v0")
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    for f in v0.iterdir():
+        (v1 / f.name).write_bytes(f.read_bytes())
+    g = torch.Generator().manual_seed(3)
+    state = load_file(v1 / "adapter_model.safetensors")
+    save_file({k: torch.randn(t.shape, generator=g) * 0.2 for k, t in state.items()}, v1 / "adapter_model.safetensors")
+    exp = ExpDir(tmp_path / "exp")
+    save_resolved(load_config(None, ["experiment.name=gpu-lora", f"experiment.model={tiny_model_dir}",
+                                     f"experiment.exp_dir={exp.root}", "gen.dtype=bfloat16",
+                                     f"gen.device={device}"]), exp.root)
+    proc = ServerProcess(tiny_model_dir, tmp_path, extra=("--exp", str(exp.root), "--rank", "0",
+                                                          "--lora-paths", f"policy={v0}"))
+    try:
+        for route, body in (("/pause_generation", {"mode": "abort"}), ("/unload_lora_adapter", {"lora_name": "policy"}),
+                            ("/load_lora_adapter", {"lora_name": "policy", "lora_path": str(v1)}),
+                            ("/update_weight_version", {"new_version": "1", "abort_all_requests": False}),
+                            ("/continue_generation", {})):
+            status, out = proc.admin.post(route, body)
+            assert status == 200, (route, out)
+        status, out = proc.api.post("/generate", {"input_ids": PROMPT, "lora_path": "policy", "return_logprob": True,
+                                                  "sampling_params": {"temperature": 0.0, "max_new_tokens": 24,
+                                                                      "ignore_eos": True}})
+        assert status == 200 and out["meta_info"]["weight_version"] == "1", out
+    finally:
+        proc.stop()
+    where = "cuda:0" if on_gpu else "cpu"
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    model = PeftModel.from_pretrained(base, v1).merge_and_unload().to(where).eval()
+    tokens = out["output_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([PROMPT + tokens], device=where)).logits[0].float()
+    logp = torch.log_softmax(logits, -1)[list(range(len(PROMPT) - 1, len(PROMPT) + len(tokens) - 1)), tokens].cpu()
+    got = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
+    mean_tol, max_tol = tol.logp_bounds(LAYERS, float(logits.double().pow(2).mean().sqrt()))
+    err = (got - logp).abs()
+    assert float(err.mean()) <= 2 * mean_tol and float(err.max()) <= max_tol, (
+        float(err.mean()), float(err.max()), mean_tol, max_tol)
