@@ -120,12 +120,19 @@ def drain_sensitivity(quick: bool) -> list[list]:
 
 
 def strong_scaling(quick: bool) -> list[list]:
-    rows, base = [], None
+    """Steps/h and efficiency per node count, with disk sync (every server reads every version
+    from the shared filesystem) and with broadcast (a weight path whose cost does not grow with
+    the servers), and the mean running batch per server: what is left of the decode batch when a
+    fixed batch is spread over more servers."""
+    rows, base = [], {}
     for nodes in ((4, 16) if quick else (4, 8, 16, 32, 64)):
-        _, r = simulate(paper_cfg(f"launcher.nodes={nodes}", "simulate.model_size=R1-Distill-Qwen-1.5B",
-                                  "controller.max_staleness=4"))
-        base = base or (nodes, r.steps_per_hour)
-        rows.append([nodes, r.steps_per_hour, r.steps_per_hour / base[1] / (nodes / base[0])])
+        row = [nodes]
+        for sync in ("disk", "broadcast"):
+            _, r = simulate(paper_cfg(f"launcher.nodes={nodes}", "simulate.model_size=R1-Distill-Qwen-1.5B",
+                                      "controller.max_staleness=4", f"trainer.weight_sync={sync}"))
+            base.setdefault(sync, (nodes, r.steps_per_hour))
+            row += [r.steps_per_hour, r.steps_per_hour / base[sync][1] / (nodes / base[sync][0])]
+        rows.append(row + [r.mean_batch])
     return rows
 
 
@@ -175,7 +182,8 @@ def main(quick: bool = False) -> dict:
                 ["max new tokens", "sim gain", "server time draining"], sensitivity)
     scaling = strong_scaling(quick)
     print_table("Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4",
-                ["nodes", "steps/h", "efficiency vs smallest"], scaling)
+                ["nodes", "steps/h, disk", "efficiency vs smallest, disk", "steps/h, broadcast",
+                 "efficiency vs smallest, broadcast", "mean running batch per server, broadcast"], scaling)
     headline = {
         "events_per_s": round(ev_s),
         "sweep_s": round(sweep_s, 2),
@@ -200,6 +208,8 @@ def main(quick: bool = False) -> dict:
         "interruptible_gain_1_5b_16k_pred": round(sensitivity[1][1], 3),
         "interruptible_gain_1_5b_8k_pred": round(sensitivity[2][1], 3),
         "strong_scaling_efficiency_largest": round(scaling[-1][2], 2),
+        "strong_scaling_efficiency_largest_broadcast": round(scaling[-1][4], 3),
+        "strong_scaling_mean_batch_largest": round(scaling[-1][5], 1),
     }
     if not quick:
         write_results("simulator", headline)
