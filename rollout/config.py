@@ -53,6 +53,11 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_new_tokens: int = 1024
+    # New tokens one /generate request asks for at most (0: the whole answer in one request): the
+    # client resubmits prompt + output so far until the answer ends (AReaL's new_tokens_per_chunk).
+    # With controller.interruptible: false a weight update then waits for one chunk of each running
+    # request instead of whole answers; each chunk after the first prefills prompt + output again.
+    new_tokens_per_chunk: int = 0
     # Longest prompt (tokens, after the chat template) a group may have: a longer one is rejected
     # by its worker (counted as rejected, never trained). With max_new_tokens it bounds a sequence,
     # which must fit trainer.max_tokens_per_mb (the config check refuses less; verl's
@@ -100,6 +105,8 @@ class RolloutConfig:
             out.append(("temperature", "must be > 0"))
         if self.max_new_tokens < 1:
             out.append(("max_new_tokens", "must be >= 1"))
+        if self.new_tokens_per_chunk < 0:
+            out.append(("new_tokens_per_chunk", f"must be >= 0 (0: no chunks), got {self.new_tokens_per_chunk}"))
         if self.max_prompt_tokens < 1:
             out.append(("max_prompt_tokens", "must be >= 1"))
         if not (0 < self.top_p <= 1):

@@ -75,7 +75,8 @@ def _services(cfg, exp: ExpDir, worker_id: str):
     controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30))
     # A run whose servers serve the trained LoRA adapter by name: every request names it.
     adapter = POLICY_ADAPTER if cfg.trainer.lora.adapter_sync else None
-    generator = GenerationClient(ControllerRouting(exp, controller, worker_id), adapter=adapter)
+    generator = GenerationClient(ControllerRouting(exp, controller, worker_id), adapter=adapter,
+                                 chunk_tokens=cfg.rollout.new_tokens_per_chunk)
     return keys, controller, generator
 
 

@@ -20,6 +20,14 @@ Interruptions, three ways, all exact:
 - `in_place` pause (the controller's default): as `retract`, but the request keeps its KV cache
   of the old weights; the client sees the same single reply with spans.
 
+Chunks (`chunk_tokens`, `rollout.new_tokens_per_chunk`; AReaL's `new_tokens_per_chunk`): each
+request asks for at most that many new tokens, and the client resubmits prompt + tokens so far
+until the answer stops or its budget is spent, exactly as after an abort. Its use: with
+`controller.interruptible: false` a weight update waits for the requests running on a server
+to finish (SGLang's drain), so chunks bound that wait to one chunk instead of a whole answer, and
+the tokens after the update are the new policy's. Each resubmission prefills prompt + output
+again: SGLang's radix cache mostly keeps that prefix; the embedded server recomputes it.
+
 Seeds: `sampling_seed` only does something where the server honours it. On SGLang 0.5.23 that
 is only with `--enable-deterministic-inference` (the sampler reads per-request seeds only then,
 `sampling/sampling_batch_info.py`; the draw is keyed by seed and position, so a resumed segment
@@ -76,7 +84,8 @@ class GenerationResult:
     output_versions: list[int] = field(default_factory=list)
     # "stop" or "length"
     finish_reason: str = ""
-    # /generate calls made, interruptions (abort replies) survived, server failures survived
+    # /generate calls made (chunks and resumptions included), interruptions (abort replies)
+    # survived, server failures survived
     requests: int = 0
     interruptions: int = 0
     failovers: int = 0
@@ -114,13 +123,16 @@ class GenerationClient:
     def __init__(self, servers: Sequence[ServerRef | str] | Picker, *, api_key: str | None = None,
                  timeout_s: float = 600.0, connect_timeout_s: float = 10.0, max_failovers: int = 7,
                  max_interruptions: int = 64, retry_delay_s: float = 0.5, seed_mode: str = "auto",
-                 adapter: str | None = None):
+                 adapter: str | None = None, chunk_tokens: int = 0):
         if seed_mode not in SEED_MODES:
             raise ValueError(f"GenerationClient: seed_mode must be one of {SEED_MODES}, got {seed_mode!r}")
         self.seed_mode = seed_mode
         # The LoRA adapter every request names (SGLang's `lora_path`), resubmissions included:
         # the servers swap what the name holds at each update (services/controller/weights/adapter.py).
         self.adapter = adapter
+        if chunk_tokens < 0:
+            raise ValueError(f"GenerationClient: chunk_tokens must be >= 0 (0: no chunks), got {chunk_tokens}")
+        self.chunk_tokens = chunk_tokens
         self._seed_modes: dict[str, str] = {}
         self._picker = servers if callable(servers) else None
         self._servers = [] if callable(servers) else [_ref(s, api_key) for s in servers]
@@ -168,7 +180,8 @@ class GenerationClient:
         server = await self.pick(sticky_key, frozenset())
         while True:
             remaining = budget - len(res.output_ids)
-            params["max_new_tokens"] = remaining
+            asked = min(remaining, self.chunk_tokens) if self.chunk_tokens else remaining
+            params["max_new_tokens"] = asked
             params.pop("sampling_seed", None)
             if seed is not None:
                 mode = await self._seed_mode_of(server)
@@ -199,6 +212,8 @@ class GenerationClient:
             before = len(res.output_ids)
             reason = self._absorb(res, reply, server)
             res.server = server.url
+            if reason == "length" and asked < remaining and len(res.output_ids) - before == asked:
+                continue        # a chunk ended, not the answer: the next chunk
             if reason in ("stop", "length"):
                 res.finish_reason = reason
                 return res

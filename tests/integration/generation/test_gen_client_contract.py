@@ -21,8 +21,9 @@ class StandIn:
     """An SGLang-shaped HTTP stand-in: records what the client sends."""
 
     def __init__(self, *, deterministic: bool, spans_ok: bool = True, hang: bool = False,
-                 aborts: tuple[int, ...] = ()):
+                 aborts: tuple[int, ...] = (), cap: int = 0):
         self.deterministic, self.spans_ok, self.hang = deterministic, spans_ok, hang
+        self.cap = cap   # > 0: answer at most this many tokens with finish "length" (a server's own limit)
         self.abort_tokens = list(aborts)   # each call answers "abort" after this many tokens, in turn
         self.payloads: list[dict] = []
         self.aborts: list[tuple[str | None, dict]] = []
@@ -33,6 +34,8 @@ class StandIn:
         if self.hang:
             await asyncio.sleep(30)
         n = body["sampling_params"]["max_new_tokens"]
+        if self.cap:
+            n = min(n, self.cap)
         finish = {"type": "length", "length": n}
         if self.abort_tokens:
             n, finish = min(n, self.abort_tokens.pop(0)), {"type": "abort", "message": "Abort before update"}
@@ -122,3 +125,23 @@ def test_interruptions_with_progress_never_exhaust_the_retry_limit():
     with pytest.raises(GenerationError, match="aborted 3 times in a row without a new token"):
         asyncio.run(run((1, 0, 0, 0)))
 
+
+
+def test_chunks_resubmit_until_the_budget_and_a_shorter_length_reply_ends_the_answer():
+    """`chunk_tokens` (rollout.new_tokens_per_chunk): each request asks for at most a chunk and
+    the next one carries prompt + tokens so far; a chunk ending is not an interruption. A
+    "length" reply with fewer tokens than asked is the server's own limit: the answer ends."""
+    async def run(cap=0, chunk=3):
+        async with StandIn(deterministic=False, cap=cap) as s, \
+                GenerationClient([ServerRef(s.url, "k")], chunk_tokens=chunk) as client:
+            return s, await client.generate([1, 2], {"max_new_tokens": 8})
+    s, res = asyncio.run(run())
+    assert [p["sampling_params"]["max_new_tokens"] for p in s.payloads] == [3, 3, 2]
+    assert [p["input_ids"] for p in s.payloads] == [[1, 2], [1, 2, 0, 1, 2], [1, 2, 0, 1, 2, 0, 1, 2]]
+    assert (len(res.output_ids), res.requests, res.interruptions, res.finish_reason) == (8, 3, 0, "length")
+    s, res = asyncio.run(run(cap=2))
+    assert (len(res.output_ids), res.requests, res.finish_reason) == (2, 1, "length")
+    s, res = asyncio.run(run(chunk=0))
+    assert [p["sampling_params"]["max_new_tokens"] for p in s.payloads] == [8] and res.requests == 1
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 0"):
+        GenerationClient([ServerRef(s.url, "k")], chunk_tokens=-1)

@@ -129,3 +129,38 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
     finally:
         leave_weight_group(pg)
     assert own_server.api.get("/model_info")[1]["weight_version"] == str(old + 1)
+
+
+def test_chunks_bound_a_non_interruptible_update_to_one_chunk(own_server, model_v1, tiny_model_dir):
+    """`rollout.new_tokens_per_chunk` with `controller.interruptible: false`: the update is sent
+    without a pause, so the server applies it once the requests running there finish, which with
+    chunks is the end of the current chunk, not of the answer. The sample's versions switch at a
+    chunk boundary, and each segment's log-probs are those of the policy that produced it."""
+    _, before = served(own_server)
+    old_dir, old = tiny_model_dir, before + 1      # a known policy first (earlier tests changed it)
+    status, reply = own_server.api.post("/update_weights_from_disk", {"model_path": str(old_dir),
+                                                                      "weight_version": str(old)})
+    assert status == 200 and reply["success"], reply
+    chunk = 16
+
+    async def run():
+        async with GenerationClient([ServerRef(own_server.url, own_server.api.api_key)],
+                                    chunk_tokens=chunk) as client:
+            task = asyncio.ensure_future(client.generate(
+                PROMPT, {"max_new_tokens": NEW_TOKENS, "temperature": TEMPERATURE, "ignore_eos": True,
+                         "sampling_seed": 5}))
+            await asyncio.to_thread(wait_for_tokens, own_server.api, 20)
+            status, reply = await asyncio.to_thread(own_server.api.post, "/update_weights_from_disk", {
+                "model_path": str(model_v1), "weight_version": str(old + 1)})
+            assert status == 200 and reply["success"], reply
+            return await task, await asyncio.to_thread(lambda: own_server.api.get("/get_server_info")[1])
+    res, info = asyncio.run(run())
+    cut = res.output_versions.index(old + 1)
+    assert cut % chunk == 0 and 0 < cut < NEW_TOKENS, (cut, res.output_versions)
+    assert res.interruptions == 0 and res.requests == NEW_TOKENS // chunk
+    assert res.output_versions == [old] * cut + [old + 1] * (NEW_TOKENS - cut)
+    head, tail = res.output_ids[:cut], res.output_ids[cut:]
+    assert res.output_logprobs[:cut] == pytest.approx(reference_logprobs(old_dir, PROMPT, head, TEMPERATURE),
+                                                      abs=1e-4)
+    assert res.output_logprobs[cut:] == pytest.approx(reference_logprobs(model_v1, PROMPT + head, tail, TEMPERATURE),
+                                                      abs=1e-4)
