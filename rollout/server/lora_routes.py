@@ -31,6 +31,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from aiohttp import web
+
 from . import weights
 from .lora import Adapter
 from .requests import field, read_json
@@ -150,7 +152,6 @@ class LoraRoutes:
                 raise BadRequest(f"Failed to implicitly load LoRA adapter {name}: {error}")
 
     def _lora_reply(self, error: str | None):
-        from aiohttp import web
         loaded = {name: self.adapters.ever[name] for name in self.adapters.loaded}
         return web.json_response({"success": error is None, "error_message": error, "loaded_adapters": loaded},
                                  status=200 if error is None else 400)
@@ -161,7 +162,9 @@ def request_adapter(body: dict, where: str = "/generate") -> str | None:
     removed from `body`."""
     value = body.pop("lora_path", None)
     if isinstance(value, list):
-        names = {v for v in value}
+        if not all(v is None or isinstance(v, str) for v in value):
+            raise BadRequest(f"{where}.lora_path must hold adapter names (strings), got {value!r:.60}")
+        names = set(value)
         if len(names) > 1:
             raise BadRequest(f"{where}.lora_path names {len(names)} adapters; the embedded server serves one")
         value = next(iter(names), None)
