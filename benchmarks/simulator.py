@@ -119,6 +119,36 @@ def drain_sensitivity(quick: bool) -> list[list]:
     return rows
 
 
+# rollout.new_tokens_per_chunk for the chunked baselines. AReaL's default (1e10) is off; the
+# paper does not say which chunk its ablation used, so a range: 1/32, 1/8 and 1/4 of the 32K limit.
+CHUNKS = (1024, 4096, 8192)
+
+
+def chunked_comparison(quick: bool) -> list[list]:
+    """The gain from interruption against coalesced non-interruptible generation with chunks
+    (a drain waits for at most one chunk per running request), per shape and chunk size; and at
+    4,096 without the radix cache's prefix (every chunk prefilled in full), to show what the
+    cached-prefix assumption is worth."""
+    steps = [] if quick else ["simulate.steps=18", "simulate.warmup_steps=6"]
+    rows = []
+    for name, shape in SHAPES.items():
+        base = [*shape, "controller.max_staleness=4", *steps]
+        _, inter = simulate(paper_cfg(*base))
+        runs = {}
+        for chunk, cached in [(0, True), *[(c, True) for c in CHUNKS], (4096, False)]:
+            _, runs[chunk, cached] = simulate(paper_cfg(
+                *base, "controller.interruptible=false", f"rollout.new_tokens_per_chunk={chunk}",
+                f"simulate.chunk_prefix_cached={str(cached).lower()}"))
+        gain = {key: inter.steps_per_hour / r.steps_per_hour - 1 for key, r in runs.items()}
+        r4k = runs[4096, True]
+        cfg = paper_cfg(*base)   # samples in the measured window, as the runs count resumes
+        samples = cfg.simulate.steps * cfg.trainer.groups_per_step * cfg.rollout.n_samples
+        rows.append([name, PUBLISHED_INTERRUPTIBLE_GAIN[name], gain[0, True],
+                     *[gain[c, True] for c in CHUNKS], gain[4096, False],
+                     r4k.drain_fraction, r4k.mean_batch, r4k.chunk_resumes / samples])
+    return rows
+
+
 def strong_scaling(quick: bool) -> list[list]:
     """Steps/h and efficiency per node count, with disk sync (every server reads every version
     from the shared filesystem) and with broadcast (a weight path whose cost does not grow with
@@ -180,6 +210,12 @@ def main(quick: bool = False) -> dict:
     sensitivity = drain_sensitivity(quick)
     print_table("Gain from interruption vs the longest answer (1.5B, 16 nodes, eta=4, coalesced baseline)",
                 ["max new tokens", "sim gain", "server time draining"], sensitivity)
+    chunked = chunked_comparison(quick)
+    print_table("Interruptible vs coalesced non-interruptible generation with chunks "
+                "(eta=4; rollout.new_tokens_per_chunk)",
+                ["shape", "paper gain", "sim gain, no chunks", *[f"sim gain, chunk {c}" for c in CHUNKS],
+                 "sim gain, chunk 4096 without prefix cache", "server time draining, chunk 4096",
+                 "mean batch, chunk 4096", "chunks resumed per sample, chunk 4096"], chunked)
     scaling = strong_scaling(quick)
     print_table("Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4",
                 ["nodes", "steps/h, disk", "efficiency vs smallest, disk", "steps/h, broadcast",
@@ -207,6 +243,14 @@ def main(quick: bool = False) -> dict:
         "train_busy_one_at_a_time_1_5b": round(drains[0][9], 3),
         "interruptible_gain_1_5b_16k_pred": round(sensitivity[1][1], 3),
         "interruptible_gain_1_5b_8k_pred": round(sensitivity[2][1], 3),
+        **{f"interruptible_gain_{key}_chunk{c}_pred": round(row[3 + i], 3)
+           for key, row in zip(("1_5b", "7b"), chunked, strict=True) for i, c in enumerate(CHUNKS)},
+        "interruptible_gain_1_5b_chunk4096_uncached_pred": round(chunked[0][6], 3),
+        "interruptible_gain_7b_chunk4096_uncached_pred": round(chunked[1][6], 3),
+        "drain_fraction_chunk4096_1_5b": round(chunked[0][7], 3),
+        "drain_fraction_chunk4096_7b": round(chunked[1][7], 3),
+        "mean_batch_chunk4096_1_5b": round(chunked[0][8], 1),
+        "chunk_resumes_per_sample_4096_1_5b": round(chunked[0][9], 2),
         "strong_scaling_efficiency_largest": round(scaling[-1][2], 2),
         "strong_scaling_efficiency_largest_broadcast": round(scaling[-1][4], 3),
         "strong_scaling_mean_batch_largest": round(scaling[-1][5], 1),

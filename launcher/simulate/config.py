@@ -31,6 +31,13 @@ class SimulateConfig:
     # Aggregate shared-filesystem bandwidth in GB/s for trainer.weight_sync: disk (every server
     # reads its own copy through it). An assumption; measure yours.
     disk_gbps: float = 20.0
+    # Chunked generation (rollout.new_tokens_per_chunk): a request sent again at a chunk
+    # boundary finds its prompt + output so far in its server's radix cache (SGLang keeps a
+    # finished request's prefix; the client sends the next chunk to the same server at once), so
+    # it costs one scheduling round and a prefill of its one uncached token; a weight load
+    # flushes the cache, so across an update it is prefilled in full. false = every chunk
+    # prefills prompt + output in full (no prefix cache, e.g. --disable-radix-cache).
+    chunk_prefix_cached: bool = True
     # Seconds to grade one group (reward service latency).
     reward_s: float = 0.0
     # Training steps measured per configuration (rates are averaged over them).

@@ -59,6 +59,13 @@ class Costs:
         """One prefill call of a sequence of `tokens` tokens."""
         return self.prefill_per_request + self.prefill_per_token * tokens + self.prefill_per_sq * tokens * tokens
 
+    def resume_s(self, tokens: float) -> float:
+        """A request sent again at a chunk boundary whose prompt + output so far (`tokens`) is a
+        radix-cache hit: one prefill call of the one token not in the cache, attending over
+        them. (The scheduling round it takes, one forward pass, is the engine's: shared by the
+        requests that resume together.)"""
+        return self.prefill_per_request + self.prefill_per_token + self.prefill_per_sq * (2 * tokens - 1)
+
     def gen_capacity_tokens_s(self, min_ctx: float) -> float:
         """Upper bound on one server's decode tokens/s: best batch size, shortest context."""
         best = 0.0

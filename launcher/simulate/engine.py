@@ -17,6 +17,9 @@ its requests, which come back as new requests, or draining them first when gener
 interruptible). Syncs run one at a time, as the controller runs them; with coalesced versions
 (trainer/announcements.py) the trainer publishes while one runs, as far ahead as
 `trainer.keep_weights` allows, and the next sync goes straight to the newest version published.
+Chunked generation (rollout.new_tokens_per_chunk): a request ends at every chunk boundary and
+its client sends it again to the same server, so a drain waits for at most one chunk; the
+resubmission finds its prefix in the radix cache unless a load flushed it (SimSetup).
 """
 from __future__ import annotations
 
@@ -105,6 +108,9 @@ class Simulation(TrainerSide):
         self.retractions = 0
         self.interrupts = 0
         self.drained = 0.0    # server-seconds spent draining before a load (non-interruptible)
+        self.longest_drain = 0.0
+        self.chunk = setup.chunk_tokens
+        self.resumes = 0      # requests sent again at a chunk boundary
         self.n_events = 0
         self.snap = None
 
@@ -220,6 +226,7 @@ class Simulation(TrainerSide):
         cap, K, reserve = c.max_running, self.K, self.reserve
         pr, pt, psq, req = c.prefill_per_request, c.prefill_per_token, c.prefill_per_sq, c.request_s
         prefill = 0.0
+        chunk, resumed = self.chunk, False
         shared = set()  # groups whose prompt this batch of admissions already prefilled
         joined = []     # this round's requests
         while queue and n < cap:
@@ -241,12 +248,23 @@ class Simulation(TrainerSide):
             base += ctx - clock
             n += 1
             run[sid] = rec
-            heapq.heappush(heap, (clock + rec.target - rec.generated, sid))
+            left = rec.target - rec.generated
+            if chunk and left > chunk:
+                left = chunk  # this request asks for one chunk; it comes back at its end
+            heapq.heappush(heap, (clock + left, sid))
             prefill += req
+            if rec.cached == srv.version:
+                # Back at a chunk boundary, its prefix still in this server's radix cache.
+                rec.cached = -1
+                resumed = True
+                prefill += c.resume_s(ctx)
+                continue
             if rec.generated == 0 and rec.gid in shared:
                 continue  # a group's fresh samples share one prefill of their prompt
             shared.add(rec.gid)
             prefill += pr + pt * ctx + psq * ctx * ctx
+        if resumed:
+            prefill += self.fixed[1]  # their scheduling round: one forward pass
         srv.n, srv.base = n, base
         if self.padded and joined:
             # As the embedded server does when a round joins: rows grown long decode apart.
@@ -280,14 +298,27 @@ class Simulation(TrainerSide):
         heap, run = srv.heap, srv.run
         limit = clock + 1e-6
         base = srv.base
+        chunk, again = self.chunk, []
         while heap and heap[0][0] <= limit:
             sid = heapq.heappop(heap)[1]
             rec = run.pop(sid, None)
             if rec is not None:
                 n -= 1
                 base -= rec.base
-                done.append(rec)
+                if chunk and rec.generated + clock - rec.start < rec.target - 1e-3:
+                    again.append(rec)   # a chunk ended, not the answer
+                else:
+                    done.append(rec)
         srv.n, srv.base = n, (base if n else 0.0)
+        if again:
+            # Sent again at once (first in line; a draining server admits them after its load,
+            # which flushes the radix cache: then they are prefilled in full).
+            cached = srv.version if self.s.chunk_prefix_cached else -1
+            for rec in again:
+                rec.generated += clock - rec.start
+                rec.cached = cached
+            srv.queue.extendleft(reversed(again))
+            self.resumes += len(again)
         if not done and n and srv.base + n * clock >= self.K - 1e-6:
             # KV cache full: retract the newest request; it keeps its tokens and re-prefills.
             rec = self._remove(srv, next(reversed(run)))
@@ -306,6 +337,7 @@ class Simulation(TrainerSide):
     def _start_load(self, srv: ServerState, now: float) -> None:
         if srv.draining:
             self.drained += now - srv.drain_from
+            self.longest_drain = max(self.longest_drain, now - srv.drain_from)
         srv.paused = True
         srv.token += 1
         srv.loading_version = self.target
@@ -422,13 +454,13 @@ class Simulation(TrainerSide):
         for srv in self.servers:
             self._advance(srv, t)
         self.snap = (t, self.decoded, sum(x.busy for x in self.servers),
-                     sum(x.area for x in self.servers), self.drained, self.syncs)
+                     sum(x.area for x in self.servers), self.drained, self.syncs, self.resumes)
 
     def _result(self) -> SimResult:
         s, t_end = self.s, self.now
         for srv in self.servers:
             self._advance(srv, t_end)
-        t0, dec0, busy0, area0, drained0, syncs0 = self.snap if self.snap else (0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        t0, dec0, busy0, area0, drained0, syncs0, resumes0 = self.snap or (0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
         window = t_end - t0
         measured = s.steps - s.warmup_steps
         busy = sum(x.busy for x in self.servers) - busy0
@@ -447,4 +479,5 @@ class Simulation(TrainerSide):
             token_staleness=self.token_staleness, retractions=self.retractions,
             interrupts=self.interrupts, events=self.n_events,
             drain_fraction=(self.drained - drained0) / (window * len(self.servers)),
-            syncs_per_step=(self.syncs - syncs0) / measured)
+            syncs_per_step=(self.syncs - syncs0) / measured, chunk_resumes=self.resumes - resumes0,
+            longest_drain_s=self.longest_drain)

@@ -43,6 +43,14 @@ class SimSetup:
     # A rollout worker refused by the staleness bound asks again after controller.retry_after_s:
     # on average half of that passes between a new version and the next admissions.
     admit_delay_s: float = 0.0
+    # rollout.new_tokens_per_chunk (0 = one request per answer): each request asks for at most
+    # this many new tokens and comes back at a chunk boundary to be sent again (a drain waits
+    # for at most one chunk of each running request).
+    chunk_tokens: int = 0
+    # simulate.chunk_prefix_cached: a request sent again at a chunk boundary finds its prompt +
+    # output so far in the server's radix cache (unless a weight load flushed it in between);
+    # false = it is prefilled in full, as after an interruption.
+    chunk_prefix_cached: bool = True
 
 
 @dataclass
@@ -64,6 +72,10 @@ class SimResult:
     # while the running requests finish) before a load; and weight syncs per training step.
     drain_fraction: float = 0.0
     syncs_per_step: float = 0.0
+    # The longest a server waited for its running requests before a load (the whole run).
+    longest_drain_s: float = 0.0
+    # Chunked generation: requests sent again at a chunk boundary (in the measured window).
+    chunk_resumes: int = 0
 
     @property
     def step_s(self) -> float:
@@ -72,7 +84,8 @@ class SimResult:
 
 class SampleRecord:
     """One sample's request as the simulated server sees it (slots: cheap as a list, but named)."""
-    __slots__ = ("gid", "prompt", "target", "generated", "first_version", "start", "base", "sid", "apart")
+    __slots__ = ("gid", "prompt", "target", "generated", "first_version", "start", "base", "sid", "apart",
+                 "cached")
 
     def __init__(self, gid: int, prompt: int, target: int):
         self.gid, self.prompt, self.target = gid, prompt, target
@@ -82,6 +95,7 @@ class SampleRecord:
         self.base = 0.0            # its context = base + server clock, while running
         self.sid = 0               # id of its current admission (stale heap entries never match)
         self.apart = False         # decoded with the long rows (embedded server, cohorts.py)
+        self.cached = -1           # back at a chunk boundary: the version whose radix cache holds it
 
 
 class GroupRecord:

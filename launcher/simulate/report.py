@@ -43,6 +43,8 @@ def result_rows(sc: Scenario, r: SimResult, total_steps: int) -> list[tuple[str,
         ("interrupted requests / KV retractions", f"{r.interrupts} / {r.retractions}"),
         *([("server time draining / syncs per step", f"{100 * r.drain_fraction:.0f}% / {r.syncs_per_step:.2f}")]
           if not su.interruptible else []),
+        *([("chunks resumed (rollout.new_tokens_per_chunk) / longest drain",
+            f"{r.chunk_resumes} / {r.longest_drain_s:.1f} s")] if su.chunk_tokens else []),
     ]
 
 

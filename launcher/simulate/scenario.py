@@ -134,7 +134,10 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
                      coalesce_versions=coalesces_versions(cfg.controller.interruptible, cfg.trainer.weight_sync,
                                                           cfg.trainer.wait_for_ack),
                      keep_weights=cfg.trainer.keep_weights,
-                     admit_delay_s=cfg.controller.retry_after_s / 2)
+                     admit_delay_s=cfg.controller.retry_after_s / 2,
+                     # read with getattr: configs from before the key existed have no chunks
+                     chunk_tokens=getattr(cfg.rollout, "new_tokens_per_chunk", 0),
+                     chunk_prefix_cached=sim.chunk_prefix_cached)
     return Scenario(cfg=cfg, plan=plan, layout=layout, setup=setup, costs=costs, notes=notes, shrink=k)
 
 
@@ -170,7 +173,7 @@ def simulate(cfg: ExperimentConfig, calibration=None, lengths=None) -> tuple[Sce
     if k > 1:
         r = replace(r, trajectories_per_s=r.trajectories_per_s * k, gen_tokens_per_s=r.gen_tokens_per_s * k,
                     trained_tokens_per_s=r.trained_tokens_per_s * k, interrupts=r.interrupts * k,
-                    retractions=r.retractions * k)
+                    retractions=r.retractions * k, chunk_resumes=r.chunk_resumes * k)
     return sc, r
 
 

@@ -228,3 +228,40 @@ def test_model_too_big_for_a_server_is_a_clear_error():
         build(_cfg("simulate.model_size=R1-Distill-Qwen-32B", "gen.mem_fraction_static=0.5"))
     with pytest.raises(SimulationError, match="does not fit one server's KV cache"):
         simulate(_cfg("rollout.max_new_tokens=10000000", "trainer.max_tokens_per_mb=10000512"))
+
+
+def test_chunks_bound_a_drain_to_one_chunk():
+    """rollout.new_tokens_per_chunk with non-interruptible generation: a weight update waits for
+    the current chunk of each running request, not its whole answer. One server, eta 1, single-
+    sample groups of 100 and 1,000 tokens at 0.01 s per decode step: the first update (train
+    1.11 + publish 0.5 after the short answer's 1.0 s) finds the long answer 261 steps in; whole,
+    it holds the update until it ends (about 7.4 s); in chunks of 100 tokens the server loads at
+    the next boundary, at most 100 steps = 1.0 s later, and the long answer goes on from there."""
+    setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=1, eta=1, max_concurrent_groups=10,
+                     steps=4, warmup_steps=0, prompt_tokens=10, max_new_tokens=1000, interruptible=False)
+    lengths = np.array([100, 1000] * 20)
+    whole = Simulation(setup, _toy_costs(), lengths).run()
+    setup.chunk_tokens = 100
+    chunked = Simulation(setup, _toy_costs(), lengths).run()
+    assert whole.longest_drain_s > 7.0 and whole.chunk_resumes == 0
+    assert 0.0 < chunked.longest_drain_s <= 100 * 0.01 + 1e-9
+    assert chunked.chunk_resumes > 0
+    assert chunked.step_times[-1] < whole.step_times[-1]
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_each_chunk_boundary_pays_one_resubmission(cached):
+    """Each chunk after the first is one more request: with its prefix in the radix cache it
+    costs a scheduling round (one forward pass, 0.01 s here) and a prefill call of its one
+    uncached token (0.003 + 1e-4); without, a prefill of prompt + output so far. One 1,000-token
+    answer in chunks of 300 (boundaries at 300, 600, 900: three resubmissions), eta 0:
+    prompt prefill 0.003 + 10 x 1e-4, decode 1,000 x 0.01, train 1 + 0.001 x 1,010, plus
+      cached:   3 x (0.01 + 0.003 + 1e-4)                   = 0.0393
+      uncached: 3 x 0.003 + 1e-4 x (310 + 610 + 910)       = 0.192"""
+    setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=1, eta=0, max_concurrent_groups=10,
+                     steps=1, warmup_steps=0, prompt_tokens=10, max_new_tokens=1000, chunk_tokens=300,
+                     chunk_prefix_cached=cached)
+    r = Simulation(setup, _toy_costs(prefill_per_request=0.003), np.array([1000] * 4)).run()
+    resubmissions = 0.0393 if cached else 0.192
+    assert r.chunk_resumes == 3
+    assert r.step_times[1] == pytest.approx(0.004 + 10.0 + 2.01 + resubmissions)
