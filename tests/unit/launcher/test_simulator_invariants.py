@@ -235,8 +235,9 @@ def test_chunks_bound_a_drain_to_one_chunk():
     the current chunk of each running request, not its whole answer. One server, eta 1, single-
     sample groups of 100 and 1,000 tokens at 0.01 s per decode step: the first update (train
     1.11 + publish 0.5 after the short answer's 1.0 s) finds the long answer 261 steps in; whole,
-    it holds the update until it ends (about 7.4 s); in chunks of 100 tokens the server loads at
-    the next boundary, at most 100 steps = 1.0 s later, and the long answer goes on from there."""
+    it holds the update until it ends (7.39 s later; later updates wait longer still); in chunks
+    of 100 tokens the server loads at the next boundary, at most 100 steps = 1.0 s later, and the
+    long answer goes on from there."""
     setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=1, eta=1, max_concurrent_groups=10,
                      steps=4, warmup_steps=0, prompt_tokens=10, max_new_tokens=1000, interruptible=False)
     lengths = np.array([100, 1000] * 20)
