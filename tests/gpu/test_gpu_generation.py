@@ -124,8 +124,9 @@ def test_a_lora_adapter_swapped_in_over_the_routes_serves_peft_merge(tiny_model_
     adapters"): the server starts on version 0's zero adapter, the controller's swap (unload,
     load, version) brings a trained one in, merged on the device where the weights live; greedy
     tokens' log-probs match peft's own merge run by transformers on the same device, in bf16."""
-    from launcher.config import load_config, save_resolved
     from safetensors.torch import load_file, save_file
+
+    from launcher.config import load_config, save_resolved
     from services.protocol import ExpDir
     from trainer.config import LoraConfig
     from trainer.lora import lora_settings, write_initial_adapter
