@@ -172,6 +172,22 @@ def test_broadcast_update_of_a_real_server(exp, controller_proc, gen_server, tin
         client.close()
 
 
+def start_long_sample(url: str, reply: dict, tokens: int) -> threading.Thread:
+    """A greedy sample of `tokens` tokens in a thread (its reply, or its error, into `reply`),
+    returned once the server runs it."""
+    def long_sample():
+        reply.update(http(url, "/generate", {"input_ids": [5, 6, 7, 8], "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}}))
+
+    sampler = threading.Thread(target=lambda: _record_errors(long_sample, reply), daemon=True)
+    sampler.start()
+    deadline = time.monotonic() + 30
+    while not any(r["num_running_reqs"] for r in http(url, "/v1/loads")["loads"]):
+        assert time.monotonic() < deadline and sampler.is_alive(), "the sample never started"
+        time.sleep(0.01)
+    return sampler
+
+
 def _record_errors(fn, box: dict) -> None:
     try:
         fn()
@@ -194,18 +210,7 @@ def test_a_pause_keeps_the_request_on_the_server_across_the_update(exp, controll
         register(client, gen_server)
         flipped_weights(tiny_model_dir, exp.weights / "v1")
         reply: dict = {}
-
-        def long_sample():
-            reply.update(http(gen_server, "/generate", {
-                "input_ids": [5, 6, 7, 8], "sampling_params": {"temperature": 0.0, "max_new_tokens": 480,
-                                                              "ignore_eos": True}}))
-
-        sampler = threading.Thread(target=lambda: _record_errors(long_sample, reply), daemon=True)
-        sampler.start()
-        deadline = time.monotonic() + 30
-        while not any(r["num_running_reqs"] for r in http(gen_server, "/v1/loads")["loads"]):
-            assert time.monotonic() < deadline and sampler.is_alive(), "the sample never started"
-            time.sleep(0.01)
+        sampler = start_long_sample(gen_server, reply, 480)
         # The server is shared by this module's tests: move it one version past what it holds.
         new = int(http(gen_server, "/model_info")["weight_version"]) + 1
         ack = client.request(WeightsOnDisk(version=new, path=str(exp.weights / "v1")))
@@ -236,18 +241,7 @@ def test_non_interruptible_updates_coalesce_while_a_real_server_drains(exp, cont
         flipped_weights(tiny_model_dir, exp.weights / "v1")
         base = int(http(gen_server, "/model_info")["weight_version"])   # the module's server moves on
         reply: dict = {}
-
-        def long_sample():
-            reply.update(http(gen_server, "/generate", {
-                "input_ids": [5, 6, 7, 8], "sampling_params": {"temperature": 0.0, "max_new_tokens": 500,
-                                                              "ignore_eos": True}}))
-
-        sampler = threading.Thread(target=lambda: _record_errors(long_sample, reply), daemon=True)
-        sampler.start()
-        deadline = time.monotonic() + 30
-        while not any(r["num_running_reqs"] for r in http(gen_server, "/v1/loads")["loads"]):
-            assert time.monotonic() < deadline and sampler.is_alive(), "the sample never started"
-            time.sleep(0.01)
+        sampler = start_long_sample(gen_server, reply, 500)
         acks: dict = {}
 
         def announce(version: int):
