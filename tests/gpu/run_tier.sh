@@ -10,6 +10,10 @@
 #    on the path (the code under test is the tree, not the bundled wheel);
 # 3. writes OUT_DIR/gpu_tier.json (tests/gpu/tier_report.py), pytest.log, and tier-files.tgz: the
 #    JUnit XML, the step workers' records (TANDEM_GPU_TIER_RECORDS) and the runs' role logs.
+# 4. then runs the benchmarks TIER_BENCH names (';'-separated `module args`, e.g.
+#    TIER_BENCH="gpu_speed --shapes 0.5b;logprob_memory --device cuda --tokens 32768"; default
+#    none), each under TIER_BENCH_TIMEOUT_S (300), and copies each one's results JSON to
+#    OUT_DIR/bench-<module>.json: one device call can measure what the tier has just checked.
 # OUT_DIR defaults to $OUT (the device tool's folder that comes back), else ./gpu-tier-out.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -62,5 +66,15 @@ for f in $files; do
   if [ -s "$j" ]; then junits+=("$j"); else timed_out+=("$f"); fi
   report
   if [ $(( $(date +%s) - t1 )) -ge "${TIER_TIMEOUT_S:-900}" ]; then echo "tier time limit reached after $f"; break; fi
+done
+IFS=';' read -ra benches <<< "${TIER_BENCH:-}"
+for b in "${benches[@]}"; do
+  read -ra words <<< "$b"
+  [ "${#words[@]}" -gt 0 ] || continue
+  name=${words[0]}
+  echo "benchmark: $b" | tee -a "$OUT_DIR/pytest.log"
+  timeout -k 10 "${TIER_BENCH_TIMEOUT_S:-300}" $PY -m "benchmarks.$name" "${words[@]:1}" 2>&1 | tee -a "$OUT_DIR/pytest.log"
+  newest=$(ls -t benchmarks/runs/*/"$name".json 2>/dev/null | head -1)
+  if [ -n "$newest" ]; then cp "$newest" "$OUT_DIR/bench-$name.json"; else echo "  $name wrote no results"; fi
 done
 exit "$rc"
