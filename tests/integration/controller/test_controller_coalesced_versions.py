@@ -10,6 +10,7 @@ in test_controller_real_server.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from sync_support import make_controller, register, servers, shutdown
@@ -35,17 +36,28 @@ def loaded(gen) -> list[str]:
             if path in (DISK, "/update_weights_from_distributed")]
 
 
+@contextlib.asynccontextmanager
+async def v1_draining(exp, n: int, **controller):
+    """`n` servers whose disk updates wait for the `drain` event, registered with a
+    non-interruptible controller, and v1 announced and loading on all of them (draining):
+    (servers, controller, drain, v1's pending ack). Shut down on leaving."""
+    gens = await servers(n)
+    c = make_controller(exp, interruptible=False, **controller)
+    drain = asyncio.Event()
+    for g in gens:
+        g.gate[DISK] = drain
+    try:
+        await register(c, gens)
+        first = asyncio.ensure_future(c.weights_published(disk(1)))
+        await until(lambda: all(loaded(g) == ["1"] for g in gens))
+        yield gens, c, drain, first
+    finally:
+        await shutdown(c, gens)
+
+
 def test_a_waiting_version_is_superseded_and_the_servers_jump_to_the_newest(exp):
     async def main():
-        gens = await servers(2)
-        c = make_controller(exp, interruptible=False, groups_per_step=2, max_staleness=1)
-        drain = asyncio.Event()
-        for g in gens:
-            g.gate[DISK] = drain
-        try:
-            await register(c, gens)
-            first = asyncio.ensure_future(c.weights_published(disk(1)))
-            await until(lambda: all(loaded(g) == ["1"] for g in gens))   # v1 is draining
+        async with v1_draining(exp, 2, groups_per_step=2, max_staleness=1) as (gens, c, drain, first):
             second = asyncio.ensure_future(c.weights_published(disk(2)))
             await until(lambda: c.pending.newest_waiting() == 2)
             third = asyncio.ensure_future(c.weights_published(disk(3)))
@@ -61,8 +73,6 @@ def test_a_waiting_version_is_superseded_and_the_servers_jump_to_the_newest(exp)
             assert c.ledger.version == 3 and c.last_weights["version"] == 3
             state = c.status(StatusRequest()).state
             assert state["version"] == 3 and all(s["weight_version"] == 3 for s in state["servers"])
-        finally:
-            await shutdown(c, gens)
         events = read_metrics(exp, "controller")
         assert [(e["version"], e["superseded_by"]) for e in events if e.get("event") == "weights_superseded"] \
             == [(2, 3)]
@@ -75,14 +85,7 @@ def test_only_the_newest_of_several_waiting_versions_is_applied(exp):
     """v2, v3 and v4 arrive while v1 drains: v2 and v3 are superseded (each by the next one to
     arrive), v4 is applied; the ledger's version goes 1 -> 4."""
     async def main():
-        (gen,) = await servers(1)
-        c = make_controller(exp, interruptible=False)
-        drain = asyncio.Event()
-        gen.gate[DISK] = drain
-        try:
-            await register(c, [gen])
-            first = asyncio.ensure_future(c.weights_published(disk(1)))
-            await until(lambda: loaded(gen) == ["1"])
+        async with v1_draining(exp, 1) as ((gen,), c, drain, first):
             waiting = {}
             for v in (2, 3, 4):
                 waiting[v] = asyncio.ensure_future(c.weights_published(disk(v)))
@@ -91,8 +94,6 @@ def test_only_the_newest_of_several_waiting_versions_is_applied(exp):
             drain.set()
             assert (await first).superseded_by == 0 and (await waiting[4]).superseded_by == 0
             assert loaded(gen) == ["1", "4"] and c.ledger.version == 4 and c.pending.superseded == 2
-        finally:
-            await shutdown(c, [gen])
 
     asyncio.run(main())
 
@@ -101,14 +102,7 @@ def test_a_broadcast_is_never_skipped(exp):
     """A broadcast's tensors are sent while the servers receive them: once announced it is
     applied, and a later disk version waits behind it instead of superseding it."""
     async def main():
-        (gen,) = await servers(1)
-        c = make_controller(exp, interruptible=False)
-        drain = asyncio.Event()
-        gen.gate[DISK] = drain
-        try:
-            await register(c, [gen])
-            first = asyncio.ensure_future(c.weights_published(disk(1)))
-            await until(lambda: loaded(gen) == ["1"])
+        async with v1_draining(exp, 1) as ((gen,), c, drain, first):
             bcast = asyncio.ensure_future(c.weights_published(WeightsBroadcast(
                 version=2, group_name="tandem-weights-v2", master_address="127.0.0.1", master_port=29555,
                 world_size=2, names=["a"], dtypes=["float32"], shapes=[[4]])))
@@ -119,7 +113,5 @@ def test_a_broadcast_is_never_skipped(exp):
             acks = [await first, await bcast, await third]
             assert [(a.version, a.superseded_by) for a in acks] == [(1, 0), (2, 0), (3, 0)]
             assert loaded(gen) == ["1", "2", "3"] and c.ledger.version == 3
-        finally:
-            await shutdown(c, [gen])
 
     asyncio.run(main())
