@@ -59,21 +59,13 @@ class _Invalid(Exception):
     pass
 
 
-def _hints(cls) -> dict[str, Any]:
-    cached = cls.__dict__.get("_wire_hints")
-    if cached is None:
-        cached = typing.get_type_hints(cls)
-        cls._wire_hints = cached
-    return cached
-
-
 def _fields(cls) -> tuple[tuple[tuple[str, Any, bool], ...], frozenset[str]]:
     """(name, type hint, required) of each field of a message class, and the names, worked out
     once per class: every message is encoded and decoded through them (the controller's
     admission rate rests on it)."""
     cached = cls.__dict__.get("_wire_fields")
     if cached is None:
-        hints = _hints(cls)
+        hints = typing.get_type_hints(cls)
         fields = tuple((f.name, hints[f.name], f.default is dataclasses.MISSING
                         and f.default_factory is dataclasses.MISSING) for f in dataclasses.fields(cls))
         cached = fields, frozenset(name for name, _, _ in fields)
