@@ -58,7 +58,7 @@ class WeightSync:
         """Bring every healthy server to `msg.version` (unhealthy ones are failed, caught up later)."""
         applier = self.applier(msg)
         applier.check(msg)
-        run = self._run(msg)
+        run = self._run(msg, applier)
         targets = []
         for s in self.registry.servers.values():
             if s.healthy:
@@ -76,15 +76,15 @@ class WeightSync:
         if not applier.replayable:
             raise ValueError(f"{msg.OP} cannot be replayed for one server")
         applier.check(msg)
-        run = self._run(msg)
+        run = self._run(msg, applier)
         return await self._sequence(run, applier, [server], msg, pause=True)
 
-    def _mode(self, msg) -> str:
+    def _mode(self, applier: WeightApplier) -> str:
         """The pause mode: the method's own where it needs one (adapters: abort), else the config's."""
-        return self.applier(msg).pause_mode or self.interrupt_mode
+        return applier.pause_mode or self.interrupt_mode
 
-    def _run(self, msg) -> SyncRun:
-        keep_kv = self.interruptible and self._mode(msg) == "in_place"
+    def _run(self, msg, applier: WeightApplier) -> SyncRun:
+        keep_kv = self.interruptible and self._mode(applier) == "in_place"
         return SyncRun(msg.version, self.admin_for, self.timeout_s, flush_cache=not keep_kv)
 
     async def _sequence(self, run: SyncRun, applier: WeightApplier, servers: list[RegisteredServer], msg,
@@ -92,7 +92,7 @@ class WeightSync:
         t0 = time.perf_counter()
         timeout = self.timeout_s
         if pause:
-            mode = self._mode(msg)
+            mode = self._mode(applier)
             servers = await run.phase("pause", servers, lambda a: a.pause_generation(mode, timeout))
         live = await applier.update(run, servers, msg) if servers else []
         for s in live:
