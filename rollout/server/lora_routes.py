@@ -66,7 +66,8 @@ class ServedAdapters:
 
 
 class LoraRoutes:
-    """Mixed into `GenServer` (which owns `engine`, `adapter_base`, `adapters`, `_exclusive`)."""
+    """Mixed into `GenServer` (which owns `engine`, `adapters`, and control_routes' `_apply`, which
+    merges an adapter under the same drain as any weight update)."""
 
     async def load_initial_adapters(self, lora_paths: dict[str, str]) -> None:
         for name, path in lora_paths.items():
@@ -93,9 +94,7 @@ class LoraRoutes:
             if name not in reg.loaded:
                 return self._lora_reply(f"LoRA with name {name} does not exist. Loaded LoRAs: {list(reg.loaded)}")
             del reg.loaded[name]                    # new requests naming it are refused from now on
-            empty = Adapter(source="", scale=0.0, pairs={})
-            model, engine, base = self.engine.model, self.engine, self.adapter_base
-            await self._exclusive(lambda: engine.apply_update(lambda: base.apply(model, empty), None, True))
+            await self._apply(Adapter(source="", scale=0.0, pairs={}), None, True)   # back to the base
         log.info("LoRA adapter %s unloaded (serving the base model)", name)
         return self._lora_reply(None)
 
@@ -123,8 +122,7 @@ class LoraRoutes:
             return (f"LoRA adapter {name} with rank {adapter.rank} is incompatible with the current LoRA memory "
                     f"pool configuration. Please ensure that the LoRA adapter's rank is within the configured "
                     f"`--max-lora-rank` and that the target modules are included in `--lora-target-modules`.")
-        model, engine, base = self.engine.model, self.engine, self.adapter_base
-        await self._exclusive(lambda: engine.apply_update(lambda: base.apply(model, adapter), None, True))
+        await self._apply(adapter, None, True)
         reg.loaded[name], reg.ever[name] = adapter, str(Path(path))
         log.info("LoRA adapter %s loaded from %s (merged)", name, path)
         return None
