@@ -12,8 +12,10 @@ server sends them — checked to cover exactly the reply's output tokens — els
 Interruptions, three ways, all exact:
 - `abort` pause (the controller's `abort` mode): an in-flight request comes back early with
   `finish_reason.type == "abort"` and the tokens it had. The client resubmits prompt + tokens so
-  far, with the remaining budget, to the same server; that request waits there until generation
-  continues. One sample then reads `[v0 ... v0, v1 ... v1]` over several requests.
+  far, with the remaining budget, to the same server (with a picker, the server the picker names
+  for the sticky key: the same one unless it left the rotation, e.g. retired by the elastic
+  split); that request waits there until generation continues. One sample then reads
+  `[v0 ... v0, v1 ... v1]` over several requests.
 - `retract` pause: the server keeps the request across the update (its KV cache dropped and
   recomputed under the new weights) and answers once, with spans over two or more versions.
   Nothing is resubmitted.
@@ -227,6 +229,11 @@ class GenerationClient:
             if stalled > self.max_interruptions:
                 raise GenerationError(f"{server.url}: aborted {stalled} times in a row without a new token "
                                       f"({len(res.output_ids)}/{budget} tokens); giving up")
+            if self._picker is not None:
+                # Where the rest goes is the router's call: the sticky key keeps it on this server
+                # (a weight update's pause), unless the server left the rotation meanwhile (retired
+                # by the elastic split, failed an update), when it goes on elsewhere.
+                server = await self.pick(sticky_key, frozenset(failed))
 
     def _absorb(self, res: GenerationResult, reply, server: ServerRef) -> str:
         """Append one reply's tokens; return its finish type ("stop", "length" or "abort")."""

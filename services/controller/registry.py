@@ -152,6 +152,14 @@ class ServerRegistry:
         self.sticky.clear()
         return gone
 
+    def forget(self, address: str) -> RegisteredServer | None:
+        """Drop one server (retired from the run) and every sticky key that led to it."""
+        server = self.servers.pop(address, None)
+        if server is not None:
+            for key in [k for k, a in self.sticky.items() if a == address]:
+                del self.sticky[key]
+        return server
+
     def state_dict(self) -> list[dict]:
         return [{k: v for k, v in asdict(s).items() if k not in ("load", "routed_since_poll", "failures")}
                 for s in self.servers.values()]

@@ -7,6 +7,7 @@ socket (address in `<exp>/services/controller.json`):
                                    the trainer (weight_sync.py and weights/: one message and one
                                    applier per weight-sync method; a resumed trainer's version wins)
   register_server / pick_server    generation servers and routing (registry.py)
+  retire_server                    the launcher takes a server away (elastic split, `retire`)
   status                           anyone with the experiment's key
 Background: lease expiry, health checks (which also catch lagging servers up), snapshots and
 metrics. A health check never runs a generation: it reads `/model_info` (liveness and the
@@ -41,6 +42,7 @@ from services.protocol import (
     PickServer,
     RegisterServer,
     RequestServer,
+    RetireServer,
     ServerChoice,
     Shutdown,
     StatusReply,
@@ -57,6 +59,7 @@ from services.protocol import (
 from .admission import AdmissionLedger
 from .pending_versions import PendingVersions
 from .registry import RegisteredServer, ServerRegistry, learn_tp_size
+from .retirement import retire
 from .state import StateStore
 from .weight_sync import WeightSync
 from .weights import SyncResult
@@ -83,6 +86,8 @@ class Controller:
         self._keys_cache: dict[str, str | None] = {}
         self._tasks: set[asyncio.Task] = set()
         self._catching_up: set[str] = set()
+        # Servers being retired (retire_server): health checks and catch-ups leave them alone.
+        self._retiring: set[str] = set()
 
     # ---- state --------------------------------------------------------------------------
     @property
@@ -239,6 +244,10 @@ class Controller:
         self._spawn(self._check(server))
         return Ok(detail="registered" if new else "updated")
 
+    async def retire_server(self, req: RetireServer) -> Ok:
+        """The launcher takes a server away (elastic split): retirement.py."""
+        return await retire(self, req)
+
     def pick_server(self, req: PickServer) -> ServerChoice:
         try:
             server = self.registry.pick(req.sticky_key, req.exclude)
@@ -285,6 +294,8 @@ class Controller:
         `after_restart`: the previous controller may have died between pause and continue; a
         server found at the current version is told to continue (harmless if it was not paused).
         """
+        if server.address in self._retiring or self.registry.servers.get(server.address) is not server:
+            return   # being retired, or already gone: not to be resumed or caught up
         admin = self._admin(server)
         try:
             info = await admin.model_info(self.cfg.http_timeout_s)
@@ -357,6 +368,8 @@ class Controller:
             async with self.sync_lock:
                 if self.ledger.version != version:
                     return   # a newer update ran meanwhile; the next check decides again
+                if self.registry.servers.get(server.address) is not server:
+                    return   # retired meanwhile
                 result = await self.syncer.catch_up(server, msg)
             log.info("catch-up of %s to v%d: %s", server.address, version,
                      "ok" if result.ok else result.failed.get(server.address))
@@ -408,6 +421,7 @@ class Controller:
                     "trainer_resumed": self.trainer_resumed,
                     "groups_dropped": self.groups_dropped,
                     "register_server": self.register_server, "pick_server": self.pick_server,
+                    "retire_server": self.retire_server,
                     "launch_started": self.launch_started,
                     "status": self.status}
         # A restart binds the announced port again: workers holding the address reach it at once.

@@ -18,6 +18,7 @@ from .control import (
     Ok,
     PickServer,
     RegisterServer,
+    RetireServer,
     ServerChoice,
     StatusReply,
     StatusRequest,
@@ -45,7 +46,7 @@ from .transport import (
 __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
     "POLICY_ADAPTER", "AdapterOnDisk", "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
-    "RegisterServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
+    "RegisterServer", "RetireServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
     "MetricsWriter", "PhaseTimer", "Shutdown", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",

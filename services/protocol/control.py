@@ -129,6 +129,20 @@ class RegisterServer:
     tp_size: int = 0
 
 
+@message("retire_server")
+class RetireServer:
+    """The launcher takes generation server `address` away from the run (the elastic split gives
+    its CPUs or GPUs to training). The controller takes it out of rotation, so nothing new is
+    routed to it; waits up to `timeout_s` for a weight update in progress (the update would
+    resume it); pauses it in abort mode, so its in-flight requests come back to their clients,
+    which ask the controller again and are routed to the other servers with the tokens they have;
+    then forgets it. Answered Ok once the server is forgotten (the launcher may then stop it),
+    an error when the address is unknown, the last server, or the update outlasted `timeout_s`
+    (the server then stays in the run as it was)."""
+    address: str
+    timeout_s: float = 60.0
+
+
 @message("pick_server")
 class PickServer:
     """A worker asks where to send a request; `sticky_key` keeps a resumed request in place."""
