@@ -52,6 +52,7 @@ from trainer.backend import TrainBackend
 from trainer.batch import StepBatch, plan_step
 from trainer.buffer import ReplayBuffer
 from trainer.controller_link import ControllerLink
+from trainer.elastic_cpus import TrainerCpus
 from trainer.intake import Intake
 from trainer.wal import TrajectoryLog, wal_path
 from trainer.wal import replay as wal_replay
@@ -103,6 +104,9 @@ class Trainer:
         self._step_ids: dict = {}
         self._last_checkpoint = -1
         self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
+        # launcher.elastic: the CPU set the launcher gives this trainer, followed at each step boundary.
+        elastic = getattr(getattr(cfg, "launcher", None), "elastic", False) is True
+        self.cpus = TrainerCpus(exp, self.metrics) if elastic else None
         self.trackers: TrackerFollower | None = None   # TensorBoard/W&B, fed from metrics.jsonl
         self._wal_seq = 0
         self._resumed = resume
@@ -132,6 +136,8 @@ class Trainer:
                 log.info("trainer listening for trajectories on %s (version %d)", self.intake.sink.address,
                          self.version)
             while self.version < self.tcfg.total_steps:
+                if self.cpus:
+                    self.cpus.check()
                 timer = PhaseTimer()
                 with timer.phase("wait"):
                     batch = self._broadcast(self._collect() if self.rank == 0 else None)
@@ -197,6 +203,8 @@ class Trainer:
                 break
             if self.shutdown.requested:
                 return None
+            if self.cpus:   # waiting for data is a step boundary too
+                self.cpus.check()
             self._drain(first_timeout_s=0.2)
         self._step_staleness = Counter(self.version - g.admit_version for g in result.groups)
         self._step_token_staleness = Counter(self.version - g.min_output_version() for g in result.groups)
