@@ -219,7 +219,7 @@ class Simulation(TrainerSide):
     def _admit(self, srv: ServerState, now: float) -> None:
         """Start queued requests while the concurrency cap and the KV budget allow."""
         queue = srv.queue
-        if srv.paused or srv.draining or not queue:
+        if srv.paused or not queue or (srv.draining and not srv.drain_admits):
             return
         c = self.c
         n, base, clock, run, heap = srv.n, srv.base, srv.clock, srv.run, srv.heap
@@ -229,7 +229,8 @@ class Simulation(TrainerSide):
         chunk, resumed = self.chunk, False
         shared = set()  # groups whose prompt this batch of admissions already prefilled
         joined = []     # this round's requests
-        while queue and n < cap:
+        held = len(queue) - srv.drain_admits if srv.draining else 0  # wait for the load
+        while len(queue) > held and n < cap:
             rec = queue[0]
             ctx = rec.prompt + rec.generated
             if n and base + n * clock + ctx + (n + 1) * reserve > K:
@@ -266,6 +267,8 @@ class Simulation(TrainerSide):
         if resumed:
             prefill += self.fixed[1]  # their scheduling round: one forward pass
         srv.n, srv.base = n, base
+        if srv.draining:
+            srv.drain_admits -= len(joined)
         if self.padded and joined:
             # As the embedded server does when a round joins: rows grown long decode apart.
             fresh = {rec.sid for rec in joined}
@@ -317,7 +320,11 @@ class Simulation(TrainerSide):
             for rec in again:
                 rec.generated += clock - rec.start
                 rec.cached = cached
-            srv.queue.extendleft(reversed(again))
+            if srv.draining:   # new requests to a draining server: behind those it still runs
+                for i, rec in enumerate(again):
+                    srv.queue.insert(srv.drain_admits + i, rec)
+            else:
+                srv.queue.extendleft(reversed(again))
             self.resumes += len(again)
         if not done and n and srv.base + n * clock >= self.K - 1e-6:
             # KV cache full: retract the newest request; it keeps its tokens and re-prefills.
@@ -325,7 +332,9 @@ class Simulation(TrainerSide):
             rec.generated += clock - rec.start
             srv.queue.appendleft(rec)
             self.retractions += 1
-        if srv.draining and srv.n == 0:
+            if srv.draining:
+                srv.drain_admits += 1
+        if srv.draining and srv.n == 0 and not srv.drain_admits:
             self._start_load(srv, t)
         else:
             if srv.queue:
@@ -378,11 +387,19 @@ class Simulation(TrainerSide):
             # prompt + partial output after the load (priced in _load_done).
             self.interrupts += srv.n
             self._start_load(srv, now)
-        elif srv.n == 0:
+        elif srv.n == 0 and not srv.queue:
             self._start_load(srv, now)
         else:
+            # The load waits for every request already submitted, queued ones included
+            # (SGLang's update takes its model-update lock as a writer, after every request
+            # holding it as a reader; the embedded server's `when_idle` waits the same way);
+            # requests arriving meanwhile wait for the load.
             srv.draining = True
             srv.drain_from = now
+            srv.drain_admits = len(srv.queue)
+            if srv.n == 0:
+                self._admit(srv, now)
+                self._schedule(srv)
 
     # ---- controller -------------------------------------------------------------------------
     def _pick_server(self) -> int:

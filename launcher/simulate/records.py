@@ -112,7 +112,7 @@ class ServerState:
     """One simulated generation server: its decode clock, running and queued requests, and
     whether it is loading weights or draining."""
     __slots__ = ("idx", "clock", "n", "base", "t_last", "heap", "run", "queue", "paused",
-                 "draining", "drain_from", "version", "loading_version", "token", "next_clock", "busy",
+                 "draining", "drain_from", "drain_admits", "version", "loading_version", "token", "next_clock", "busy",
                  "area")
 
     def __init__(self, idx: int):
@@ -127,6 +127,10 @@ class ServerState:
         self.paused = False
         self.draining = False
         self.drain_from = 0.0  # when the current drain began
+        # Draining: how many requests at the front of `queue` were submitted before the drain
+        # began. They still run before the load (SGLang's update waits for every request
+        # that holds its reader lock, queued ones included); later arrivals wait for the load.
+        self.drain_admits = 0
         self.version = 0
         self.loading_version = 0
         self.token = 0

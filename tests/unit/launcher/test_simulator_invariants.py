@@ -266,3 +266,19 @@ def test_each_chunk_boundary_pays_one_resubmission(cached):
     resubmissions = 0.0393 if cached else 0.192
     assert r.chunk_resumes == 3
     assert r.step_times[1] == pytest.approx(0.004 + 10.0 + 2.01 + resubmissions)
+
+
+def test_a_drain_waits_for_queued_requests_submitted_before_it():
+    """Non-interruptible: a weight update waits for every request its server already holds,
+    queued ones included (SGLang's update takes the model-update lock as a writer after every
+    request holding it as a reader; the embedded server's `when_idle` waits for running and
+    waiting requests alike). One server running 2 requests at a time, eta 3, four 4-sample groups
+    of 100-token answers at 0.01 s a step (1 s each, two at a time): group 0 ends at 2 s, its
+    step (train 1 + 0.001 x 440, publish 0.5) publishes at 3.94 s, when group 1's last two run
+    and groups 2 and 3 (eight requests) wait behind them: the load waits until they end at 8 s,
+    a drain of 4.06 s (counting only the running ones, it would be 0.06 s)."""
+    setup = SimSetup(num_servers=1, groups_per_step=1, n_samples=4, eta=3, max_concurrent_groups=4,
+                     steps=2, warmup_steps=0, prompt_tokens=10, max_new_tokens=100, interruptible=False)
+    costs = _toy_costs(max_running=2, prefill_per_token=0.0)
+    r = Simulation(setup, costs, np.full(200, 100)).run()
+    assert r.longest_drain_s == pytest.approx(4.06, abs=1e-6)
