@@ -114,6 +114,11 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
                                disk_gbps=sim.disk_gbps, colocated=sim.colocated, batch_tokens_hint=hint)
         notes.append(f"{model.name} ({model.params / 1e9:.2f}B parameters) on {gpu.name}")
     notes += costs.notes
+    # The embedded server keeps no prefix cache: each chunk is prefilled in full there.
+    prefix_cached = sim.chunk_prefix_cached and cfg.gen.backend != "embedded"
+    if sim.chunk_prefix_cached and not prefix_cached and getattr(cfg.rollout, "new_tokens_per_chunk", 0):
+        notes.append("simulate.chunk_prefix_cached ignored: the embedded server has no prefix cache, so "
+                     "every chunk is prefilled in full")
     warmup, total = step_counts(cfg)
     # Groups in flight: the controller's cap, or what the rollout workers can run, if fewer.
     in_flight = min(cfg.controller.max_concurrent_groups, cfg.rollout.num_workers * cfg.rollout.concurrency)
@@ -137,7 +142,7 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
                      admit_delay_s=cfg.controller.retry_after_s / 2,
                      # read with getattr: configs from before the key existed have no chunks
                      chunk_tokens=getattr(cfg.rollout, "new_tokens_per_chunk", 0),
-                     chunk_prefix_cached=sim.chunk_prefix_cached)
+                     chunk_prefix_cached=prefix_cached)
     return Scenario(cfg=cfg, plan=plan, layout=layout, setup=setup, costs=costs, notes=notes, shrink=k)
 
 

@@ -115,6 +115,18 @@ def test_embedded_servers_are_simulated_only_from_a_calibration(small, tmp_path,
     assert "embedded CPU servers" in capsys.readouterr().out
 
 
+def test_chunks_on_embedded_servers_are_prefilled_in_full(small, tmp_path):
+    """The embedded server has no prefix cache: simulate.chunk_prefix_cached (SGLang's radix
+    cache, default true) does not apply to it, and the report says so."""
+    _synthetic_metrics(tmp_path / "metrics.jsonl")
+    fit = calibrate(tmp_path)
+    chunks = ["rollout.new_tokens_per_chunk=64"]
+    embedded, _ = simulate(load_config(small, ["gen.backend=embedded", *chunks]), fit)
+    sglang, _ = simulate(load_config(small, chunks), fit)
+    assert not embedded.setup.chunk_prefix_cached and sglang.setup.chunk_prefix_cached
+    assert any("no prefix cache" in n for n in embedded.notes)
+
+
 def test_calibration_without_the_needed_metrics_says_which(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"role": "trainer", "loss": 1.0}) + "\n")
     with pytest.raises(ConfigError, match="no generation-server window"):
