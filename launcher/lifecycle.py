@@ -7,6 +7,9 @@ given no data yet, has published nothing); watch until the trainer exits, printi
 progress; stop the rollout workers; evaluate the trained policy; write `<exp>/summary.json` and
 the report; stop everything — also on an error, Ctrl-C or SIGTERM, with nothing left running.
 
+With `launcher.elastic: true` the watch also runs the elastic split (`elastic.py`): every few
+training steps it may move a generation server's CPUs to the trainer or back.
+
 Exit codes: 0 the trainer finished; 1 a role failed or the run was cancelled; 2 the run could
 not start as configured (a plan the backend cannot run, jobs of an earlier launch still
 running); 130 interrupted.
@@ -72,12 +75,15 @@ def _tell_controller(exp: ExpDir, body) -> None:
 
 
 def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Backend,
-                   roles: list[Role] | None = None, join: Join | None = join_run) -> int:
+                   roles: list[Role] | None = None, join: Join | None = join_run,
+                   elastic: Callable | None = None) -> int:
     """Run the experiment's roles on `backend` until the trainer finishes; returns the exit code.
 
     `roles` defaults to `experiment_roles` (tests give stand-ins); `join` is called for each
     role with a ready file once it is up and again after a restart (default `join_run`; None:
-    nothing to join)."""
+    nothing to join). `elastic(cfg, exp, backend, roles, join)` makes the run's elastic split,
+    or None (default `launcher.elastic.elastic_for`: one when `launcher.elastic` is on; tests
+    give one whose decisions they script)."""
     t0 = time.time()
     previous_term = _sigterm_interrupts()
     status = "failed"
@@ -106,7 +112,10 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         backend.running()
         print(f"run {cfg.experiment.name}: {len(roles)} roles up in {time.time() - t0:.0f}s "
               f"({backend.describe()}); logs in {exp.logs}", flush=True)
-        watch(backend, exp, join, progress)
+        if elastic is None:
+            from .elastic import elastic_for as elastic
+        split = elastic(cfg, exp, backend, roles, join or join_run)
+        watch(backend, exp, join, progress, split.tick if split is not None else None)
         backend.stop([r.name for r in roles if r.kind == "rollout"])
         if evaluating:
             print("evaluating the trained policy ...", flush=True)
@@ -138,8 +147,10 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         _restore(previous_term)
 
 
-def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress) -> None:
-    """Until the trainer exits; a role that ends otherwise was restarted (it rejoins) or is fatal."""
+def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress,
+          tick: Callable[[], None] | None = None) -> None:
+    """Until the trainer exits; a role that ends otherwise was restarted (it rejoins) or is fatal.
+    `tick` runs after each poll (the elastic split's decisions and moves)."""
     while True:
         time.sleep(backend.poll_s)
         if backend.cancelled():
@@ -160,6 +171,8 @@ def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress) 
             else:
                 raise LaunchError(f"{name} failed and may not be restarted (again): {end.why}")
         progress.update()
+        if tick is not None:
+            tick()
 
 
 def evaluate(backend: Backend, exp: ExpDir, tag: str) -> dict | None:

@@ -40,6 +40,7 @@ def layout_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
     With gen.backend: sglang this sets gen.num_servers from the plan (as the launch needs), so
     the CPU placement sees the servers the run will start."""
+    from .elastic_moves import elastic_problems
     from .plan import cpu_placement_for, local_trainer_world, plan_for, uses_gpus
     from .roles import gpu_layout
 
@@ -58,9 +59,11 @@ def layout_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     try:
         if cfg.launcher.backend == "local":
             local_trainer_world(cfg)   # also unpinned: the ranks must form whole model replicas
-        cpu_placement_for(cfg)
+        placement = cpu_placement_for(cfg)
     except ConfigError as e:
         out.append(_keyed(e, "launcher.cpus"))
+    else:
+        out += elastic_problems(cfg, placement)   # launcher.elastic: what moves, and whether one fits
     return out
 
 

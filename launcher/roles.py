@@ -103,25 +103,26 @@ def gen_roles(cfg: ExperimentConfig, exp: ExpDir, host: str, pick_port: Callable
     `tandem gen sglang` (rollout/sglang_role.py: a supervised `python -m sglang.launch_server`).
     Both take the same key files and announce `<exp>/services/gen-<i>.json`; the lifecycle then
     registers each with the controller."""
-    sglang = cfg.gen.backend == "sglang"
     gpu_layout(cfg)            # the plan's server count
-    roles = []
-    for i in range(cfg.gen.num_servers):
-        argv = ["gen", "sglang" if sglang else "serve", "--model", cfg.experiment.model, "--host", host,
-                "--port", str(pick_port())]
-        if sglang:
-            argv += ["--nccl-port", str(pick_port())]
-        argv += ["--api-key-file", str(exp.keys / GEN_API_KEY), "--admin-api-key-file",
-                 str(exp.keys / GEN_ADMIN_KEY), "--exp", str(exp.root), "--rank", str(i)]
-        if cfg.trainer.lora.adapter_sync:   # serve version 0's adapter under the name requests give
-            argv += ["--lora-paths", f"{POLICY_ADAPTER}={exp.initial_adapter}"]
-        # SGLang runs a scheduler per TP rank, a tokenizer/HTTP process and a detokenizer, each
-        # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
-        threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads
-        roles.append(Role(f"gen-{i}", tandem_argv(*argv), kind="gen", index=i, threads=threads,
-                          ready_file=f"gen-{i}", restart=True,
-                          ready_timeout_s=SGLANG_READY_TIMEOUT_S if sglang else None))
-    return roles
+    return [gen_role(cfg, exp, i, host, pick_port) for i in range(cfg.gen.num_servers)]
+
+
+def gen_role(cfg: ExperimentConfig, exp: ExpDir, i: int, host: str, pick_port: Callable[[], int]) -> Role:
+    """Generation server `gen-<i>` (also one the elastic split adds during a run)."""
+    sglang = cfg.gen.backend == "sglang"
+    argv = ["gen", "sglang" if sglang else "serve", "--model", cfg.experiment.model, "--host", host,
+            "--port", str(pick_port())]
+    if sglang:
+        argv += ["--nccl-port", str(pick_port())]
+    argv += ["--api-key-file", str(exp.keys / GEN_API_KEY), "--admin-api-key-file",
+             str(exp.keys / GEN_ADMIN_KEY), "--exp", str(exp.root), "--rank", str(i)]
+    if cfg.trainer.lora.adapter_sync:   # serve version 0's adapter under the name requests give
+        argv += ["--lora-paths", f"{POLICY_ADAPTER}={exp.initial_adapter}"]
+    # SGLang runs a scheduler per TP rank, a tokenizer/HTTP process and a detokenizer, each
+    # busy on its own core: a SLURM job asks for that many CPUs (the plan's pool locally).
+    threads = max(cfg.gen.threads, cfg.gen.tp_size + 2) if sglang else cfg.gen.threads
+    return Role(f"gen-{i}", tandem_argv(*argv), kind="gen", index=i, threads=threads, ready_file=f"gen-{i}",
+                restart=True, ready_timeout_s=SGLANG_READY_TIMEOUT_S if sglang else None)
 
 
 def eval_role(exp: ExpDir, tag: str) -> Role:
