@@ -145,6 +145,16 @@ class LauncherSection:
     slurm: SlurmSection = field(default_factory=SlurmSection)
     # Local backend: CPU pools of generation, training and the light services.
     cpus: CpuSection = field(default_factory=CpuSection)
+    # Elastic split (launcher/elastic_policy.py): move one unit of GPUs (a node; in the CPU
+    # miniature one generation server's CPUs) between generation and training during the run
+    # when the measured rates say a neighbouring split is faster; output lengths grow during RL,
+    # so the best split moves. `tandem simulate --elastic` predicts the gain before the run.
+    elastic: bool = False
+    # Move only when the best split is predicted faster than the current one by more than this
+    # fraction: a move costs a restart, and predictions from a few steps err by several percent.
+    elastic_min_gain: float = 0.15
+    # Training steps between decisions: the window the rates are measured over.
+    elastic_every_steps: int = 5
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -162,6 +172,12 @@ class LauncherSection:
                     if self.gen_train_ratio.isdigit() else "")
             out.append(("gen_train_ratio", f"must look like '3:1' (two positive integers), "
                                            f"got {self.gen_train_ratio!r}{hint}"))
+        if self.elastic_min_gain < 0:
+            out.append(("elastic_min_gain", f"must be >= 0 (a fraction: 0.15 = move when 15% faster), "
+                                            f"got {self.elastic_min_gain}"))
+        if self.elastic_every_steps < 1:
+            out.append(("elastic_every_steps", f"must be >= 1 (training steps between decisions), "
+                                               f"got {self.elastic_every_steps}"))
         return out
 
 
