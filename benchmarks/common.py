@@ -97,6 +97,13 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def keep_tables(tables: list[dict]) -> None:
+    """Tables of an earlier record to write again with the next write_results, as they were: a
+    benchmark that re-records only part of its results (benchmarks/simulator.py --only) keeps
+    the rest."""
+    _printed[:0] = list(tables)
+
+
 def discard_tables() -> None:
     """Forget the tables printed so far (`python -m benchmarks` calls it before each benchmark, so
     a failed benchmark's tables never land in the next one's results)."""

@@ -12,8 +12,9 @@ if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.p
 
 import time
 
-from benchmarks.common import cli, print_table, read_results, write_results
+from benchmarks.common import cli, keep_tables, print_table, read_results, write_results
 from launcher.config import load_config
+from launcher.simulate.elastic import predict, replay
 from launcher.simulate.engine import Simulation
 from launcher.simulate.scenario import build, lengths_for, simulate, sweep, with_overrides
 
@@ -166,8 +167,88 @@ def strong_scaling(quick: bool) -> list[list]:
     return rows
 
 
-def main(quick: bool = False) -> dict:
+# Output lengths that grow during the run (simulate.length_growth), for the elastic split (issue
+# 38). An assumption, not a measurement: DeepSeek-R1-Zero's mean answer grew steadily during its
+# RL, ending several times longer than it started (the DeepSeek-R1 paper, Figure 3), and a
+# distilled model that already answers at length has less room to grow. Two workloads, fixed
+# before either was run: the paper-shape lengths (median 4,096) growing 3x to a median of 12,288,
+# and answers that start short (median 1,024) growing 8x to 8,192, closer to R1-Zero's curve.
+ELASTIC_WORKLOADS = {
+    "median 4,096 growing 3x": ["simulate.length_growth=3"],
+    "median 1,024 growing 8x": ["simulate.output_median=1024", "simulate.length_growth=8"],
+}
+# The run's length (an input: the paper's step counts are not part of ours); decisions every
+# launcher.elastic_every_steps (5) steps at launcher.elastic_min_gain (15%), the defaults.
+ELASTIC_TOTAL_STEPS = 400
+ELASTIC_TITLE = "Elastic split, 1.5B, 16 nodes, eta=4"
+ELASTIC_LOW_GAIN = 0.05
+
+
+def elastic_split(quick: bool) -> list[list]:
+    """Per workload: the split fastest at the start, the one fastest in hindsight, and what the
+    elastic run (launcher/simulate/elastic.py) gains over each, at the paper's 1.5B shape."""
+    steps = [] if quick else ["simulate.steps=18", "simulate.warmup_steps=6"]
+    rows = []
+    for name, ov in ELASTIC_WORKLOADS.items():
+        cfg = paper_cfg(*SHAPES["1.5B x 16 nodes"], "controller.max_staleness=4",
+                        f"trainer.total_steps={ELASTIC_TOTAL_STEPS}", *ov, *steps)
+        p = predict(cfg, jobs=2)
+        # The same phases replayed with a lower threshold (no new simulation): how much of the
+        # gap to hindsight the 15% threshold leaves.
+        low = replay(p.splits, p.speeds, p.total_steps, p.every_steps, ELASTIC_LOW_GAIN, p.move_s)
+        rows.append([name, p.start.label, p.hindsight.label, len(p.moves), p.steps_per_hour("start"),
+                     p.steps_per_hour("hindsight"), p.steps_per_hour("elastic"), p.gain_over("start"),
+                     p.gain_over("hindsight"), p.move_s, p.phases, len(low.moves), low.gain_over("start"),
+                     low.gain_over("hindsight")])
+    low = f", min gain {100 * ELASTIC_LOW_GAIN:.0f}%"
+    print_table(ELASTIC_TITLE, ["workload", "fastest split at the start", "fastest fixed split in hindsight",
+                                "elastic moves", "steps/h, fixed at the start", "steps/h, fixed in hindsight",
+                                "steps/h, elastic", "elastic gain over the start's split",
+                                "elastic gain over hindsight", "move s", "phases", f"elastic moves{low}",
+                                f"elastic gain over the start's split{low}", f"elastic gain over hindsight{low}"],
+                rows)
+    return rows
+
+
+def elastic_headline(rows: list[list]) -> dict:
+    out = {"elastic_total_steps": ELASTIC_TOTAL_STEPS}
+    for key, row in zip(("median4096_x3", "median1024_x8"), rows, strict=True):
+        out |= {f"elastic_{key}_moves": row[3], f"elastic_{key}_start_steps_per_hour": round(row[4], 2),
+                f"elastic_{key}_hindsight_steps_per_hour": round(row[5], 2),
+                f"elastic_{key}_steps_per_hour": round(row[6], 2),
+                f"elastic_{key}_gain_over_start": round(row[7], 3),
+                f"elastic_{key}_gain_over_hindsight": round(row[8], 3),
+                f"elastic_{key}_min_gain_5pct_moves": row[11],
+                f"elastic_{key}_min_gain_5pct_gain_over_start": round(row[12], 3),
+                f"elastic_{key}_min_gain_5pct_gain_over_hindsight": round(row[13], 3),
+                f"elastic_{key}_move_s": round(row[9], 1)}
+    return out
+
+
+def record_only(part: str, quick: bool) -> dict:
+    """`--only elastic`: re-record one part of simulator.json, keeping the rest as recorded (its
+    timings came from a quiet moment; a full run on a busy machine would change them)."""
+    rows = elastic_split(quick)
+    new = elastic_headline(rows)
+    if quick:
+        return new
+    found = read_results("simulator")   # the committed record (this run's, if it made one)
+    if found is None:
+        raise SystemExit("--only needs a full record to add to: run `python -m benchmarks.simulator --record` first")
+    old = found[0]
+    keep_tables([t for t in old.pop("tables", []) if t.get("title") != ELASTIC_TITLE])
+    old.pop("machine", None)
+    date = old.pop("date", None)
+    headline = {k: v for k, v in old.items() if not k.startswith("elastic_")} | new
+    headline["date_before_" + part] = old.get("date_before_" + part, date)
+    write_results("simulator", headline)
+    return headline
+
+
+def main(quick: bool = False, only: str | None = None) -> dict:
     _quick[:] = QUICK if quick else []
+    if only:
+        return record_only(only, quick)
     cfg = paper_cfg(*SHAPES["1.5B x 16 nodes"], "controller.max_staleness=4")
     ev_s, events, dt = events_per_s(cfg)
     ratios, etas = ["1:1", "2:1", "3:1", "5:1", "7:1"], [0, 1, 2, 4, 8]
@@ -217,6 +298,7 @@ def main(quick: bool = False) -> dict:
                  "sim gain, chunk 4096 without prefix cache", "server time draining, chunk 4096",
                  "mean batch, chunk 4096", "chunks resumed per sample, chunk 4096"], chunked)
     scaling = strong_scaling(quick)
+    elastic = elastic_split(quick)
     print_table("Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4",
                 ["nodes", "steps/h, disk", "efficiency vs smallest, disk", "steps/h, broadcast",
                  "efficiency vs smallest, broadcast", "mean running batch per server, broadcast"], scaling)
@@ -254,11 +336,18 @@ def main(quick: bool = False) -> dict:
         "strong_scaling_efficiency_largest": round(scaling[-1][2], 2),
         "strong_scaling_efficiency_largest_broadcast": round(scaling[-1][4], 3),
         "strong_scaling_mean_batch_largest": round(scaling[-1][5], 1),
+        **elastic_headline(elastic),
     }
     if not quick:
         write_results("simulator", headline)
     return headline
 
 
+def _args(p) -> list[str]:
+    p.add_argument("--only", choices=["elastic"],
+                   help="run and (with --record) re-record only this part, keeping the rest of simulator.json")
+    return ["only"]
+
+
 if __name__ == "__main__":
-    cli(main)
+    cli(main, _args)

@@ -94,6 +94,15 @@ def _result_json(r) -> dict:
             "staleness": {str(k): v for k, v in sorted(r.staleness.items())}}
 
 
+def _elastic_json(pred) -> dict:
+    runs = {"start": pred.start.ratio, "hindsight": pred.hindsight.ratio, "elastic": None}
+    return {"total_steps": pred.total_steps, "move_s": pred.move_s, "length_growth": pred.growth,
+            **{run: {"split": split, "seconds": pred.seconds[run], "steps_per_hour": pred.steps_per_hour(run),
+                     **({"elastic_gain": pred.gain_over(run)} if split else {})} for run, split in runs.items()},
+            "moves": [{"step": step, "from": a, "to": b} for step, a, b in pred.moves],
+            "phases": pred.speeds}
+
+
 def _simulate(args) -> int:
     from launcher.simulate.engine import SimulationError
     from launcher.simulate.report import plot_sweep, print_result, print_sweep
@@ -118,7 +127,17 @@ def _simulate(args) -> int:
         for note in adopt_run_workload(cfg, calibration, explicit_simulate_keys(args.file, args.overrides)):
             print(f"note: {note}")
     try:
-        if args.sweep is None:
+        if args.elastic:
+            if args.sweep is not None:
+                print("tandem simulate: --elastic and --sweep are separate questions; ask one at a time",
+                      file=sys.stderr)
+                return 2
+            from launcher.simulate.elastic import predict
+            from launcher.simulate.report import print_elastic
+            pred = predict(cfg, calibration, max_phases=args.phases, jobs=args.jobs)
+            print_elastic(pred)
+            out = _elastic_json(pred)
+        elif args.sweep is None:
             sc, r = simulate(cfg, calibration)
             print_result(sc, r)
             out = _result_json(r)
@@ -174,6 +193,12 @@ def register(sub) -> None:
                    help="with --calibrate: simulate even when the fit misses its own run by over 15%%")
     s.add_argument("--plot", metavar="OUT.png", help="with --sweep: draw throughput vs ratio and eta")
     s.add_argument("--json", metavar="OUT.json", help="also write the predictions as JSON")
+    s.add_argument("--elastic", action="store_true",
+                   help="predict what launcher.elastic (moving GPUs between generation and training as "
+                        "the lengths grow, simulate.length_growth) gains over the best fixed split")
+    s.add_argument("--phases", type=int, default=None,
+                   help="with --elastic: at most this many phases of the run, each simulated on every split "
+                        "(default: launcher/simulate/elastic.py's DEFAULT_MAX_PHASES)")
     s.add_argument("--jobs", type=int, default=_default_jobs(),
-                   help="processes for --sweep (default: CPUs, at most 8)")
+                   help="processes for --sweep and --elastic (default: CPUs, at most 8)")
     s.set_defaults(func=_simulate)

@@ -26,6 +26,12 @@ class SimulateConfig:
     output_median: int = 4096
     # Log-space standard deviation of the lognormal: larger = longer tail.
     output_sigma: float = 1.0
+    # Output lengths grow during the run by this factor (reasoning models lengthen their answers
+    # during RL, so the best generation:training split moves; `--elastic` prices following it):
+    # the i-th of the N samples a simulated run admits gets its drawn length times
+    # length_growth ** (i / N), clipped to rollout.max_new_tokens. The simulated steps stand for
+    # the whole run. 1.0 = no growth.
+    length_growth: float = 1.0
     # Synchronous colocated baseline: every GPU generates, then every GPU trains (needs eta = 0).
     colocated: bool = False
     # Aggregate shared-filesystem bandwidth in GB/s for trainer.weight_sync: disk (every server
@@ -68,6 +74,11 @@ class SimulateConfig:
             out.append(("output_median", "must be >= 1"))
         if self.output_sigma < 0:
             out.append(("output_sigma", "must be >= 0"))
+        if self.length_growth < 1:
+            # Lengths drawn past max_new_tokens are clipped before they grow, so a shrinking
+            # workload would shorten answers whose real length is unknown.
+            out.append(("length_growth", f"must be >= 1 (1 = lengths do not grow; 8 = the last answers "
+                                         f"8x the first), got {self.length_growth}"))
         if self.disk_gbps <= 0:
             out.append(("disk_gbps", "must be > 0"))
         if self.reward_s < 0:

@@ -130,3 +130,41 @@ def plot_sweep(sw: Sweep, out: str | Path, title: str = "") -> Path:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def print_elastic(pred, console: Console | None = None) -> None:
+    """`--elastic`: the three runs (fixed at the start, fixed in hindsight, elastic), then the
+    phases: which split is fastest as the lengths grow, and where the elastic run is."""
+    console = console or Console()
+    hours = {k: v / 3600 for k, v in pred.seconds.items()}
+    t = Table(title=f"Elastic split over trainer.total_steps={pred.total_steps} (lengths x{pred.growth:g} "
+                    f"by the end; decisions every {pred.every_steps} steps, min gain {100 * pred.min_gain:.0f}%)")
+    for c, j in (("run", "left"), ("split", "left"), ("hours", "right"), ("steps / hour", "right"),
+                 ("elastic's gain over it", "right")):
+        t.add_column(c, justify=j)
+    moved = " -> ".join([pred.start.label] + [pred.by_ratio(to).label for _, _, to in pred.moves])
+    for run, name, split in (("start", "fixed, fastest at the start", pred.start.label),
+                             ("hindsight", "fixed, fastest in hindsight", pred.hindsight.label),
+                             ("elastic", f"elastic ({len(pred.moves)} move{'' if len(pred.moves) == 1 else 's'})", moved)):
+        gain = "" if run == "elastic" else f"{100 * pred.gain_over(run):+.1f}%"
+        t.add_row(name, split, f"{hours[run]:.2f}", f"{pred.steps_per_hour(run):.2f}", gain)
+    console.print(t)
+    p = Table(title="Steps / hour by phase (each simulated on its own part of the growing lengths)")
+    for c in ("phase", "steps", "lengths x", "fastest split", "its steps / hour",
+              "start split's", "elastic run's split(s)"):
+        p.add_column(c, justify="left" if c in ("phase", "fastest split", "elastic run's split(s)") else "right")
+    P, total = pred.phases, pred.total_steps
+    for i, row in enumerate(pred.speeds):
+        ok = {r: v for r, v in row.items() if v is not None}
+        best = max(ok, key=ok.get) if ok else None
+        lo, hi = total * i / P, total * (i + 1) / P
+        at = [to for step, _, to in pred.moves if step <= lo][-1:] or [pred.start.ratio]
+        at += [to for step, _, to in pred.moves if lo < step < hi]
+        shown = " -> ".join(pred.by_ratio(r).label for r in at)
+        start_v = row.get(pred.start.ratio)
+        p.add_row(f"{i + 1}", f"{lo:.0f}-{hi:.0f}", f"{pred.growth ** (i / P):.3g}-{pred.growth ** ((i + 1) / P):.3g}",
+                  pred.by_ratio(best).label if best else "-", f"{ok[best]:.2f}" if best else "-",
+                  "-" if start_v is None else f"{start_v:.2f}", shown)
+    console.print(p)
+    console.print(f"a move stalls the run {pred.move_s:.0f} s (restart, checkpoint save and load, weight load; "
+                  f"launcher/simulate/elastic.py)")

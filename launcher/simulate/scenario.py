@@ -14,7 +14,7 @@ from launcher.plan import Plan, PlanError, make_plan, plan_for
 from launcher.simulate.costs import Costs, Layout, physical_costs
 from launcher.simulate.engine import SimResult, SimSetup, Simulation, SimulationError
 from launcher.simulate.hardware import load_gpu, load_model_shape
-from launcher.simulate.workload import sample_lengths
+from launcher.simulate.workload import grow_lengths, sample_lengths
 from trainer.announcements import coalesces_versions
 
 
@@ -169,10 +169,20 @@ def lengths_for(cfg: ExperimentConfig, max_eta: int):
                           max_new_tokens=cfg.rollout.max_new_tokens, seed=sim.seed)
 
 
-def simulate(cfg: ExperimentConfig, calibration=None, lengths=None) -> tuple[Scenario, SimResult]:
+def samples_used(setup: SimSetup) -> int:
+    """Samples a simulated run can admit (the engine's bound), so the lengths it consumes."""
+    return setup.groups_per_step * (setup.steps + setup.eta + 1) * setup.n_samples
+
+
+def simulate(cfg: ExperimentConfig, calibration=None, lengths=None,
+             growth_span: tuple[float, float] = (0.0, 1.0)) -> tuple[Scenario, SimResult]:
+    """One configuration; `growth_span` is the part of the run whose lengths it simulates
+    (simulate.length_growth: (0, 1) the whole run, a phase of it for --elastic)."""
     sc = build(cfg, calibration)
     if lengths is None:
         lengths = lengths_for(cfg, cfg.controller.max_staleness)
+    lengths = grow_lengths(lengths, cfg.simulate.length_growth, cfg.rollout.max_new_tokens,
+                           samples_used(sc.setup), growth_span)
     r = Simulation(sc.setup, sc.costs, lengths).run()
     k = sc.shrink
     if k > 1:

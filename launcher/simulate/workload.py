@@ -3,7 +3,8 @@
 A lognormal (median, sigma) clipped at max_new_tokens gives the typical reasoning-model shape:
 most answers short, a few running into the limit. `empirical:PATH` resamples the lengths a real
 run produced, read from records with an `output_tokens` field (a metrics.jsonl, a trajectory
-dump, or every *.jsonl under an experiment directory).
+dump, or every *.jsonl under an experiment directory). `grow_lengths` makes them lengthen over
+the run (`simulate.length_growth`), as reasoning models' answers do during RL.
 """
 from __future__ import annotations
 
@@ -59,3 +60,23 @@ def sample_lengths(spec: str, count: int, *, median: int, sigma: float, max_new_
     else:
         raise ConfigError(f"simulate.output_lengths={spec!r}: must be lognormal, fixed or empirical:PATH")
     return np.clip(np.rint(x), 1, max_new_tokens).astype(np.int64)
+
+
+def grow_lengths(lengths: np.ndarray, growth: float, max_new_tokens: int, used: int,
+                 span: tuple[float, float] = (0.0, 1.0)) -> np.ndarray:
+    """Lengths that grow over a run: sample i of the `used` ones a run admits (admission order)
+    times growth ** (a + (b - a) * i / used), clipped to max_new_tokens; span (a, b) = (0, 1) is
+    a whole run, a part of it is a phase of one (launcher/simulate/elastic.py).
+
+    Applied where a run consumes its lengths, not where they are drawn: a sweep shares one draw
+    between configurations that consume different numbers of samples (a shrunk slice uses 1/k of
+    them), and each must see the whole growth over its own run. growth == 1 returns `lengths`
+    itself, so results without growth stay bit-identical."""
+    a, b = span
+    if growth == 1.0 or used <= 0:
+        return lengths
+    n = min(used, len(lengths))
+    out = np.array(lengths, dtype=np.int64)
+    factor = growth ** (a + (b - a) * np.arange(n, dtype=np.float64) / used)
+    out[:n] = np.clip(np.rint(out[:n] * factor), 1, max_new_tokens)
+    return out
