@@ -86,11 +86,11 @@ def candidate_splits(cfg: ExperimentConfig) -> list[Split]:
     return out
 
 
-def move_seconds(cfg: ExperimentConfig) -> float:
+def move_seconds(cfg: ExperimentConfig, calibration=None) -> float:
     """Training progress lost to one move: the trainer saves its state and its re-formed ranks
     read it back (two checkpoints' worth through the filesystem), the new server loads the
     current weights, and both restart (RESTART_S). Priced in full as a stall of the run."""
-    costs = build(cfg).costs
+    costs = build(cfg, calibration).costs
     return RESTART_S.get(cfg.gen.backend, RESTART_S["sglang"]) + 2 * costs.checkpoint_s + costs.load_s
 
 
@@ -187,7 +187,7 @@ def predict(cfg: ExperimentConfig, calibration=None, max_phases: int | None = No
         raise SimulationError("no candidate split could be simulated (see `tandem simulate --sweep ratio=...`)")
     start = max(first, key=first.get)
     if move_s is None:
-        move_s = move_seconds(with_overrides(cfg, start))
+        move_s = move_seconds(with_overrides(cfg, start), calibration)
     return replay(splits, speeds, total, la.elastic_every_steps, la.elastic_min_gain, move_s,
                   cfg.simulate.length_growth)
 
