@@ -3,18 +3,11 @@
 Output lengths grow during RL training, so the best generation:training split moves during a
 run. Every `launcher.elastic_every_steps` training steps (the trainer's step records) the
 launcher:
-  1. calibrates the cost model on the run's metrics since the split last changed
-     (`launcher.simulate.calibrate`, on `<exp>/elastic/window.jsonl`: one split's windows, so the
-     trainer's step cost was measured on one CPU count) and adopts the run's own prompt and output
-     lengths, the recent ones;
-  2. simulates the current split and its neighbours (`launcher.simulate.scenario.simulate`): one
-     server fewer, the trainer with that server's CPUs more; one server more, the trainer with
-     that many fewer. ASSUMPTION: the trainer's compute scales inversely with its CPUs (t0 and t1
-     of the fit times measured/candidate CPUs): a CPU trainer's matrix products split evenly
-     over its threads; a server's cost does not change, since every server keeps its CPU set;
-  3. asks the decision rule (`launcher.elastic_policy.choose_split`, shared with the simulator's
-     prediction of the gain) for the neighbour to move to, or none;
-  4. logs the decision (predicted steps/h of each split, the choice, why) as an
+  1. predicts the speed of the current split and of its neighbours (one server fewer or more,
+     the trainer with that server's CPUs more or fewer) by calibrating the simulator on the run:
+     elastic_prediction.py, which states its assumption on how the trainer's cost scales;
+  2. asks the decision rule (`launcher.elastic_policy.choose_split`) where to go;
+  3. logs the decision (predicted steps/h of each split, the choice, why) as an
      `elastic_decision` record and a console line, and makes the move (elastic_moves.py says which
      CPUs go where):
      generation -> training: the controller retires the last server (`RetireServer`: out of
@@ -37,18 +30,17 @@ Only the local backend moves (CPU sets); elastic_moves.elastic_problems refuses 
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 
 from services.protocol import (
     ExpDir,
     MetricsWriter,
     RemoteError,
     RetireServer,
+    StatusRequest,
     SyncRequestClient,
     load_keys,
     read_service,
@@ -57,8 +49,9 @@ from services.protocol import (
 from trainer.elastic_cpus import CPUS_FILE
 
 from .backends.base import LaunchError
-from .config import ConfigError, ExperimentConfig
+from .config import ExperimentConfig
 from .elastic_moves import MoveRefused, elastic_problems, gen_to_train, train_to_gen
+from .elastic_prediction import Decision, simulated_decision
 from .placement import CpuPlacement, format_ranges
 from .roles import Role, gen_role
 
@@ -67,14 +60,6 @@ log = logging.getLogger(__name__)
 RETIRE_TIMEOUT_S = 60.0        # the controller's wait for an update in progress, then the pause
 TRAINER_ACK_TIMEOUT_S = 300.0
 RETIRED_STOP_GRACE_S = 2.0     # SIGTERM -> SIGKILL for a retired server  # the trainer re-pins at its next step boundary (or while it waits for data)
-
-
-@dataclass
-class Decision:
-    """What the launcher decided at one decision point."""
-    target: int | None                  # servers of the split to move to; None: stay
-    speeds: dict[int, float | None] = field(default_factory=dict)   # servers -> predicted steps/h
-    why: str = ""
 
 
 Decide = Callable[["ElasticSplit"], Decision]
@@ -150,13 +135,16 @@ class ElasticSplit:
     # ---- the moves ------------------------------------------------------------------------
     def move_to_train(self) -> bool:
         """Retire the last server and give its CPUs to the trainer; True when it moved."""
-        t0, role = time.monotonic(), self.servers[-1] if self.servers else None
+        t0, role, address = time.monotonic(), self.servers[-1] if self.servers else None, None
         try:
             new = gen_to_train(self.placement)
-            address = read_service(self.exp, role.ready_file, timeout_s=5)["url"]
+            address = read_service(self.exp, role.ready_file, timeout_s=5)["url"].rstrip("/")
             _tell_controller(self.exp, RetireServer(address=address, timeout_s=RETIRE_TIMEOUT_S),
                              RETIRE_TIMEOUT_S + 30)
-        except (MoveRefused, RemoteError, TimeoutError, OSError, KeyError) as e:
+        except TimeoutError as e:   # no answer: the controller may have retired it all the same
+            if address is None or _registered(self.exp, address) is not False:
+                return self._record_move("to_train", role, False, f"{type(e).__name__}: {e}", t0)
+        except (MoveRefused, RemoteError, OSError, KeyError) as e:
             return self._record_move("to_train", role, False, f"{type(e).__name__}: {e}", t0)
         # Forgotten by the controller, its running requests resumed elsewhere. Requests the server
         # held at its door (arrived during an update's pause) wait there still: they fail over when
@@ -187,6 +175,7 @@ class ElasticSplit:
             self.backend.start([role])
             self.join(self.exp, role, False)
         except Exception as e:   # it did not start or could not register: undo
+            _retire_quietly(self.exp, role)
             self.backend.stop([role.name])
             self._apply(old)
             self._tell_trainer()
@@ -253,48 +242,6 @@ class ElasticSplit:
         return ok
 
 
-def simulated_decision(split: ElasticSplit) -> Decision:
-    """Steps 1-3 of the module docstring: calibrate on the current split's windows, simulate it
-    and its neighbours, ask the decision rule."""
-    from launcher.elastic_policy import choose_split
-    from launcher.simulate.calibrate import calibrate, read_records
-    from launcher.simulate.fit_check import adopt_run_workload
-    from launcher.simulate.scenario import simulate
-
-    window = split.exp.root / "elastic" / "window.jsonl"
-    window.parent.mkdir(exist_ok=True)
-    recs = [r for r in read_records(split.exp.root)
-            if r.get("time", 0) >= split.since or r.get("event") == "cpu_placement"]
-    window.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cal = calibrate(window)
-    here, measured = len(split.servers), len(split.trainer_cpus)
-    candidates = {here: measured}
-    size = len(split.placement.servers[-1])
-    if here >= 2:
-        candidates[here - 1] = measured + size
-    if measured > size:
-        candidates[here + 1] = measured - size
-    speeds: dict[int, float | None] = {}
-    for servers, cpus in sorted(candidates.items()):
-        cfg = copy.deepcopy(split.cfg)
-        cfg.gen.num_servers = servers
-        adopt_run_workload(cfg, cal, set())
-        scale = measured / cpus   # the trainer's cost, inversely with its CPUs
-        try:
-            speeds[servers] = simulate(cfg, replace(cal, t0=cal.t0 * scale, t1=cal.t1 * scale))[1].steps_per_hour
-        except ConfigError as e:
-            log.warning("elastic split: cannot simulate %d server(s): %s", servers, e)
-            speeds[servers] = None
-    order = sorted(speeds)
-    target = choose_split(order, here, speeds, split.cfg.launcher.elastic_min_gain)
-    best = max((s for s in order if speeds[s]), key=lambda s: speeds[s], default=here)
-    measured_on = ", ".join(f"{n} {what}" for what, n in cal.samples.items())
-    why = (f"calibrated on {measured_on}; {best} server(s) predicted fastest" +
-           ("" if target is not None else f", not more than {split.cfg.launcher.elastic_min_gain:.0%} "
-                                          f"faster than {here} (or not a neighbour that gains)"))
-    return Decision(target, speeds, why)
-
-
 def _tell_controller(exp: ExpDir, body, timeout_s: float):
     controller = read_service(exp, "controller", timeout_s=10)
     client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=timeout_s)
@@ -302,6 +249,25 @@ def _tell_controller(exp: ExpDir, body, timeout_s: float):
         return client.request(body)
     finally:
         client.close()
+
+
+def _registered(exp: ExpDir, address: str) -> bool | None:
+    """Whether the controller routes to `address` (None: it did not say)."""
+    try:
+        state = _tell_controller(exp, StatusRequest(), 10).state
+    except Exception:
+        return None
+    return any(s.get("address") == address for s in state.get("servers", []))
+
+
+def _retire_quietly(exp: ExpDir, role: Role) -> None:
+    """A server that started but failed to join may be registered: take it out (best effort)."""
+    try:
+        address = read_service(exp, role.ready_file, timeout_s=1)["url"].rstrip("/")
+        if _registered(exp, address):
+            _tell_controller(exp, RetireServer(address=address, timeout_s=10), 40)
+    except Exception as e:
+        log.warning("could not retire %s after its failed start: %s", role.name, e)
 
 
 def elastic_for(cfg: ExperimentConfig, exp: ExpDir, backend, roles: list[Role],

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from local_run import leftovers, write_config
@@ -112,6 +113,13 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
         assert set(prediction.speeds) == {1, 2} and all(v and v > 0 for v in prediction.speeds.values()), prediction
     decisions = read_metrics(exp, "launcher", "elastic_decision")
     assert [d["target"] for d in decisions[:2]] == [1, 2]
+    # The real prediction on the finished run's last split (2 servers, the trainer on one CPU:
+    # only a move to training fits), whether or not the run reached a third decision.
+    final = SimpleNamespace(cfg=cfg, exp=exp, since=moves[1]["time"], servers=[None, None], trainer_cpus=(last,),
+                            placement=placement, retired=[])
+    prediction = simulated_decision(final)
+    assert set(prediction.speeds) == {1, 2} and all(v > 0 for v in prediction.speeds.values()), prediction
+    assert prediction.target in (None, 1) and "calibrated on" in prediction.why
 
     # The controller retired the first gen-1 and caught the new one up to the version of the day.
     retired = read_metrics(exp, "controller", "server_retired")
