@@ -49,13 +49,16 @@ def _rows(rows: torch.Tensor, targets: torch.Tensor, temperature: float, dt: tor
 
 def token_logprobs(rows: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor,
                    temperature: float, with_entropy: bool, entropy_grad: bool = False,
-                   chunk: int = 0, head: torch.Tensor | None = None) -> TokenOutputs:
+                   chunk: int = 0, head: torch.Tensor | None = None, chunk_fn=None) -> TokenOutputs:
     """log_softmax(logits / T) of each next token, shifted to the token's own position.
 
     `rows`: the logits [N, vocab] in any dtype (float32 math, float64 kept), or with `head` (the
     output layer's weight, [vocab, hidden], no bias) the hidden states [N, hidden] that make them.
     `chunk` rows at a time, each recomputed in the backward pass (0: the whole micro-batch in one
-    piece, nothing recomputed). The entropy is detached unless `entropy_grad` (an entropy bonus)."""
+    piece, nothing recomputed). The entropy is detached unless `entropy_grad` (an entropy bonus).
+    `chunk_fn`: what turns one chunk into (log-probs, entropies), `_rows`'s signature; the
+    Megatron backend's vocabulary-parallel output layer passes its own
+    (trainer/megatron/logprob_head.py), and shares the chunking and the shift here."""
     n = input_ids.numel()
     device = rows.device
     dt = torch.float64 if rows.dtype == torch.float64 else torch.float32
@@ -63,14 +66,15 @@ def token_logprobs(rows: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torc
     targets = torch.cat([ids[1:], ids.new_zeros(1)]) if n else ids   # the last row predicts nothing
     needs_grad = rows.requires_grad or (head is not None and head.requires_grad)
     recompute = chunk > 0 and torch.is_grad_enabled() and needs_grad
+    fn = chunk_fn if chunk_fn is not None else _rows
     logps, ents = [], []
     for part, tgt in zip(torch.split(rows, chunk if chunk > 0 else max(n, 1)),
                          torch.split(targets, chunk if chunk > 0 else max(n, 1)), strict=True):
         if recompute:
-            lp, ent = checkpoint(_rows, part, tgt, temperature, dt, with_entropy, entropy_grad, head,
+            lp, ent = checkpoint(fn, part, tgt, temperature, dt, with_entropy, entropy_grad, head,
                                  use_reentrant=False)
         else:
-            lp, ent = _rows(part, tgt, temperature, dt, with_entropy, entropy_grad, head)
+            lp, ent = fn(part, tgt, temperature, dt, with_entropy, entropy_grad, head)
         logps.append(lp)
         ents.append(ent)
     zero = torch.zeros(1, dtype=dt, device=device)

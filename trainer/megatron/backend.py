@@ -3,8 +3,10 @@
 One instance per trainer rank. Process groups come from `megatron.core.parallel_state`
 (tensor x pipeline x data parallel over the default group: gloo on CPU, nccl on GPUs). All
 tensor-parallel ranks of one data-parallel replica get the same micro-batches (`dp_rank`), run
-the same forward (logits are gathered over TP), and so compute the same loss; Megatron's
-column/row-parallel layers do the TP communication in forward and backward.
+the same forward, and so compute the same loss; Megatron's column/row-parallel layers do the TP
+communication in forward and backward. Log-probs come from the last stage's hidden states, the
+output layer applied a chunk of tokens at a time and vocabulary-parallel over TP
+(logprob_head.py): no rank holds [tokens, vocab] logits.
 
 Packed sequences go in THD format on both paths (TE's attention, or varlen_attention.py's).
 CPU (runs here, see cpu_compat.py): local layer spec, torch AdamW
@@ -32,11 +34,11 @@ import torch.distributed as dist
 
 from services.protocol import collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
-from trainer.logprobs import token_logprobs
 from trainer.lr_schedule import decay_updates, lr_factor
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
 from trainer.megatron.export import write_hf_dir
+from trainer.megatron.logprob_head import hidden_logprobs
 from trainer.megatron.model import (
     build_gpt_model,
     check_parallel_fits,
@@ -168,26 +170,30 @@ class MegatronBackend(TrainBackend):
         return ref.eval().requires_grad_(False)
 
     # ---- forward ------------------------------------------------------------------------------
-    def _stage_forward(self, mb: PackedBatch, model=None) -> torch.Tensor:
-        """This pipeline stage's output: hidden states [N, 1, h], or logits [1, N, V] on the last
-        (of the policy, or of `model`: the reference)."""
+    def _stage_forward(self, mb: PackedBatch, model=None, logits: bool = False) -> torch.Tensor:
+        """This pipeline stage's output, hidden states [N, 1, h] (on the last stage after the final
+        norm), of the policy or of `model` (the reference); with `logits`, the last stage's
+        gathered logits [1, N, V] instead."""
         model = model if model is not None else self.model
         ids = mb.input_ids.to(self.device)[None]
         pos = mb.position_ids.to(self.device)[None]
         # THD on both specs: TE's fused attention, or the local spec's VarlenCoreAttention; rotary
         # positions restart per sequence from cu_seqlens.
-        return gpu.forward_thd(model, ids, pos, mb.cu_seqlens, self.device)
+        forward = gpu.forward_thd if logits else gpu.forward_thd_hidden
+        return forward(model, ids, pos, mb.cu_seqlens, self.device)
 
     def _logits(self, mb: PackedBatch) -> torch.Tensor:
         """[N, vocab] logits (padding rows cut off). Single-stage models only (tests, tools)."""
-        return self._stage_forward(mb)[0, :, : self.shape.vocab_size]
+        return self._stage_forward(mb, logits=True)[0, :, : self.shape.vocab_size]
 
-    def _outputs(self, mb: PackedBatch, logits: torch.Tensor, temperature: float,
-                 with_entropy: bool) -> TokenOutputs:
-        logits = logits[0, :, : self.shape.vocab_size]
+    def _outputs(self, mb: PackedBatch, hidden: torch.Tensor, temperature: float,
+                 with_entropy: bool, model=None) -> TokenOutputs:
+        """Log-probs from the last stage's hidden states, the output layer (vocabulary-parallel
+        with TP) applied `trainer.logprob_chunk` tokens at a time: logprob_head.py."""
         entropy_grad = self.entropy_grad and torch.is_grad_enabled()
-        return token_logprobs(logits, mb.input_ids.to(self.device), mb.cu_seqlens, temperature,
-                              with_entropy, entropy_grad, self.cfg.logprob_chunk)
+        return hidden_logprobs(model if model is not None else self._module(), hidden,
+                               mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy,
+                               entropy_grad, self.cfg.logprob_chunk, self.shape.vocab_size)
 
     def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool, model=None) -> list:
         module = model if model is not None else self._module()
@@ -201,7 +207,7 @@ class MegatronBackend(TrainBackend):
         if mb.n_tokens == 0:
             z = torch.zeros(0)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
-        res = self._run([mb], lambda m, logits: (None, self._outputs(m, logits, temperature, with_entropy)),
+        res = self._run([mb], lambda m, hidden: (None, self._outputs(m, hidden, temperature, with_entropy, model)),
                         forward_only=True, model=model)
         if self.pp_size > 1:
             res = [self._from_last_stage(res[0] if res else None, mb.n_tokens, with_entropy)]
@@ -244,8 +250,8 @@ class MegatronBackend(TrainBackend):
             self.optimizer.zero_grad()
         stats: dict[str, float] = {}
 
-        def on_last(mb: PackedBatch, logits: torch.Tensor):
-            out = self._outputs(mb, logits, temperature, with_entropy=True)
+        def on_last(mb: PackedBatch, hidden: torch.Tensor):
+            out = self._outputs(mb, hidden, temperature, with_entropy=True)
             moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
                                 {k: v.to(self.device) for k, v in mb.fields.items()}, mb.seq_index)
             loss, mb_stats = loss_fn(moved, out)

@@ -73,6 +73,26 @@ def forward_thd(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Te
                  packed_seq_params=thd_packed_seq_params(cu_seqlens, device))
 
 
+def forward_thd_hidden(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                       cu_seqlens: torch.Tensor, device) -> torch.Tensor:
+    """forward_thd, but the last stage returns its final hidden states [N, 1, hidden] (after the
+    final norm) instead of logits, for the chunked log-prob step (logprob_head.py).
+
+    How: megatron-core 0.16.1's GPTModel.forward has no argument for it (`labels` gives a loss,
+    `runtime_gather_output` only gathers); its `_postprocess` returns the decoder's output
+    unchanged on a stage built without `post_process` (what every earlier pipeline stage
+    returns), and the final norm belongs to the decoder block (built with the model's
+    `post_process`, read at construction only), with either layer spec. So the flag is
+    cleared for this one call and restored, and the output layer is not run."""
+    gpt = getattr(model, "module", model)   # the GPTModel under Megatron's DDP
+    post_process = gpt.post_process
+    gpt.post_process = False
+    try:
+        return forward_thd(model, input_ids, position_ids, cu_seqlens, device)
+    finally:
+        gpt.post_process = post_process
+
+
 def zero_grad(model: DistributedDataParallel, optimizer: MegatronOptimizer) -> None:
     """Start a step: clear DDP's contiguous gradient buffers and the optimizer's gradients."""
     model.zero_grad_buffer()

@@ -6,8 +6,8 @@ small enough to own and runs the same on gloo and nccl, so the pipeline path is 
 
 - forward: every micro-batch in order; a stage receives its input activation `[N, 1, hidden]`
   from the previous stage (N = the micro-batch's token count, known to every rank, so no shape
-  exchange), runs its layers and sends its output to the next stage; the last stage turns
-  logits into the micro-batch's result (and loss);
+  exchange), runs its layers and sends its output to the next stage; the last stage turns its
+  final hidden states into the micro-batch's result (and loss);
 - backward (training): micro-batches in reverse; the last stage back-propagates its loss, the
   others the gradient received from the next stage, and each non-first stage sends its input's
   gradient back.
@@ -27,9 +27,9 @@ import torch
 from services.protocol import collectives
 from trainer.backend import PackedBatch
 
-# stage_forward(mb) -> this stage's output (hidden states, or logits on the last stage).
+# stage_forward(mb) -> this stage's output hidden states (the last stage's after the final norm).
 StageForward = Callable[[PackedBatch], torch.Tensor]
-# on_last(mb, logits) -> (loss or None, result kept for the caller).
+# on_last(mb, hidden) -> (loss or None, result kept for the caller).
 OnLast = Callable[[PackedBatch, torch.Tensor], tuple[torch.Tensor | None, object]]
 
 

@@ -1,8 +1,14 @@
 """The Megatron backend's memory options change memory, not numbers: activation recompute
-(`trainer.megatron.recompute`) and the chunked float32 log-softmax (`trainer.logprob_chunk`,
-tests/unit/trainer/test_logprobs.py for the function itself) give the log-probs, entropies and
-update of the plain path (real megatron-core 0.16.1 on CPU,
-float32, one rank). `tandem plan`'s memory estimate counts on both (docs/plan.md)."""
+(`trainer.megatron.recompute`) and the chunked output layer and log-softmax
+(`trainer.logprob_chunk`, tests/unit/trainer/test_logprobs.py for the function itself,
+tests/unit/megatron/test_megatron_logprob_head.py for the backend's) give the log-probs,
+entropies and gradients of the plain path (real megatron-core 0.16.1 on CPU, float32, one rank).
+`tandem plan`'s memory estimate counts on both (docs/plan.md).
+
+Gradients, not the updated weights: with the output layer applied a chunk at a time, its
+weight's gradient is a sum of per-chunk products (another summation order than one matrix
+product), equal to float32 rounding; Adam's first step divides each gradient by its own
+magnitude, so a weight whose gradient is rounding-level moves by about +-lr either way."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +21,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _after_one_update(model_dir, monkeypatch, logprob_chunk=0, **megatron):
-    """(log-probs before, entropies, parameters after one update, layers run under Megatron's
-    recompute) of a fresh in-process backend."""
+    """(log-probs before, entropies, gradients of one update, layers run under Megatron's
+    recompute, parameters after the update) of a fresh in-process backend."""
     import torch.distributed as dist
     from megatron.core import tensor_parallel
 
@@ -34,10 +40,18 @@ def _after_one_update(model_dir, monkeypatch, logprob_chunk=0, **megatron):
     try:
         mbs = mc.micro_batches(seed=1)
         outs = [be.forward_logprobs(mb, 0.8, with_entropy=True) for mb in mbs]
+        grads = {}
+        step = be.optimizer.step
+
+        def record_then_step(*a, **k):
+            grads.update({n: p.grad.clone() for n, p in be._module().named_parameters() if p.grad is not None})
+            return step(*a, **k)
+        be.optimizer.step = record_then_step
         be.train_step(mbs, mc.make_loss_fn(mc.n_valid(mbs)), 0.8)
         params = {k: v.detach().clone() for k, v in be._module().state_dict().items()
                   if isinstance(v, torch.Tensor)}
-        return torch.cat([o.logp for o in outs]), torch.cat([o.entropy for o in outs]), params, len(recomputed)
+        return (torch.cat([o.logp for o in outs]), torch.cat([o.entropy for o in outs]), grads, len(recomputed),
+                params)
     finally:
         be.close()
         if created and dist.is_initialized():
@@ -56,10 +70,10 @@ def test_recompute_and_chunking_leave_log_probs_and_the_update_unchanged(tmp_pat
     torch.testing.assert_close(lean[1], plain[1], rtol=0, atol=0)
     assert plain[2].keys() == lean[2].keys()
     for k, v in plain[2].items():
-        torch.testing.assert_close(lean[2][k], v, rtol=1e-6, atol=1e-7, msg=k)
-    # the update moved the model: both runs agree on a trained model, not on an untouched one
+        torch.testing.assert_close(lean[2][k], v, rtol=1e-5, atol=1e-6 * float(v.abs().max()), msg=k)
+    # the update moved the model
     before = read_hf_tensors(model_dir)["model.embed_tokens.weight"]
-    assert not torch.equal(plain[2]["embedding.word_embeddings.weight"][: before.shape[0]], before)
+    assert not torch.equal(plain[4]["embedding.word_embeddings.weight"][: before.shape[0]], before)
 
 
 def test_recompute_is_megatrons_full_layer_recompute():
