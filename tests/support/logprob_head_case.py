@@ -75,7 +75,7 @@ def run_path(be, mb: PackedBatch, rows_path: bool, hidden: torch.Tensor | None =
         out = token_logprobs(logits, ids, mb.cu_seqlens, TEMPERATURE, True, True, be.cfg.logprob_chunk)
     else:
         out = be._outputs(mb, be._stage_forward(mb) if hidden is None else hidden, TEMPERATURE, True)
-    loss = (mb.fields["adv"] * out.logp).sum() + ENTROPY_COEF * out.entropy.sum()
+    loss = (mb.fields["adv"].to(out.logp.device) * out.logp).sum() + ENTROPY_COEF * out.entropy.sum()
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
     for p in module.parameters():
