@@ -8,9 +8,12 @@ final hidden states [tokens, hidden] (bf16) and the output layer's weight [vocab
 - `whole`: logits made whole, then their float32 log-softmax whole — what both backends did
   before issue 37 ("today's" in the issue);
 - `rows`: logits made whole, the log-softmax a chunk of rows at a time (`token_logprobs(logits,
-  chunk=C)`: what the Megatron backend does) — the model's bf16 logits and their gradient stay;
+  chunk=C)`: what the Megatron backend did before it took hidden states) — the model's bf16
+  logits and their gradient stay;
 - `head`: the output layer itself a chunk at a time (`token_logprobs(hidden, head=W, chunk=C)`:
-  what the torch backend does) — nothing of a vocabulary's width outlives its chunk.
+  what the torch backend does, and the Megatron backend at TP = 1; at TP > 1 it runs the
+  vocabulary-parallel form of trainer/megatron/logprob_head.py, not measured here) — nothing
+  of a vocabulary's width outlives its chunk.
 
 Each case runs in its own process; the figure is the peak memory above what the process held
 once the hidden states and weight existed (on CUDA: `torch.cuda.max_memory_allocated`; on the CPU

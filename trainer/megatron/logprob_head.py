@@ -102,7 +102,7 @@ def vocab_parallel_rows(rows: torch.Tensor, targets: torch.Tensor, temperature: 
         m = x.amax(-1) if v else x.new_full((c,), float("-inf"))
         collectives.all_reduce(m, op=collectives.ReduceOp.MAX, group=group)
     shifted = x - m[:, None]
-    sum_exp = reduce_from_tensor_model_parallel_region(shifted.exp().sum(-1), group)
+    e = shifted.exp()
     local = targets - start
     mine = (local >= 0) & (local < v)
     if v:
@@ -110,12 +110,15 @@ def vocab_parallel_rows(rows: torch.Tensor, targets: torch.Tensor, temperature: 
         picked = torch.where(mine, picked, torch.zeros_like(picked))
     else:
         picked = shifted.new_zeros(c)
-    target = reduce_from_tensor_model_parallel_region(picked.contiguous(), group)
+    # sum of exponentials and the target's shifted logit (0 on ranks that do not hold it): one
+    # all-reduce of both
+    sum_exp, target = reduce_from_tensor_model_parallel_region(torch.stack([e.sum(-1), picked], -1),
+                                                               group).unbind(-1)
     log_z = sum_exp.log()          # of the shifted logits
     logp = target - log_z
     if not with_entropy:
         return logp, torch.zeros_like(logp)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         # H = log Z - E_p[x - m] = log sum_exp - (sum over shards of exp(x - m) * (x - m)) / sum_exp
-        weighted = reduce_from_tensor_model_parallel_region((shifted.exp() * shifted).sum(-1), group)
+        weighted = reduce_from_tensor_model_parallel_region((e * shifted).sum(-1), group)
         return logp, log_z - weighted / sum_exp
