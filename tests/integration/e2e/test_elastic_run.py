@@ -8,9 +8,10 @@ its requests go on elsewhere, the supervisor stops it, the trainer re-pins its t
 file the launcher writes; then the trainer shrinks, says so, and a new gen-1 starts, registers
 and is caught up from disk), and the run's config has `launcher.elastic: true`.
 
-What is not: WHEN to move. The decisions are scripted (`decide`: first to one server, then back
-to two, then the real simulator-based prediction, computed on the run's own metrics and logged
-but not acted on): the tiny model's predictions would rarely ask for both moves in one short run.
+What is not: WHEN to move. The decisions are scripted (`decide`: first a move that cannot be made
+— a third server out of the trainer's one CPU: refused, logged, the run goes on — then to one
+server, back to two, then the real simulator-based prediction, computed on the run's own metrics
+and logged but not acted on): the tiny model's predictions would rarely ask for both moves in one short run.
 And this machine has 2 CPUs, so the pools cannot be disjoint: the placement is given by hand,
 both servers on the first CPU and the trainer on the last; the gen -> train move gives the trainer
 both CPUs, the reverse gives it back the last one alone. The CPU sets change for real (the test
@@ -75,9 +76,11 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
         trainer = backend.sup.children["trainer-0"].proc.pid
         servers = {r.name: backend.sup.children[r.name].proc.pid for r in split.servers}
         seen.append(("at", len(split.servers), thread_cpus(trainer), {n: thread_cpus(p) for n, p in servers.items()}))
-        if len(seen) == 1:
-            return Decision(1, why="test: to training")
+        if len(seen) == 1:   # refused: the trainer's one CPU cannot make a server
+            return Decision(3, why="test: a move that cannot be made")
         if len(seen) == 2:
+            return Decision(1, why="test: to training")
+        if len(seen) == 3:
             return Decision(2, why="test: back to generation")
         try:
             real = simulated_decision(split)
@@ -94,16 +97,19 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
     assert rc == 0, (exp.logs / "trainer-0.console").read_text()[-3000:]
 
     moves = read_metrics(exp, "launcher", "elastic_move")
-    assert [(m["direction"], m["ok"]) for m in moves] == [("to_train", True), ("to_gen", True)], moves
-    # Decision 2 saw the trainer on both CPUs (it re-pinned every thread after move 1), one server.
-    (_, n1, trainer1, _), (_, n2, trainer2, gens2) = [s for s in seen if s[0] == "at"][:2]
+    assert [(m["direction"], m["ok"]) for m in moves] == [("to_gen", False), ("to_train", True),
+                                                          ("to_gen", True)], moves
+    assert "would leave it none" in moves[0]["detail"]   # refused, logged, and the run went on
+    moves = moves[1:]
+    # Decision 3 saw the trainer on both CPUs (it re-pinned every thread after the first move), one server.
+    (_, n1, trainer1, _), (_, n2, trainer2, gens2) = [s for s in seen if s[0] == "at"][1:3]
     span = f"{first}-{last}" if last == first + 1 else f"{first},{last}"
     assert n1 == 2 and trainer1 == {str(last)}
     assert n2 == 1 and trainer2 == {span} and set(gens2) == {"gen-0"}
     applied = read_metrics(exp, "trainer", "trainer_cpus")
     assert [(r["seq"], r["cpus"]) for r in applied] == [(1, [first, last]), (2, [last])], applied
     # Decision 3 (if the run reached it): the trainer back on its CPU, the new gen-1 on the first.
-    later = [s for s in seen if s[0] == "at"][2:]
+    later = [s for s in seen if s[0] == "at"][3:]
     if later:
         _, n3, trainer3, gens3 = later[0]
         assert n3 == 2 and trainer3 == {str(last)} and gens3["gen-1"] == {str(first)}
@@ -112,7 +118,7 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
         prediction = next(s[1] for s in seen if s[0] == "prediction")
         assert set(prediction.speeds) == {1, 2} and all(v and v > 0 for v in prediction.speeds.values()), prediction
     decisions = read_metrics(exp, "launcher", "elastic_decision")
-    assert [d["target"] for d in decisions[:2]] == [1, 2]
+    assert [d["target"] for d in decisions[:3]] == [3, 1, 2]
     # The real prediction on the finished run's last split (2 servers, the trainer on one CPU:
     # only a move to training fits), whether or not the run reached a third decision.
     final = SimpleNamespace(cfg=cfg, exp=exp, since=moves[1]["time"], servers=[None, None], trainer_cpus=(last,),
