@@ -58,8 +58,8 @@ from .roles import Role, gen_role
 log = logging.getLogger(__name__)
 
 RETIRE_TIMEOUT_S = 60.0        # the controller's wait for an update in progress, then the pause
-TRAINER_ACK_TIMEOUT_S = 300.0
-RETIRED_STOP_GRACE_S = 2.0     # SIGTERM -> SIGKILL for a retired server  # the trainer re-pins at its next step boundary (or while it waits for data)
+TRAINER_ACK_TIMEOUT_S = 300.0  # the trainer re-pins at its next step boundary (or while it waits for data)
+RETIRED_STOP_GRACE_S = 2.0     # SIGTERM -> SIGKILL for a retired server
 
 
 Decide = Callable[["ElasticSplit"], Decision]
@@ -130,7 +130,14 @@ class ElasticSplit:
             decision = Decision(None, why=f"no prediction: {type(e).__name__}: {e}")
         self._record_decision(decision, time.monotonic() - t0)
         if decision.target is not None and decision.target != len(self.servers):
-            self.move_to_train() if decision.target < len(self.servers) else self.move_to_gen()
+            moved = self.move_to_train() if decision.target < len(self.servers) else self.move_to_gen()
+            # The next decision counts the steps trained after the move, and a new split is
+            # measured from its end (a new server serves only once it is up).
+            for rec in self.tail.read():
+                if rec.get("role") == "trainer" and rec.get("event") == "step":
+                    self.step = rec.get("step", self.step)
+            if moved:
+                self.since = time.time()
 
     # ---- the moves ------------------------------------------------------------------------
     def move_to_train(self) -> bool:
@@ -190,7 +197,6 @@ class ElasticSplit:
         """The supervisor starts (and restarts) roles on the new sets from now on."""
         self.placement = self.backend.sup.placement = placement
         self.metrics.log(**placement.record())
-        self.since = time.time()
 
     def _tell_trainer(self, cpus: tuple[int, ...] | None = None) -> int:
         self.seq += 1
