@@ -100,6 +100,12 @@ def compare(be, chunks=(8, 0)) -> dict:
     mb = batch()
     res = {"n_tokens": mb.n_tokens, "tp_rank": be.tp_rank, "tp_size": be.tp_size,
            "padded_vocab": be.padded_vocab, "widths": sorted(vocab_widths(be))}
+    if be.tp_size == 1:   # the hidden states are what GPTModel's output layer takes
+        from trainer.megatron.logprob_head import output_weight
+        with torch.no_grad():
+            made = be._stage_forward(mb)[:, 0] @ output_weight(be._module()).T
+            res["logits_from_hidden_err"] = float((made[:, : be.shape.vocab_size] - be._logits(mb)).abs().max())
+        res["post_process_after"] = be._module().post_process
     for chunk in chunks:
         be.cfg.logprob_chunk = chunk
         res[chunk] = {"new": run_path(be, mb, False), "rows": run_path(be, mb, True),

@@ -19,6 +19,7 @@ where the loss is already divided by the global number of valid tokens.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -84,11 +85,17 @@ def forward_thd_hidden(model: GPTModel, input_ids: torch.Tensor, position_ids: t
     returns), and the final norm belongs to the decoder block (built with the model's
     `post_process`, read at construction only), with either layer spec. So the flag is
     cleared for this one call and restored, and the output layer is not run."""
-    gpt = getattr(model, "module", model)   # the GPTModel under Megatron's DDP
+    with _without_output_layer(getattr(model, "module", model)):   # the GPTModel under DDP
+        return forward_thd(model, input_ids, position_ids, cu_seqlens, device)
+
+
+@contextlib.contextmanager
+def _without_output_layer(gpt: GPTModel):
+    """GPTModel.forward returns the decoder's output (after the final norm) inside this scope."""
     post_process = gpt.post_process
     gpt.post_process = False
     try:
-        return forward_thd(model, input_ids, position_ids, cu_seqlens, device)
+        yield
     finally:
         gpt.post_process = post_process
 

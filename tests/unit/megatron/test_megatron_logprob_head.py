@@ -46,3 +46,10 @@ def test_no_operation_makes_a_tensor_of_tokens_by_vocabulary(compared):
     assert rows_old >= n, shape_old
     # chunk 0: one piece, the whole micro-batch at once (trainer.logprob_chunk: 0)
     assert compared[0]["widest_new"][0] >= n
+
+
+def test_the_hidden_states_are_the_output_layer_s_input(compared):
+    """gpu.forward_thd_hidden: GPTModel's output (post_process cleared for the call) is the final
+    norm's output, the output weight times it is the model's logits, and the flag is restored."""
+    assert compared["logits_from_hidden_err"] < 1e-5
+    assert compared["post_process_after"] is True
