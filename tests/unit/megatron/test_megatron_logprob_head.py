@@ -11,6 +11,7 @@ from __future__ import annotations
 import logprob_head_case as lc
 import megatron_case as mc
 import pytest
+import torch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,3 +54,42 @@ def test_the_hidden_states_are_the_output_layer_s_input(compared):
     norm's output, the output weight times it is the model's logits, and the flag is restored."""
     assert compared["logits_from_hidden_err"] < 1e-5
     assert compared["post_process_after"] is True
+
+
+def test_through_megatron_ddp_the_gradients_land_in_main_grad(tmp_path):
+    """The GPU path's wrapping: Megatron's real DistributedDataParallel (it runs on CPU) around a
+    float32 GPTModel with the backend's weights (tied embeddings). forward_thd_hidden reaches the
+    GPTModel through the wrapper, and DDP's gradient hooks move the chunked output layer's
+    gradient (a plain product with the weight, not ColumnParallelLinear's) into `main_grad`: every
+    parameter's `main_grad` is the rows path's gradient."""
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron_gpu_on_cpu import cuda_on_cpu
+
+    from trainer.megatron import cpu_compat, gpu
+    from trainer.megatron.config import MegatronConfig
+    from trainer.megatron.logprob_head import hidden_logprobs
+    from trainer.megatron.model import build_gpt_model, layer_spec
+
+    backend = mc.in_process_backend(mc.make_model_dir(tmp_path, tied=True))
+    be = next(backend)
+    try:
+        be.cfg.logprob_chunk = 8
+        mb = lc.batch()
+        ref = lc.run_path(be, mb, rows_path=True)
+        with cpu_compat.model_construction():
+            model = build_gpt_model(be.shape, be.config, layer_spec(False, be.shape.qk_norm), be.padded_vocab)
+        be.load_model_state(be._module().state_dict(), model)
+        with cuda_on_cpu():
+            ddp = DistributedDataParallel(config=be.config, module=model,
+                                          ddp_config=gpu.ddp_config(MegatronConfig(use_distributed_optimizer=False)))
+        ddp.zero_grad_buffer()
+        hidden = gpu.forward_thd_hidden(ddp, mb.input_ids[None], mb.position_ids[None], mb.cu_seqlens, be.device)
+        out = hidden_logprobs(model, hidden, mb.input_ids, mb.cu_seqlens, lc.TEMPERATURE, True, True, 8, mc.VOCAB)
+        ((mb.fields["adv"] * out.logp).sum() + lc.ENTROPY_COEF * out.entropy.sum()).backward()
+        assert model.post_process
+        for name, p in model.named_parameters():
+            assert p.grad is None, name   # moved into main_grad by DDP's hook
+            g = ref["grads"][name]
+            torch.testing.assert_close(p.main_grad, g, rtol=1e-5, atol=1e-5 * float(g.abs().max()), msg=name)
+    finally:
+        next(backend, None)
