@@ -7,8 +7,8 @@ MODE: `head` (the backend's path: trainer/megatron/logprob_head.py, the output l
 tokens at a time), `rows` (the path it replaced: the output layer's whole logits, then the
 float32 log-softmax in chunks of rows) or `whole` (`rows` with no chunks: both backends before
 issue 37, "today's" in the issue). The step: from the last stage's final hidden states (made
-first, detached, and counted in the base), log-probs and entropies, a loss of both, backward to
-the output weight and the hidden states. The figure is the CUDA peak above the base
+first, detached, and counted in the base), log-probs and entropies (no entropy bonus: the
+default step's), a loss of the log-probs, backward to the output weight and the hidden states. The figure is the CUDA peak above the base
 (`torch.cuda.max_memory_allocated`); on the CPU (the tier's rehearsal) the resident set's.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> int:
                 torch.cuda.reset_peak_memory_stats()
             base = _bytes_now(cuda)
             t0 = time.perf_counter()
-            lc.run_path(be, mb, mode != "head", hidden=hidden)
+            lc.run_path(be, mb, mode != "head", hidden=hidden, entropy_grad=False)
             if cuda:
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)

@@ -54,16 +54,18 @@ class WidestVocabRows(TorchDispatchMode):
         return out
 
 
-def run_path(be, mb: PackedBatch, rows_path: bool, hidden: torch.Tensor | None = None) -> dict:
+def run_path(be, mb: PackedBatch, rows_path: bool, hidden: torch.Tensor | None = None,
+             entropy_grad: bool = True) -> dict:
     """One log-prob step with gradients: logp, entropy, and every parameter's gradient of
     loss = sum(adv * logp) + ENTROPY_COEF * sum(entropy). The new path (the backend's `_outputs`
     on its hidden states) or the rows path it replaced (the gathered logits, then token_logprobs
     a chunk of rows at a time). `hidden`: detached hidden states to start from (then only the
-    log-prob step runs: its gradients reach the output weight, and `hidden.grad`)."""
+    log-prob step runs: its gradients reach the output weight, and `hidden.grad`). Without
+    `entropy_grad` (the default training step's: no entropy bonus) the entropy is detached."""
     module = be._module()
     for p in module.parameters():
         p.grad = None
-    be.entropy_grad = True
+    be.entropy_grad = entropy_grad
     ids = mb.input_ids
     if rows_path:
         if hidden is None:
@@ -72,7 +74,7 @@ def run_path(be, mb: PackedBatch, rows_path: bool, hidden: torch.Tensor | None =
             shared = module.share_embeddings_and_output_weights
             weight = module.shared_embedding_or_output_weight() if shared else None
             logits = module.output_layer(hidden, weight=weight)[0][:, 0, : be.shape.vocab_size]
-        out = token_logprobs(logits, ids, mb.cu_seqlens, TEMPERATURE, True, True, be.cfg.logprob_chunk)
+        out = token_logprobs(logits, ids, mb.cu_seqlens, TEMPERATURE, True, entropy_grad, be.cfg.logprob_chunk)
     else:
         out = be._outputs(mb, be._stage_forward(mb) if hidden is None else hidden, TEMPERATURE, True)
     loss = (mb.fields["adv"].to(out.logp.device) * out.logp).sum() + ENTROPY_COEF * out.entropy.sum()
