@@ -5,8 +5,9 @@ Results go to one directory of this run, `benchmarks/runs/<time>/`; `--record` w
 committed `benchmarks/results/` instead (the figures the docs cite; see benchmarks/common.py).
 
 A benchmark is a module of this folder with a `main(quick)` function; the others (`common`,
-`script_path`, the `long_tail` workload) are helpers and are skipped. Each benchmark also runs
-alone as `python -m benchmarks NAME`, `python -m benchmarks.NAME` or `python benchmarks/NAME.py`.
+`script_path`, the `long_tail` and `growing_lengths` workloads) are helpers and are skipped.
+Each benchmark also runs alone as `python -m benchmarks NAME`, `python -m benchmarks.NAME` or
+`python benchmarks/NAME.py`.
 """
 from __future__ import annotations
 
