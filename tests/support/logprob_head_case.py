@@ -8,6 +8,8 @@ vocabulary's width with more than `chunk` rows — every tensor, not only what a
 """
 from __future__ import annotations
 
+import weakref
+
 import megatron_case as mc
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -51,6 +53,35 @@ class WidestVocabRows(TorchDispatchMode):
                     rest = t.numel() // w
                     if rest != self.hidden and rest > self.rows:
                         self.rows, self.shape = rest, tuple(t.shape)
+        return out
+
+
+class LiveBytesPeak(TorchDispatchMode):
+    """Peak of the bytes of every storage an operation creates, alive at once: the CPU stand-in
+    for `torch.cuda.max_memory_allocated` over a step. A storage counts from the operation that
+    makes it until its last holder lets go, autograd's saved tensors included (the finalizer is
+    on the storage, whose Python object lives as long as the storage does; a tensor's may not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def _freed(self, key: int) -> None:
+        self.now -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key, size = storage._cdata, storage.nbytes()
+                if key in self.live or size == 0:
+                    continue
+                self.live[key] = size
+                self.now += size
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(storage, self._freed, key)
         return out
 
 

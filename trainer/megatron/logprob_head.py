@@ -75,13 +75,19 @@ def hidden_logprobs(model: GPTModel, hidden: torch.Tensor, input_ids: torch.Tens
     tp = ps.get_tensor_model_parallel_world_size()
     if tp == 1:
         return token_logprobs(rows, input_ids, cu_seqlens, temperature, with_entropy, entropy_grad,
-                              chunk, head=weight[:vocab_size])
+                              chunk, head=_first_rows(weight, vocab_size))
     start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(
         weight.shape[0], ps.get_tensor_model_parallel_rank(), tp)
     valid = max(0, min(end, vocab_size) - start)   # this shard's rows of the true vocabulary
     fn = functools.partial(vocab_parallel_rows, start=start, group=ps.get_tensor_model_parallel_group())
     return token_logprobs(rows, input_ids, cu_seqlens, temperature, with_entropy, entropy_grad,
-                          chunk, head=weight[:valid], chunk_fn=fn)
+                          chunk, head=_first_rows(weight, valid), chunk_fn=fn)
+
+
+def _first_rows(weight: torch.Tensor, n: int) -> torch.Tensor:
+    """weight[:n], or the weight itself where that is all of it: a slice's backward makes a
+    zero-filled weight-sized gradient to copy into (one more [vocab, hidden] tensor)."""
+    return weight if n >= weight.shape[0] else weight[:n]
 
 
 def vocab_parallel_rows(rows: torch.Tensor, targets: torch.Tensor, temperature: float,
