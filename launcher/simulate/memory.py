@@ -20,10 +20,15 @@ s = bytes per parameter of `trainer.megatron.params_dtype`, N = `trainer.max_tok
   whole during the backward pass. With pipeline parallelism every micro-batch of a minibatch stays
   alive until its backward (the GPipe schedule of pipeline.py), counted from the simulator's
   workload (`simulate.prompt_tokens`, `simulate.output_median`);
-- logits (last stage): the gathered logits and their gradient, 2 * s * V per token, plus the
-  float32 log-softmax's copies (cast, scaled, normalised, the entropy's temporaries: 20 * V per
-  token) for `trainer.logprob_chunk` tokens (0: the whole micro-batch); with pipeline
-  parallelism each earlier micro-batch keeps its logits (s * V per token, chunked) or its float32
+- logits (last stage), V = the vocabulary over t (Megatron's output layer is split along it and
+  the log-softmax is vocabulary-parallel: trainer/megatron/logprob_head.py; the torch backend's
+  whole): with `trainer.logprob_chunk` c > 0 the output layer runs on c tokens at a time from the
+  hidden states and each chunk is recomputed in the backward pass (trainer/logprobs.py), so one
+  chunk's logits and their gradient (2 * s * V per token) and the float32 log-softmax's copies
+  (cast, scaled, normalised, the entropy's temporaries: 20 * V per token) are alive at once, plus
+  `HEAD_GRAD_COPIES` weight-sized gradients (s * V * h each) that the backward adds chunk by
+  chunk; with c = 0 the same per-token terms for the whole micro-batch. With pipeline parallelism
+  each earlier micro-batch keeps its hidden states (s * h per token, chunked) or its float32
   log-softmax (4 * V) until its backward.
 The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P), no recompute.
 
@@ -49,6 +54,10 @@ RESERVED_FRACTION = 0.10
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Float32 bytes per logit of the log-softmax pass (copy, scaled copy, log-softmax, entropy's two).
 LOGSOFTMAX_BYTES = 20
+# Output-layer weight gradients alive at the peak of a chunked backward (each chunk's share is
+# added out of place): 3-4 measured by the live-bytes meter of
+# tests/unit/megatron/test_megatron_logprob_head.py (on CPU); the upper end is counted.
+HEAD_GRAD_COPIES = 4
 
 
 @dataclass
@@ -130,15 +139,17 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     n = t.max_tokens_per_mb
     per_layer = _layer_activation_bytes(m, tp, s)
     recompute = megatron and mc.recompute
-    chunk = min(n, t.logprob_chunk) if t.logprob_chunk else n
+    chunked = t.logprob_chunk > 0
+    chunk = min(n, t.logprob_chunk) if chunked else n
     act = n * (layers * s * m.hidden + per_layer) if recompute else n * layers * per_layer
-    logits = n * m.vocab * 2 * s + chunk * m.vocab * LOGSOFTMAX_BYTES
+    v = m.vocab / tp   # each rank's share of the vocabulary (the padding rows are cut off)
+    logits = chunk * v * (2 * s + LOGSOFTMAX_BYTES) + (HEAD_GRAD_COPIES * s * v * m.hidden if chunked else 0)
     if pp > 1:
         earlier = _alive_micro_batches(cfg, train_dp) - 1
         act += earlier * n * layers * (s * m.hidden if recompute else per_layer)
-        # what an earlier micro-batch's graph keeps: its logits (the chunks' checkpointed inputs),
-        # or its float32 log-softmax when not chunked
-        logits += earlier * n * m.vocab * (s if chunk < n else 4)
+        # what an earlier micro-batch's graph keeps: its hidden states (the chunks' checkpointed
+        # inputs), or its float32 log-softmax when not chunked
+        logits += earlier * n * (s * m.hidden if chunked else 4 * v)
         notes.append(f"pipeline_parallel={pp}: {earlier + 1} micro-batches of a minibatch alive at once "
                      f"(GPipe), from simulate.prompt_tokens + simulate.output_median")
     parts["activations"], parts["logits"] = act, logits

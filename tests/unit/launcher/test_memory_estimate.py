@@ -61,11 +61,12 @@ def test_the_estimate_is_the_sum_of_the_documented_terms():
     """math-r1-1.5b's trainer rank, by hand: R1-Distill-Qwen-1.5B has P = 1,777,088,000 parameters
     (28 layers of 46,797,824, two 151,936 x 1,536 embeddings, the final norm); TP 1, DP 32, bf16;
     N = 34,816 tokens; recompute keeps 2 x 1,536 bytes per token and layer plus one whole layer of
-    2 x (4h + 3h + 3kv + 4ffn) = 94,720 bytes per token; the logits 2 x 2 bytes per token and
-    vocabulary entry, plus 20 bytes for a 1,024-token chunk."""
+    2 x (4h + 3h + 3kv + 4ffn) = 94,720 bytes per token; the logits of a 1,024-token chunk, 2 x 2 +
+    20 bytes per token and vocabulary entry, plus 4 bf16 gradients of the 151,936 x 1,536 output
+    layer."""
     trainer, gen = _est(load_config(CONFIGS[[p.name for p in CONFIGS].index("math-r1-1.5b.yaml")])).roles
     expect = {"weights": 3_554_176_000, "gradients": 7_108_352_000, "optimizer": 666_408_000,
-              "activations": 6_292_504_576, "logits": 24_270_864_384}
+              "activations": 6_292_504_576, "logits": 1024 * 151_936 * 24 + 4 * 2 * 151_936 * 1536}
     assert trainer.parts == pytest.approx(expect, rel=1e-12)
     # SGLang's pool: 0.8 x 80 GB less the bf16 weights; 28 layers x 2 KV heads x 128 x 2 (k, v) x 2 bytes
     assert gen.parts["KV cache"] == pytest.approx(0.8 * 80e9 - 3_554_176_000)
@@ -74,11 +75,11 @@ def test_the_estimate_is_the_sum_of_the_documented_terms():
 
 def test_a_config_that_does_not_fit_is_refused_with_its_numbers(capsys):
     path = str(CONFIGS[[p.name for p in CONFIGS].index("math-r1-32b.yaml")])
-    longer = ["rollout.max_new_tokens=32768", "trainer.max_tokens_per_mb=34816"]
+    longer = ["rollout.max_new_tokens=32768", "trainer.max_tokens_per_mb=34816", "trainer.tensor_parallel=4"]
     assert main(["plan", path, *longer]) == 2
     err = capsys.readouterr().err
-    assert "trainer rank (TP 8 x PP 1, DP 4) needs 86.5 GB of a H800's 80 GB (72 GB usable)" in err
-    assert "weights 8.2, gradients 16.4, optimizer 12.3, activations 25.4, logits 24.3 GB" in err
+    assert "trainer rank (TP 4 x PP 1, DP 8) needs 90.4 GB of a H800's 80 GB (72 GB usable)" in err
+    assert "weights 16.4, gradients 32.8, optimizer 12.3, activations 26.5, logits 2.5 GB" in err
     assert "trainer.max_tokens_per_mb" in err
     assert main(["config", "check", "--skip-files", path, *longer]) == 2   # what a launch checks first
     assert "does not fit the GPUs (simulate.hardware=H800)" in capsys.readouterr().err
@@ -90,7 +91,7 @@ def test_a_config_that_does_not_fit_is_refused_with_its_numbers(capsys):
 def test_pipeline_parallelism_counts_every_micro_batch_the_gpipe_schedule_keeps(capsys):
     """math-r1-7b at PP 2: a DP rank's minibatch is 512 / 4 groups x 16 samples x (512 + 4,096)
     tokens (the simulator's workload) / 8 ranks = 1,179,648 tokens: 34 micro-batches of 34,816,
-    all alive until their backward, each keeping its layer inputs and its logits."""
+    all alive until their backward, each keeping its layer inputs and its last hidden states."""
     path = str(CONFIGS[[p.name for p in CONFIGS].index("math-r1-7b.yaml")])
     cfg = load_config(path, ["trainer.pipeline_parallel=2"])
     (trainer, _), one = _est(cfg).roles, _est(load_config(path)).roles[0]
@@ -99,7 +100,7 @@ def test_pipeline_parallelism_counts_every_micro_batch_the_gpipe_schedule_keeps(
     assert trainer.parts["activations"] == pytest.approx(
         34_816 * (14 * 2 * 3584 + 2 * (4 * 3584 + (3 * 3584 + 3 * 512 + 4 * 18944) / 2))
         + 33 * 34_816 * per_token_layer_input)
-    assert trainer.parts["logits"] == pytest.approx(one.parts["logits"] + 33 * 34_816 * 152_064 * 2)
+    assert trainer.parts["logits"] == pytest.approx(one.parts["logits"] + 33 * 34_816 * 3584 * 2)
     assert main(["plan", path, "trainer.pipeline_parallel=2"]) == 2
     assert "lower trainer.pipeline_parallel" in capsys.readouterr().err
 
