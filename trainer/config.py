@@ -205,8 +205,10 @@ class TrainerConfig:
     # whole micro-batch at once). Each chunk is recomputed in the backward pass, so the float32
     # copies of the logits (about 20 bytes per token per vocabulary entry) exist for one chunk
     # only: 3 GB at 1024 tokens and a 152K vocabulary, instead of 100 GB for a 34K-token pack.
-    # The torch backend makes each chunk's logits from the hidden states (the output layer
-    # chunked too): on an H200, 2.5 GB instead of 70 GB at 32K tokens.
+    # Both backends make each chunk's logits from the hidden states (the output layer chunked
+    # too; on the Megatron backend vocabulary-parallel over TP, `trainer/megatron/logprob_head.py`):
+    # on an H200, 2.5 GB instead of 70 GB at 32K tokens for the torch backend's path (the
+    # Megatron backend's is checked on CPU; its GPU test has not run yet).
     logprob_chunk: int = 1024
     # Megatron backend: tensor- and pipeline-parallel sizes (data parallel takes the rest).
     tensor_parallel: int = 1
