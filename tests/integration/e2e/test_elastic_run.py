@@ -38,7 +38,10 @@ from launcher.run import write_gen_keys
 from services.protocol import ExpDir, generate_keys, read_metrics
 
 pytestmark = pytest.mark.timeout(900)
-STEPS = 48
+# Long enough that the last split trains a window of its own after the move back: the new
+# server's start took 16 s on a loaded 2-core machine while the trainer went on, and with 48
+# steps the run once ended before that move did (nothing left to calibrate the last split on).
+STEPS = 80
 
 
 def thread_cpus(pid: int) -> set[str]:
@@ -123,6 +126,8 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
     # only a move to training fits), whether or not the run reached a third decision.
     final = SimpleNamespace(cfg=cfg, exp=exp, since=moves[1]["time"], servers=[None, None], trainer_cpus=(last,),
                             placement=placement, retired=[])
+    after = [r for r in read_metrics(exp, "trainer", "step") if r["time"] >= final.since]
+    assert len(after) >= 3, f"only {len(after)} training steps after the move back: raise STEPS"
     prediction = simulated_decision(final)
     assert set(prediction.speeds) == {1, 2} and all(v > 0 for v in prediction.speeds.values()), prediction
     assert prediction.target in (None, 1) and "calibrated on" in prediction.why
