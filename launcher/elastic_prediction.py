@@ -22,15 +22,26 @@ import copy
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .config import ConfigError
+from services.protocol import ExpDir
+
+from .config import ConfigError, ExperimentConfig
 from .elastic_moves import possible_moves
-
-if TYPE_CHECKING:
-    from .elastic import ElasticSplit
+from .placement import CpuPlacement
 
 log = logging.getLogger(__name__)
+
+
+class SplitState(Protocol):
+    """What a prediction reads of the run's split (launcher/elastic.py's ElasticSplit has it)."""
+    cfg: ExperimentConfig
+    exp: ExpDir
+    since: float                        # when the current split began (its windows start there)
+    servers: list                       # the generation servers of the current split
+    trainer_cpus: tuple[int, ...]
+    placement: CpuPlacement
+    retired: list[tuple[int, ...]]      # CPU sets of retired servers, the last on top
 
 
 @dataclass
@@ -41,7 +52,7 @@ class Decision:
     why: str = ""
 
 
-def simulated_decision(split: ElasticSplit) -> Decision:
+def simulated_decision(split: SplitState) -> Decision:
     """Calibrate on the current split's windows, simulate it and its neighbours, ask the rule."""
     from launcher.elastic_policy import choose_split
     from launcher.simulate.calibrate import calibrate, read_records

@@ -21,14 +21,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from services.protocol import Ok, RetireServer
+from rollout.client import AdminClient
+from services.config import ControllerConfig
+from services.protocol import MetricsWriter, Ok, RetireServer
 
-if TYPE_CHECKING:
-    from .server import Controller
+from .registry import RegisteredServer, ServerRegistry
 
 log = logging.getLogger(__name__)
+
+
+class Controller(Protocol):
+    """The parts of the controller (server.py) a retirement uses."""
+    cfg: ControllerConfig
+    registry: ServerRegistry
+    sync_lock: asyncio.Lock
+    metrics: MetricsWriter | None
+    _retiring: set[str]      # addresses being retired: health checks and catch-ups skip them
+
+    def _admin(self, server: RegisteredServer) -> AdminClient: ...
+
+    def snapshot(self) -> None: ...
 
 REASON = "retiring: leaves the run (elastic split)"
 
