@@ -39,11 +39,9 @@ from __future__ import annotations
 if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
     import script_path  # noqa: F401
 
-import copy
 import json
-import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import growing_lengths
@@ -184,17 +182,14 @@ def mean_tokens(groups: list[dict]) -> float:
 # ---- the simulator's side -------------------------------------------------------------------
 def split_speed(cfg, cal, layout: Layout, servers: int, calibrated_on: int, lengths=None,
                 span: tuple[float, float] = (0.0, 1.0)) -> float | None:
-    """Predicted steps/h of `servers` servers, from a calibration made at `calibrated_on` servers:
-    the trainer's cost inversely with its CPUs, a server's unchanged (launcher/elastic_prediction.py's
-    assumption)."""
+    """Predicted steps/h of `servers` servers, from a calibration made at `calibrated_on` servers
+    (launcher/elastic_prediction.py's split_steps_per_hour, the runtime's own prediction)."""
+    from launcher.elastic_prediction import split_steps_per_hour
     from launcher.simulate.engine import SimulationError
-    from launcher.simulate.scenario import simulate
 
-    c = copy.deepcopy(cfg)
-    c.gen.num_servers = servers
-    scale = layout.trainer_cpus(calibrated_on) / layout.trainer_cpus(servers)
+    ratio = layout.trainer_cpus(calibrated_on) / layout.trainer_cpus(servers)
     try:
-        return simulate(c, replace(cal, t0=cal.t0 * scale, t1=cal.t1 * scale), lengths, growth_span=span)[1].steps_per_hour
+        return split_steps_per_hour(cfg, cal, servers, ratio, lengths, span)
     except (ConfigError, SimulationError):
         return None
 
@@ -222,12 +217,12 @@ def predicted_gain(cal, layout: Layout, calibrated_on: int, quick: bool, steps: 
     """launcher/simulate/elastic.py's prediction for CPU splits: each phase of the run simulated
     on every split with the lengths grown as the workload grows them (simulate.length_growth),
     then the fixed and elastic runs priced by `replay` (the runtime's decision rule)."""
-    from launcher.simulate.elastic import DEFAULT_MAX_PHASES, Split, move_seconds, replay
+    from launcher.simulate.elastic import Split, move_seconds, phase_count, replay
     from launcher.simulate.scenario import lengths_for
 
     cfg = simulated_config(cal, layout, calibrated_on, quick, growing_lengths.GROWTH)
     every, min_gain = cfg.launcher.elastic_every_steps, cfg.launcher.elastic_min_gain
-    phases = max(1, min(DEFAULT_MAX_PHASES, math.ceil(steps / every)))
+    phases = phase_count(steps, every)
     lengths = lengths_for(cfg, cfg.controller.max_staleness)
     table = [{str(k): split_speed(cfg, cal, layout, k, calibrated_on, lengths, (p / phases, (p + 1) / phases))
               for k in layout.candidates} for p in range(phases)]

@@ -52,12 +52,26 @@ class Decision:
     why: str = ""
 
 
+def split_steps_per_hour(cfg: ExperimentConfig, cal, servers: int, cpu_ratio: float, lengths=None,
+                         span: tuple[float, float] = (0.0, 1.0)) -> float:
+    """Predicted steps/h of `cfg` with `servers` generation servers, from calibration `cal` made
+    on another split: the fit's trainer cost (t0, t1) times `cpu_ratio` (= the trainer's CPUs
+    when calibrated / its CPUs in this split: the module docstring's ASSUMPTION), a server's cost
+    unchanged. `lengths` and `span` as `scenario.simulate` takes them (a phase of a growing
+    workload). Raises what the simulator raises."""
+    from launcher.simulate.scenario import simulate
+
+    c = copy.deepcopy(cfg)
+    c.gen.num_servers = servers
+    scaled = replace(cal, t0=cal.t0 * cpu_ratio, t1=cal.t1 * cpu_ratio)
+    return simulate(c, scaled, lengths, growth_span=span)[1].steps_per_hour
+
+
 def simulated_decision(split: SplitState) -> Decision:
     """Calibrate on the current split's windows, simulate it and its neighbours, ask the rule."""
     from launcher.elastic_policy import choose_split
     from launcher.simulate.calibrate import calibrate, read_records
     from launcher.simulate.fit_check import adopt_run_workload
-    from launcher.simulate.scenario import simulate
 
     window = split.exp.root / "elastic" / "window.jsonl"
     window.parent.mkdir(exist_ok=True)
@@ -69,14 +83,12 @@ def simulated_decision(split: SplitState) -> Decision:
     # servers -> the trainer's CPUs, for this split and each move that fits (elastic_moves.py)
     candidates = {here: measured, **{len(p.servers): len(p.train)
                                     for p in possible_moves(split.placement, split.retired).values()}}
+    cfg = copy.deepcopy(split.cfg)
+    adopt_run_workload(cfg, cal, set())   # the window's prompts and lengths, the same for every split
     speeds: dict[int, float | None] = {}
     for servers, cpus in sorted(candidates.items()):
-        cfg = copy.deepcopy(split.cfg)
-        cfg.gen.num_servers = servers
-        adopt_run_workload(cfg, cal, set())
-        scale = measured / cpus   # the trainer's cost, inversely with its CPUs
         try:
-            speeds[servers] = simulate(cfg, replace(cal, t0=cal.t0 * scale, t1=cal.t1 * scale))[1].steps_per_hour
+            speeds[servers] = split_steps_per_hour(cfg, cal, servers, measured / cpus)
         except ConfigError as e:
             log.warning("elastic split: cannot simulate %d server(s): %s", servers, e)
             speeds[servers] = None

@@ -125,6 +125,11 @@ class ElasticPrediction:
         return next(s for s in self.splits if s.ratio == ratio)
 
 
+def phase_count(total_steps: int, every_steps: int, max_phases: int = DEFAULT_MAX_PHASES) -> int:
+    """Phases a run of `total_steps` is priced in: one per decision window, at most `max_phases`."""
+    return max(1, min(max_phases, math.ceil(total_steps / every_steps)))
+
+
 def _phase_speeds(cfg: ExperimentConfig, splits: list[Split], phases: int, calibration=None,
                   jobs: int = 1) -> list[dict[str, float | None]]:
     lengths = lengths_for(cfg, cfg.controller.max_staleness)
@@ -180,7 +185,7 @@ def predict(cfg: ExperimentConfig, calibration=None, max_phases: int | None = No
         raise ConfigError(f"--phases must be >= 1, got {max_phases}")
     splits = candidate_splits(cfg)
     total = cfg.trainer.total_steps
-    phases = max(1, min(max_phases, math.ceil(total / la.elastic_every_steps)))
+    phases = phase_count(total, la.elastic_every_steps, max_phases)
     speeds = _phase_speeds(cfg, splits, phases, calibration, jobs)
     first = {r: v for r, v in speeds[0].items() if v is not None}
     if not first:
