@@ -37,6 +37,7 @@ from launcher.simulate.records import (
     SimResult,
     SimSetup,
     SimulationError,
+    samples_used,
 )
 from launcher.simulate.trainer_side import (
     GRADED,
@@ -59,11 +60,11 @@ class Simulation(TrainerSide):
     def __init__(self, setup: SimSetup, costs: Costs, lengths: np.ndarray):
         self.s = setup
         self.c = costs
-        max_groups = setup.groups_per_step * (setup.steps + setup.eta + 1)
-        if len(lengths) < max_groups * setup.n_samples:
-            raise ValueError(f"need {max_groups * setup.n_samples} output lengths, got {len(lengths)}")
-        self.lengths = [int(x) for x in lengths[: max_groups * setup.n_samples]]
-        self.max_groups = max_groups
+        used = samples_used(setup)
+        if len(lengths) < used:
+            raise ValueError(f"need {used} output lengths, got {len(lengths)}")
+        self.lengths = [int(x) for x in lengths[:used]]
+        self.max_groups = used // setup.n_samples
         self.servers = [ServerState(i) for i in range(setup.num_servers)]
         self.fixed = costs.decode_fixed
         self.beta = costs.decode_per_ctx

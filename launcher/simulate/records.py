@@ -108,6 +108,12 @@ class GroupRecord:
         self.min_version = 1 << 60
 
 
+def samples_used(setup: SimSetup) -> int:
+    """Samples a simulated run can admit, so the output lengths it consumes: every group up to
+    the last step's and the eta + 1 steps of groups admitted ahead of it."""
+    return setup.groups_per_step * (setup.steps + setup.eta + 1) * setup.n_samples
+
+
 class ServerState:
     """One simulated generation server: its decode clock, running and queued requests, and
     whether it is loading weights or draining."""

@@ -14,6 +14,7 @@ from launcher.plan import Plan, PlanError, make_plan, plan_for
 from launcher.simulate.costs import Costs, Layout, physical_costs
 from launcher.simulate.engine import SimResult, SimSetup, Simulation, SimulationError
 from launcher.simulate.hardware import load_gpu, load_model_shape
+from launcher.simulate.records import samples_used
 from launcher.simulate.workload import grow_lengths, sample_lengths
 from trainer.announcements import coalesces_versions
 
@@ -167,11 +168,6 @@ def lengths_for(cfg: ExperimentConfig, max_eta: int):
     count = cfg.trainer.groups_per_step * (total + max_eta + 1) * cfg.rollout.n_samples
     return sample_lengths(sim.output_lengths, count, median=sim.output_median, sigma=sim.output_sigma,
                           max_new_tokens=cfg.rollout.max_new_tokens, seed=sim.seed)
-
-
-def samples_used(setup: SimSetup) -> int:
-    """Samples a simulated run can admit (the engine's bound), so the lengths it consumes."""
-    return setup.groups_per_step * (setup.steps + setup.eta + 1) * setup.n_samples
 
 
 def simulate(cfg: ExperimentConfig, calibration=None, lengths=None,
