@@ -137,8 +137,15 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
     assert len(retired) == 1 and "paused (abort)" in retired[0]["detail"]
     new_url = json.loads(exp.service_file("gen-1").read_text())["url"]
     assert new_url.rstrip("/") != retired[0]["server"]
-    catch_ups = [r for r in read_metrics(exp, "controller", "catch_up") if r["server"] == new_url.rstrip("/")]
-    assert catch_ups and catch_ups[-1]["ok"], read_metrics(exp, "controller", "catch_up")
+    # It registered out of rotation at version 0, and the first thing the controller did to it
+    # brought it to the current version: its health check's catch-up, or, when a version was
+    # published first, that version's sync (which takes every healthy server along).
+    url = new_url.rstrip("/")
+    first = next((r for r in read_metrics(exp, "controller")
+                  if (r.get("event") == "catch_up" and r["server"] == url)
+                  or (r.get("event") == "weight_sync" and url in [*r["updated"], *r["failed"]])), None)
+    assert first is not None, "the controller never updated the new gen-1"
+    assert (first["ok"] if first["event"] == "catch_up" else url in first["updated"]), first
     back = moves[1]["time"]
     served = [r for r in read_metrics(exp, "gen") if r.get("rank") == 1 and r["time"] > back and r.get("gen_requests")]
     assert served, "the new gen-1 served no request"
