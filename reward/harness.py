@@ -36,6 +36,9 @@ import time
 
 # Time the harness keeps, before the task's deadline, to stop the program and report.
 REPORT_RESERVE_S = 0.05
+# Seconds past the task's deadline the harness may still spend making sure nothing of the program
+# runs (the grader waits sandbox.REPORT_GRACE_S, 0.08 s, past it for the report).
+REAP_GRACE_S = 0.05
 # What LiveCodeBench's official grader (lcb_runner/evaluation/testing_util.py) gives every
 # program: these modules imported and their names in scope (`from typing import *` too), and
 # a recursion limit of 50,000. Programs written for it use `deque` or `List[int]` unimported.
@@ -383,11 +386,14 @@ def _namespace(task, name):
     return ns
 
 
-def _reap_descendants():
+def _reap_descendants(until: float) -> bool:
     """Kill every process that came back to us as subreaper, then reap them; False if some
-    were still appearing after 50 rounds."""
+    were still there at `until`. A killed process is not gone at once: one that holds 100 MiB
+    (or that the cgroup's OOM killer is ending) takes milliseconds to free its memory, while a
+    round here takes microseconds in the sandbox's small /proc, so rounds are bounded by time,
+    with a pause between them."""
     me = str(os.getpid())
-    for _ in range(50):
+    while True:
         found = False
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -411,7 +417,9 @@ def _reap_descendants():
                 break
         if not found:
             return True
-    return False
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.001)
 
 
 def main():
@@ -435,7 +443,7 @@ def main():
     watch = task.get("watch")      # {"memory_bytes", "processes"} where no cgroup counts them
     task["watch"] = _SandboxWatch(watch["memory_bytes"], watch["processes"]) if watch else None
     runs = run(task, (task_fd, report_fd, null_fd), deadline)
-    if _reap_descendants():
+    if _reap_descendants(until=task["deadline"] + REAP_GRACE_S):
         results = _judge(task, runs, _read_frame(task_fd))
     else:
         results = [{"passed": False, "status": "the program's processes could not all be stopped"}] * len(runs)
