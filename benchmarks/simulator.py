@@ -150,21 +150,46 @@ def chunked_comparison(quick: bool) -> list[list]:
     return rows
 
 
+SCALING_TITLE = "Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4"
+# (label, overrides): disk sync (every server reads every version from the shared filesystem),
+# broadcast (a weight path whose cost does not grow with the servers), and disk sync passed down
+# a chain of generation nodes (gen.weight_relay: one filesystem read per version).
+SCALING_PATHS = (("disk", ["trainer.weight_sync=disk"]), ("broadcast", ["trainer.weight_sync=broadcast"]),
+                 ("relay", ["trainer.weight_sync=disk", "gen.weight_relay=true"]))
+
+
 def strong_scaling(quick: bool) -> list[list]:
-    """Steps/h and efficiency per node count, with disk sync (every server reads every version
-    from the shared filesystem) and with broadcast (a weight path whose cost does not grow with
-    the servers), and the mean running batch per server: what is left of the decode batch when a
-    fixed batch is spread over more servers."""
+    """Per node count: steps/h and efficiency (against the smallest count) for each weight path
+    of SCALING_PATHS, then the mean running batch per server (broadcast, relay): what is left of
+    the decode batch when a fixed batch is spread over more servers; then each path's seconds a
+    server is paused loading one version."""
     rows, base = [], {}
     for nodes in ((4, 16) if quick else (4, 8, 16, 32, 64)):
-        row = [nodes]
-        for sync in ("disk", "broadcast"):
-            _, r = simulate(paper_cfg(f"launcher.nodes={nodes}", "simulate.model_size=R1-Distill-Qwen-1.5B",
-                                      "controller.max_staleness=4", f"trainer.weight_sync={sync}"))
-            base.setdefault(sync, (nodes, r.steps_per_hour))
-            row += [r.steps_per_hour, r.steps_per_hour / base[sync][1] / (nodes / base[sync][0])]
-        rows.append(row + [r.mean_batch])
+        rates, batches, loads = [nodes], {}, {}
+        for label, ov in SCALING_PATHS:
+            sc, r = simulate(paper_cfg(f"launcher.nodes={nodes}", "simulate.model_size=R1-Distill-Qwen-1.5B",
+                                       "controller.max_staleness=4", *ov))
+            base.setdefault(label, (nodes, r.steps_per_hour))
+            rates += [r.steps_per_hour, r.steps_per_hour / base[label][1] / (nodes / base[label][0])]
+            batches[label], loads[label] = r.mean_batch, sc.costs.load_s
+        rows.append(rates + [batches["broadcast"], batches["relay"], *[loads[label] for label, _ in SCALING_PATHS]])
+    print_table(SCALING_TITLE,
+                ["nodes", *[f"{m}, {label}" for label, _ in SCALING_PATHS
+                            for m in ("steps/h", "efficiency vs smallest")],
+                 "mean running batch per server, broadcast", "mean running batch per server, relay",
+                 *[f"weight load per server s, {label}" for label, _ in SCALING_PATHS]], rows)
     return rows
+
+
+def scaling_headline(rows: list[list]) -> dict:
+    last = rows[-1]
+    return {"strong_scaling_efficiency_largest": round(last[2], 2),
+            "strong_scaling_efficiency_largest_broadcast": round(last[4], 3),
+            "strong_scaling_efficiency_largest_relay": round(last[6], 3),
+            "strong_scaling_mean_batch_largest": round(last[7], 1),
+            "strong_scaling_mean_batch_largest_relay": round(last[8], 1),
+            **{f"strong_scaling_load_s_largest_{label}": round(last[9 + i], 4)
+               for i, (label, _) in enumerate(SCALING_PATHS)}}
 
 
 # Output lengths that grow during the run (simulate.length_growth), for the elastic split (issue
@@ -225,21 +250,28 @@ def elastic_headline(rows: list[list]) -> dict:
     return out
 
 
+# --only PART: (its table's title, the prefix of its headline keys, a run giving its headline).
+PARTS = {"elastic": (ELASTIC_TITLE, "elastic_", lambda quick: elastic_headline(elastic_split(quick))),
+         "strong_scaling": (SCALING_TITLE, "strong_scaling_",
+                            lambda quick: scaling_headline(strong_scaling(quick)))}
+
+
 def record_only(part: str, quick: bool) -> dict:
-    """`--only elastic`: re-record one part of simulator.json, keeping the rest as recorded (its
-    timings came from a quiet moment; a full run on a busy machine would change them)."""
-    rows = elastic_split(quick)
-    new = elastic_headline(rows)
+    """`--only elastic` (or `strong_scaling`): re-record one part of simulator.json, keeping the
+    rest as recorded (its timings came from a quiet moment; a full run on a busy machine would
+    change them)."""
+    title, prefix, run = PARTS[part]
+    new = run(quick)
     if quick:
         return new
     found = read_results("simulator")   # the committed record (this run's, if it made one)
     if found is None:
         raise SystemExit("--only needs a full record to add to: run `python -m benchmarks.simulator --record` first")
     old = found[0]
-    keep_tables([t for t in old.pop("tables", []) if t.get("title") != ELASTIC_TITLE])
+    keep_tables([t for t in old.pop("tables", []) if t.get("title") != title])
     old.pop("machine", None)
     date = old.pop("date", None)
-    headline = {k: v for k, v in old.items() if not k.startswith("elastic_")} | new
+    headline = {k: v for k, v in old.items() if not k.startswith(prefix)} | new
     headline["date_before_" + part] = old.get("date_before_" + part, date)
     write_results("simulator", headline)
     return headline
@@ -299,9 +331,6 @@ def main(quick: bool = False, only: str | None = None) -> dict:
                  "mean batch, chunk 4096", "chunks resumed per sample, chunk 4096"], chunked)
     scaling = strong_scaling(quick)
     elastic = elastic_split(quick)
-    print_table("Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4",
-                ["nodes", "steps/h, disk", "efficiency vs smallest, disk", "steps/h, broadcast",
-                 "efficiency vs smallest, broadcast", "mean running batch per server, broadcast"], scaling)
     headline = {
         "events_per_s": round(ev_s),
         "sweep_s": round(sweep_s, 2),
@@ -333,9 +362,7 @@ def main(quick: bool = False, only: str | None = None) -> dict:
         "drain_fraction_chunk4096_7b": round(chunked[1][7], 3),
         "mean_batch_chunk4096_1_5b": round(chunked[0][8], 1),
         "chunk_resumes_per_sample_4096_1_5b": round(chunked[0][9], 2),
-        "strong_scaling_efficiency_largest": round(scaling[-1][2], 2),
-        "strong_scaling_efficiency_largest_broadcast": round(scaling[-1][4], 3),
-        "strong_scaling_mean_batch_largest": round(scaling[-1][5], 1),
+        **scaling_headline(scaling),
         **elastic_headline(elastic),
     }
     if not quick:
@@ -344,7 +371,7 @@ def main(quick: bool = False, only: str | None = None) -> dict:
 
 
 def _args(p) -> list[str]:
-    p.add_argument("--only", choices=["elastic"],
+    p.add_argument("--only", choices=sorted(PARTS),
                    help="run and (with --record) re-record only this part, keeping the rest of simulator.json")
     return ["only"]
 

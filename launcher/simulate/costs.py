@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from launcher.config import ConfigError
 from launcher.simulate.hardware import GPU, ModelShape
+from rollout.client.relay import CHUNK_BYTES
 from trainer.weights import transfer_path
 
 
@@ -93,11 +94,17 @@ class Layout:
     ppo_minibatches: int = 1
     tokens_per_mb: int = 32768
 
+    @property
+    def gen_nodes(self) -> int:
+        """Nodes the generation servers occupy (the plan packs them, a TP group inside one node)."""
+        return max(1, math.ceil(self.num_servers * self.gen_tp / self.gpus_per_node))
+
 
 def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction: float,
                    max_running: int, weight_sync: str, disk_gbps: float, colocated: bool = False,
-                   batch_tokens_hint: float = 0.0) -> Costs:
-    """A roofline cost model: every term is bytes / bandwidth or FLOPs / (rate x efficiency)."""
+                   batch_tokens_hint: float = 0.0, relay: bool = False) -> Costs:
+    """A roofline cost model: every term is bytes / bandwidth or FLOPs / (rate x efficiency).
+    `relay`: gen.weight_relay (priced only with a filesystem weight path)."""
     e = gpu.eff
     t = layout.gen_tp
     w = model.weight_bytes
@@ -155,6 +162,24 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
     elif transfer_path(weight_sync) == "network":
         per_gpu_net = gpu.node_network_bw / gpu.gpus_per_node * e.network
         publish = load = w / per_gpu_net
+        if relay:
+            notes.append(f"gen.weight_relay ignored: trainer.weight_sync={weight_sync} does not go "
+                         f"through the shared filesystem")
+    elif relay:   # "filesystem", passed down a chain of generation nodes (gen.weight_relay)
+        # Trainer writes one copy; the first node reads it once (at the filesystem's aggregate
+        # rate, or its own NIC's if slower) and each node streams it to the next while receiving
+        # it, CHUNK_BYTES at a time, so the last node holds it (nodes - 1) chunks after the first.
+        # A relay stream has a whole node's NIC, not a GPU's share as broadcast is priced: a node
+        # receives one stream and sends one (full duplex), and nothing else of the weight path
+        # crosses its network. A node's servers share its one copy, so the cost follows the nodes,
+        # not the servers. Not priced: each server's load of that copy from /dev/shm (memory
+        # bandwidth, far faster than either network term).
+        node_net = gpu.node_network_bw * e.network
+        publish = w / (disk_gbps * 1e9)
+        chain = (layout.gen_nodes - 1) * CHUNK_BYTES / node_net
+        load = max(publish, w / node_net) + chain
+        notes.append(f"weight relay: one shared-filesystem read per version down a chain of "
+                     f"{layout.gen_nodes} node(s); the chain adds {1e3 * chain:.2f} ms")
     else:   # "filesystem"
         # Trainer writes one copy; every server reads one copy through the shared filesystem.
         publish = w / (disk_gbps * 1e9)

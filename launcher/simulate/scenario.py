@@ -112,7 +112,8 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
         hint = B * n * (sim.prompt_tokens + min(sim.output_median, max_new))
         costs = physical_costs(gpu, model, layout, mem_fraction=cfg.gen.mem_fraction_static,
                                max_running=cfg.gen.max_running_requests, weight_sync=cfg.trainer.weight_sync,
-                               disk_gbps=sim.disk_gbps, colocated=sim.colocated, batch_tokens_hint=hint)
+                               disk_gbps=sim.disk_gbps, colocated=sim.colocated, batch_tokens_hint=hint,
+                               relay=cfg.gen.weight_relay)
         notes.append(f"{model.name} ({model.params / 1e9:.2f}B parameters) on {gpu.name}")
     notes += costs.notes
     # The embedded server keeps no prefix cache: each chunk is prefilled in full there.
