@@ -244,7 +244,23 @@ def _cross_section_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"{cfg.trainer.groups_per_step}; admission and training must agree on B"))
     out += _sequence_fits_micro_batch(cfg)
     out += _adapter_sync_problems(cfg)
+    out += _weight_relay_problems(cfg)
     return out
+
+
+def _weight_relay_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """`gen.weight_relay` relays whole models published on disk (rollout/server/relay.py)."""
+    if not cfg.gen.weight_relay:
+        return []
+    if cfg.trainer.weight_sync != "disk":
+        return [("gen.weight_relay", f"relays versions published on disk, but trainer.weight_sync is "
+                                     f"{cfg.trainer.weight_sync!r}; set trainer.weight_sync: disk or "
+                                     f"gen.weight_relay: false")]
+    if cfg.trainer.lora.adapter_sync:
+        return [("gen.weight_relay", "relays whole models; with trainer.lora.sync: adapter the servers load "
+                                     "adapters (a few MB) straight from disk: set gen.weight_relay: false, or "
+                                     "trainer.lora.sync: merged")]
+    return []
 
 
 def _adapter_sync_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:

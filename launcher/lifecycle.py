@@ -62,7 +62,8 @@ def register_server(exp: ExpDir, role: Role) -> None:
     naming the key files it checks (the controller and workers read them from <exp>/keys/)."""
     info = read_service(exp, role.ready_file, timeout_s=10)
     _tell_controller(exp, RegisterServer(address=info["url"], api_key_ref=GEN_API_KEY, admin_key_ref=GEN_ADMIN_KEY,
-                                         tp_size=int(info.get("tp_size", 0))))
+                                         tp_size=int(info.get("tp_size", 0)), relay=info.get("relay", ""),
+                                         relay_node=info.get("relay_node", "")))
 
 
 def _tell_controller(exp: ExpDir, body) -> None:

@@ -180,6 +180,14 @@ class GenConfig:
     # each sample from experiment.seed and its group/sample id (SGLang would give every unseeded
     # request the same seed, making a group's samples identical).
     deterministic_inference: bool = False
+    # With trainer.weight_sync: disk, pass each version down a chain of nodes instead of every
+    # server reading the shared filesystem: the first node reads it once, each node streams it to
+    # the next while it receives it, and the servers load their node's copy (rollout/server/relay.py).
+    # The shared filesystem then carries one read per version whatever the number of servers.
+    weight_relay: bool = False
+    # Where each node keeps its relayed copies (the newest two versions): a node-local directory,
+    # shared by that node's servers. "" = /dev/shm/tandem-relay-<uid> (memory-backed).
+    relay_dir: str = ""
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

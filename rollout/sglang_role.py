@@ -152,6 +152,14 @@ def run_from_args(args) -> int:
         return 2
     url = f"http://{args.host}:{port}"
     probe = f"http://{_probe_host(args.host)}:{port}"
+    relay = None
+    if gen_cfg.weight_relay:
+        from rollout.server.relay import ServerRelay
+        try:
+            relay = ServerRelay(gen_cfg.relay_dir, args.rank, exp.root, admin_key, args.host)
+        except (OSError, ValueError) as e:
+            log.error("gen.weight_relay: %s", e)
+            return 2
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -164,9 +172,12 @@ def run_from_args(args) -> int:
         return _supervise(proc, stop, probe, on_ready=lambda: publish_service(exp, f"gen-{args.rank}", {
             "url": url, "host": args.host, "port": port, "model": str(args.model), "backend": "sglang",
             "weight_version": str(args.weight_version), "server_pid": proc.pid, "nccl_port": nccl_port,
-            "tp_size": gen_cfg.tp_size, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+            "tp_size": gen_cfg.tp_size, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            **(relay.service_fields() if relay else {})}))
     finally:
         _stop_group(proc, STOP_GRACE_S)
+        if relay is not None:
+            relay.close()
 
 
 def _supervise(proc: subprocess.Popen, stop: threading.Event, probe: str, on_ready) -> int:

@@ -152,6 +152,14 @@ def serve_from_args(args) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
+    relay = None
+    if cfg.weight_relay and exp is not None:
+        from .relay import ServerRelay
+        try:
+            relay = ServerRelay(cfg.relay_dir, args.rank, exp.root, admin_api_key, args.host)
+        except (OSError, ValueError) as e:
+            log.error("gen.weight_relay: %s", e)
+            return 2
     max_running = args.max_running or cfg.max_running_requests
     engine = load_engine(args.model, max_running=max_running, prefill_tokens_per_step=cfg.prefill_tokens_per_step,
                          dtype=cfg.dtype, weight_version=args.weight_version, seed=cfg.seed + args.rank,
@@ -172,7 +180,8 @@ def serve_from_args(args) -> int:
             from services.protocol import publish_service
             publish_service(exp, f"gen-{args.rank}", {
                 "url": f"http://{host}:{port}", "host": host, "port": port, "pid": os.getpid(),
-                "model": str(args.model), "backend": "embedded", "weight_version": engine.weight_version})
+                "model": str(args.model), "backend": "embedded", "weight_version": engine.weight_version,
+                **(relay.service_fields() if relay else {})})
         print(f"serving on http://{host}:{port}", flush=True)
 
     async def main() -> None:
@@ -188,6 +197,8 @@ def serve_from_args(args) -> int:
         asyncio.run(main())
     finally:
         engine.stop()
+        if relay is not None:
+            relay.close()
         if metrics is not None:
             metrics.close()
     return 0

@@ -41,6 +41,9 @@ class RegisteredServer:
     admin_key_ref: str = ""
     # GPUs (TP ranks) per server: each joins a weight broadcast; 0 = not known yet.
     tp_size: int = 0
+    # Weight relay "host:port" and node (gen.weight_relay; services/controller/weights/relay.py).
+    relay: str = ""
+    relay_node: str = ""
     healthy: bool = True
     in_rotation: bool = True
     # Why the server is unhealthy or out of rotation ("" when servable).
@@ -79,7 +82,7 @@ class ServerRegistry:
         self.sticky_entries = sticky_entries
 
     def register(self, address: str, api_key_ref: str = "", capacity: int = 64, admin_key_ref: str = "",
-                 tp_size: int = 0) -> tuple[RegisteredServer, bool]:
+                 tp_size: int = 0, relay: str = "", relay_node: str = "") -> tuple[RegisteredServer, bool]:
         """Add (or update) a server; returns it and whether it is new. `tp_size` 0 = unknown
         (the health check asks the server)."""
         if not isinstance(address, str) or not re.match(r"^https?://[^/\s]+", address):
@@ -91,6 +94,10 @@ class ServerRegistry:
             raise ValueError(f"register_server: capacity must be >= 1, got {capacity}")
         if tp_size < 0:
             raise ValueError(f"register_server: tp_size must be >= 1 (or 0 = ask the server), got {tp_size}")
+        if relay and not re.match(r"^[^\s:/]+:\d+$", relay):
+            raise ValueError(f"register_server: relay must be host:port, got {relay!r}")
+        if relay and not relay_node:
+            raise ValueError("register_server: a relay needs its relay_node (the node whose copy the server loads)")
         address = address.rstrip("/")
         server = self.servers.get(address)
         if server is None:
@@ -99,6 +106,7 @@ class ServerRegistry:
         else:
             new = False
         server.api_key_ref, server.admin_key_ref, server.capacity = api_key_ref, admin_key_ref, capacity
+        server.relay, server.relay_node = relay, relay_node
         if tp_size or new:
             server.tp_size = tp_size
         return server, new

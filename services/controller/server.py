@@ -233,7 +233,7 @@ class Controller:
     # ---- handlers: generation servers ---------------------------------------------------
     def register_server(self, req: RegisterServer) -> Ok:
         server, new = self.registry.register(req.address, req.api_key_ref, req.capacity, req.admin_key_ref,
-                                             req.tp_size)
+                                             req.tp_size, req.relay, req.relay_node)
         self._keys_cache.pop(server.api_key_ref, None)
         self._keys_cache.pop(server.admin_key_ref, None)
         if new and self.ledger.version > 0:

@@ -127,6 +127,10 @@ class RegisterServer:
     admin_key_ref: str = ""
     # Tensor-parallel size (GPUs per server); 0 = ask the server (/server_info's `tp_size`).
     tp_size: int = 0
+    # Its weight relay's "host:port" (gen.weight_relay; "" = none: it reads disk versions itself),
+    # and the node whose copy it loads (servers with the same `relay_node` share one copy).
+    relay: str = ""
+    relay_node: str = ""
 
 
 @message("retire_server")

@@ -3,6 +3,8 @@
 `/update_weights_from_disk` needs no weight-update session in SGLang 0.5.23 (the session
 check guards only distributed and tensor updates), and the directory stays on disk for the
 trainer's `keep_weights` versions, so the same message also catches up a lagging server.
+Servers with a weight relay (`gen.weight_relay`) get the version through their node's relay
+first (weights/relay.py) and load that node-local copy; the others read the shared directory.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from services.protocol import WeightsOnDisk
 
 from ..registry import RegisteredServer
 from .base import SyncRun, WeightApplier
+from .relay import relay_version
 
 
 class DiskApplier(WeightApplier):
@@ -23,5 +26,8 @@ class DiskApplier(WeightApplier):
             raise ValueError("weights_on_disk: `path` (a Hugging Face directory) must not be empty")
 
     async def update(self, run: SyncRun, servers: list[RegisteredServer], msg: WeightsOnDisk) -> list[RegisteredServer]:
+        relayed = [s for s in servers if s.relay]
+        local = await relay_version(run, relayed, msg.path) if relayed else {}
+        servers = [s for s in servers if not s.relay or s.address in local]
         return await run.phase("update", servers, lambda a: a.update_weights_from_disk(
-            msg.path, msg.version, flush_cache=run.flush_cache, timeout_s=run.timeout_s))
+            local.get(a.url, msg.path), msg.version, flush_cache=run.flush_cache, timeout_s=run.timeout_s))

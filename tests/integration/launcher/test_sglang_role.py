@@ -194,3 +194,33 @@ def test_missing_sglang_is_a_clear_error(tmp_path):
                           "--model", cfg.experiment.model], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2
     assert "sglang" in out.stderr and "tandem[gpu]" in out.stderr and "sglang==0.5.23" in out.stderr
+
+
+def test_the_sglang_role_runs_the_weight_relay_beside_sglang(tmp_path, standin):
+    """gen.weight_relay with SGLang: the role (not SGLang) runs the relay, announces it, the
+    launcher registers it, it serves a version with the admin key, and the node's copies go when
+    the role stops."""
+    import asyncio
+
+    from rollout.client.relay import relay_fetch
+
+    cfg, exp = _experiment(tmp_path, "gen.weight_relay=true", f"gen.relay_dir={tmp_path / 'relay'}")
+    admin_key = (exp.keys / GEN_ADMIN_KEY).read_text().strip()
+    specs = {s.name: s for s in experiment_roles(cfg, exp, False)}
+    backend = LocalBackend(cfg, exp)
+    try:
+        backend.start([specs["controller-0"]])
+        backend.start([specs["gen-0"]])
+        register_server(exp, specs["gen-0"])
+        info = json.loads(exp.service_file("gen-0").read_text())
+        assert info["relay"].startswith("127.0.0.1:") and str(tmp_path / "relay") in info["relay_node"]
+        src = tmp_path / "weights" / "v1"
+        src.mkdir(parents=True)
+        (src / "model.safetensors").write_bytes(b"w" * 1000)
+        out = asyncio.run(relay_fetch(info["relay"], admin_key, 1, str(src), 30))
+        assert Path(out["path"]).parent.parent == tmp_path / "relay"
+        assert (Path(out["path"]) / "model.safetensors").read_bytes() == b"w" * 1000
+        backend.sup.stop(["gen-0"])
+        assert not Path(out["path"]).exists() and not list((tmp_path / "relay").iterdir())
+    finally:
+        backend.close("test")

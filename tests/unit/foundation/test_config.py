@@ -57,3 +57,16 @@ def test_no_float_setting_accepts_nan_or_infinity(tmp_path):
         missed = [k for k in keys if not re.search(rf"(^|\s){re.escape(k)}: must be a finite number", str(err.value))]
         assert not missed, missed
 
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (["gen.weight_relay=true", "trainer.weight_sync=broadcast"], r"gen\.weight_relay: relays versions published on "
+                                                                 r"disk, but trainer\.weight_sync is 'broadcast'"),
+    (["gen.weight_relay=true", "trainer.lora.rank=8", "trainer.lora.sync=adapter"],
+     r"gen\.weight_relay: relays whole models; with trainer\.lora\.sync: adapter"),
+])
+def test_the_weight_relay_is_refused_where_nothing_whole_is_on_disk(tmp_path, overrides, why):
+    with pytest.raises(ConfigError, match=why):
+        load_config(write(tmp_path, GOOD_EXPERIMENT), overrides)
+    relayed = load_config(write(tmp_path, GOOD_EXPERIMENT), ["gen.weight_relay=true"])
+    assert relayed.gen.weight_relay and relayed.trainer.weight_sync == "disk"
