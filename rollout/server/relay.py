@@ -169,6 +169,10 @@ class WeightRelay:
         for name, _ in files:
             if name.startswith("/") or ".." in Path(name).parts:
                 raise ValueError(f"file name {name!r} leaves the version's directory")
+        need, free = sum(size for _, size in files), shutil.disk_usage(self.root).free
+        if need > free:   # /dev/shm is memory: a full one fails writes half-way, or worse
+            raise OSError(f"{self.root} has {free / 1e9:.3g} GB free, v{copy.version} needs {need / 1e9:.3g} GB "
+                          f"(gen.relay_dir; the node's servers read the shared directory instead)")
         with copy.cond:
             copy.files = files
             copy.cond.notify_all()

@@ -215,7 +215,8 @@ class Controller:
 
     def _record_sync(self, result: SyncResult, method: str) -> None:
         self.last_sync = {"version": result.version, "method": method, "seconds": result.seconds,
-                          "phases": result.phases, "failed": result.failed, "updated": result.updated}
+                          "phases": result.phases, "failed": result.failed, "updated": result.updated,
+                          **({"relay_fallback": result.relay_fallback} if result.relay_fallback else {})}
         log.info("weights v%d (%s) on %d servers in %.2fs %s%s", result.version, method, len(result.updated),
                  result.seconds, {k: round(v, 3) for k, v in result.phases.items()},
                  f"; FAILED {result.failed}" if result.failed else "")

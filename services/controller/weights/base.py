@@ -31,6 +31,8 @@ class SyncResult:
     updated: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    # node -> why its weight relay failed (its servers then read the shared directory).
+    relay_fallback: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

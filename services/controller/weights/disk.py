@@ -28,6 +28,5 @@ class DiskApplier(WeightApplier):
     async def update(self, run: SyncRun, servers: list[RegisteredServer], msg: WeightsOnDisk) -> list[RegisteredServer]:
         relayed = [s for s in servers if s.relay]
         local = await relay_version(run, relayed, msg.path) if relayed else {}
-        servers = [s for s in servers if not s.relay or s.address in local]
         return await run.phase("update", servers, lambda a: a.update_weights_from_disk(
             local.get(a.url, msg.path), msg.version, flush_cache=run.flush_cache, timeout_s=run.timeout_s))

@@ -8,12 +8,15 @@ when its copy is complete, and its servers then load that copy from disk as usua
 
 A node that fails breaks the chain after it: every node that failed is tried once more, each
 reading the shared filesystem itself (through another of the node's relays where it has one), so
-one dead relay costs the nodes after it a direct read, not the version. Servers of a node that
-fails twice leave the rotation with the cause, as any server whose update fails.
+one dead relay costs the nodes after it a direct read, not the version. The servers of a node
+that fails twice (its relay gone, its directory full) load the trainer's directory themselves,
+as without a relay: the version still reaches them, and the sync records why
+(`SyncResult.relay_fallback`).
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 
@@ -22,6 +25,7 @@ from rollout.client.relay import RelayError, relay_fetch
 from ..registry import RegisteredServer
 from .base import SyncRun
 
+log = logging.getLogger(__name__)
 
 def nodes_of(servers: list[RegisteredServer]) -> dict[str, list[RegisteredServer]]:
     """{node: its servers}, in registration order (the chain's order: stable between versions)."""
@@ -33,8 +37,8 @@ def nodes_of(servers: list[RegisteredServer]) -> dict[str, list[RegisteredServer
 
 async def relay_version(run: SyncRun, servers: list[RegisteredServer], source: str) -> dict[str, str]:
     """Bring the version at `source` (a directory on the shared filesystem) to the node of every
-    server in `servers` (all with a relay); returns {server address: the node-local directory it
-    loads}. Servers whose node could not get it are failed in `run`."""
+    server in `servers` (all with a relay); returns {server address: the directory it loads}:
+    its node's copy, or `source` itself where the node could not get one."""
     t0 = time.perf_counter()
     nodes = nodes_of(servers)
     paths: dict[str, str] = {}
@@ -62,6 +66,9 @@ async def relay_version(run: SyncRun, servers: list[RegisteredServer], source: s
         todo = failed
     run.result.phases["relay"] = run.result.phases.get("relay", 0.0) + time.perf_counter() - t0
     for node in todo:
+        run.result.relay_fallback[node] = errors[node]
+        log.warning("relay of v%d to node %s failed twice (%s): its servers load %s themselves", run.version, node,
+                    errors[node], source)
         for s in nodes[node]:
-            run.fail(s, f"relay of v{run.version} to node {node} failed: {errors[node]}")
+            paths[s.address] = source
     return paths

@@ -139,6 +139,19 @@ def test_an_upstream_naming_a_file_outside_the_version_is_refused(tmp_path, rela
     listener.close()
 
 
+def test_a_version_larger_than_the_free_space_is_refused_before_it_is_written(tmp_path, relays, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    src = version_dir(tmp_path, 1, mb=2)
+    (r,) = relays(1)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 0, 1 << 20))   # 1 MiB free
+    (out,) = chain_fetch([r], 1, src)
+    assert isinstance(out, RelayError) and "has 0.00105 GB free, v1 needs 0.0021 GB" in str(out)
+    assert not list(r.root.iterdir())
+
+
 def test_a_wrong_key_gets_nothing(tmp_path, relays):
     src = version_dir(tmp_path, 1, mb=1)
     (r,) = relays(1)
