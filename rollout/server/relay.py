@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from rollout.client.relay import CHUNK_BYTES, encode_frame, recv_exact, recv_frame, split_address
+from rollout.client.relay import CHUNK_BYTES, encode_frame, recv_frame, split_address
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,9 @@ class WeightRelay:
     def _receive(self, copy: _Copy, name: str, chunks) -> None:
         path = copy.dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        with copy.cond:
-            copy.written[name] = 0
         with open(path, "wb") as out:
+            with copy.cond:     # only now may a downstream relay open it
+                copy.written[name] = 0
             for chunk in chunks:
                 out.write(chunk)
                 out.flush()
@@ -248,11 +248,12 @@ class WeightRelay:
                 while sent < size:
                     with copy.cond:
                         copy.wait(lambda name=name, sent=sent: copy.done or copy.written.get(name, 0) > sent, deadline)
-                    chunk = f.read(min(CHUNK_BYTES, size - sent))
-                    if not chunk:
+                        here = size if copy.done else copy.written[name]
+                    # From the page cache to the socket in the kernel: no copy through this process.
+                    n = sock.sendfile(f, sent, min(CHUNK_BYTES, here - sent))
+                    if not n:
                         raise ConnectionError(f"{name} of v{version} ended at {sent} of {size} bytes")
-                    sock.sendall(chunk)
-                    sent += len(chunk)
+                    sent += n
 
     def _copy_to_serve(self, version: int, chain: str, deadline: float) -> _Copy | None:
         with self._lock:
@@ -273,11 +274,19 @@ class WeightRelay:
 
 
 def _chunks(sock: socket.socket, size: int):
+    """`size` bytes from `sock`, CHUNK_BYTES at a time, received into one reused buffer (each
+    chunk is written out before the next is received)."""
+    buf = memoryview(bytearray(min(CHUNK_BYTES, size)))
     left = size
     while left:
-        chunk = recv_exact(sock, min(CHUNK_BYTES, left))
-        left -= len(chunk)
-        yield chunk
+        want, got = min(CHUNK_BYTES, left), 0
+        while got < want:
+            n = sock.recv_into(buf[got:want])
+            if not n:
+                raise ConnectionError(f"connection closed with {left - got} of {size} bytes to come")
+            got += n
+        left -= want
+        yield buf[:want]
 
 
 def _size(path: Path) -> int:

@@ -229,3 +229,13 @@ def test_a_chain_across_processes(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_relay_benchmark_runs_its_quick_size():
+    """benchmarks/weight_relay.py --quick: both paths complete for 1 and 2 nodes through real relay
+    processes, the "filesystem" one throttled (no timing is asserted)."""
+    from benchmarks import weight_relay
+
+    out = weight_relay.main(quick=True)
+    assert set(out["results"]) == {1, 2} or set(out["results"]) == {"1", "2"}
+    assert all(r["direct"] > 0 and r["relay"] > 0 for r in out["results"].values())
