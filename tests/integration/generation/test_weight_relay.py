@@ -237,5 +237,5 @@ def test_the_relay_benchmark_runs_its_quick_size():
     from benchmarks import weight_relay
 
     out = weight_relay.main(quick=True)
-    assert set(out["results"]) == {1, 2} or set(out["results"]) == {"1", "2"}
+    assert set(out["results"]) == {"1", "2"}
     assert all(r["direct"] > 0 and r["relay"] > 0 for r in out["results"].values())
