@@ -27,7 +27,9 @@ import msgpack
 # relays delivers the last copy about (N - 1) chunks after the first, not N whole copies).
 CHUNK_BYTES = 4 << 20
 _LEN = struct.Struct(">I")
-MAX_FRAME = 64 << 20
+# A frame is a request or a file list: a larger length is refused before anything is allocated
+# (the frame comes before the key is checked).
+MAX_FRAME = 1 << 20
 
 
 class RelayError(RuntimeError):

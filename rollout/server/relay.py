@@ -34,6 +34,8 @@ from rollout.client.relay import CHUNK_BYTES, encode_frame, recv_frame, split_ad
 log = logging.getLogger(__name__)
 
 KEEP = 2
+# Seconds a connection has to send its request.
+REQUEST_TIMEOUT_S = 30.0
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -202,7 +204,9 @@ class WeightRelay:
 
     def _handle(self, sock: socket.socket) -> None:
         try:
+            sock.settimeout(REQUEST_TIMEOUT_S)    # a connection that never sends its request ends
             req = recv_frame(sock)
+            sock.settimeout(None)
             if not hmac.compare_digest(str(req.get("key", "")).encode(), self._key):
                 sock.sendall(encode_frame({"ok": False, "error": "wrong or missing key"}))
                 return

@@ -239,3 +239,20 @@ def test_the_relay_benchmark_runs_its_quick_size():
     out = weight_relay.main(quick=True)
     assert set(out["results"]) == {"1", "2"}
     assert all(r["direct"] > 0 and r["relay"] > 0 for r in out["results"].values())
+
+
+def test_an_oversized_or_silent_request_is_dropped_and_the_relay_goes_on(tmp_path, relays, monkeypatch):
+    import struct
+
+    from rollout.server import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "REQUEST_TIMEOUT_S", 0.5)
+    src = version_dir(tmp_path, 1, mb=1)
+    (r,) = relays(1)
+    with socket.create_connection(("127.0.0.1", r.port)) as s:   # says 2 GiB are coming
+        s.sendall(struct.pack(">I", 2 << 30))
+        assert s.recv(1) == b""                                    # closed without reading them
+    with socket.create_connection(("127.0.0.1", r.port)) as s:   # says nothing
+        s.settimeout(10)
+        assert s.recv(1) == b""
+    assert chain_fetch([r], 1, src)[0]["copied"]
