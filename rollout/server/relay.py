@@ -70,6 +70,11 @@ class _Copy:
             raise ConnectionError(f"v{self.version} failed at the relay serving it: {self.error}")
 
 
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
 class WeightRelay:
     """This server's relay: a TCP service (one thread per connection) over the node's directory."""
 
@@ -86,9 +91,7 @@ class WeightRelay:
             def handle(self):
                 relay._handle(self.request)
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="weight relay")
 
@@ -214,7 +217,7 @@ class WeightRelay:
             if req.get("op") == "fetch":
                 try:
                     out = self.fetch(version, str(req.get("source", "")), timeout_s, str(req.get("chain", "")))
-                except Exception as e:   # noqa: BLE001 - reported to the controller, which fails the server
+                except Exception as e:   # noqa: BLE001 - reported to the controller (it retries, then falls back)
                     log.warning("relay: fetch v%d from %s failed: %s: %s", version, req.get("source"),
                                 type(e).__name__, e)
                     sock.sendall(encode_frame({"ok": False, "error": f"fetch v{version} from {req.get('source')}: "
