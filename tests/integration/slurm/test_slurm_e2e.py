@@ -99,8 +99,18 @@ def test_the_documented_local_cluster_commands_run_a_tiny_experiment(slurm_clust
     live = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
     assert not set(live) & set(recorded_job_ids(record))
 
-    # --resume resubmits every role; the trainer continues from its checkpoint at version 2.
-    _run(".venv/bin/tandem run configs/slurm-local-tiny.yaml trainer.total_steps=3 --resume", clone)
-    steps = [json.loads(line) for line in exp.metrics.read_text().splitlines()]
-    assert [r["step"] for r in steps if r.get("role") == "trainer" and r.get("event") == "step"] == [1, 2, 3]
+    # --resume resubmits every role; the trainer continues from its checkpoint at version 2. This
+    # launch also passes its versions through the weight relay (gen.weight_relay): both servers'
+    # jobs run on one node, so they share that node's copy (a chain of one node).
+    _run(".venv/bin/tandem run configs/slurm-local-tiny.yaml trainer.total_steps=3 gen.weight_relay=true --resume",
+         clone)
+    records = [json.loads(line) for line in exp.metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("role") == "trainer" and r.get("event") == "step"] == [1, 2, 3]
     assert (exp.weights / "v3").is_dir()
+    gens = [json.loads(exp.service_file(f"gen-{i}").read_text()) for i in (0, 1)]
+    assert all(re.match(r"n[12]:\d+$", g["relay"]) for g in gens), gens
+    assert gens[0]["relay_node"] == gens[1]["relay_node"]
+    (relayed,) = [r for r in records if r.get("event") == "weight_sync" and r["version"] == 3]
+    assert "relay" in relayed["phases"] and not relayed["failed"] and len(relayed["updated"]) == 2, relayed
+    node_dir = Path(gens[0]["relay_node"].split(":", 1)[1])
+    assert not node_dir.exists()      # removed when the node's last server stopped
