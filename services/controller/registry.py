@@ -150,7 +150,9 @@ class ServerRegistry:
     def summary(self) -> list[dict]:
         return [{"address": s.address, "healthy": s.healthy, "in_rotation": s.in_rotation, "reason": s.reason,
                  "outstanding": s.outstanding, "capacity": s.capacity, "routed": s.routed_total,
-                 "weight_version": s.weight_version, "tp_size": s.tp_size} for s in self.servers.values()]
+                 "weight_version": s.weight_version, "tp_size": s.tp_size,
+                 **({"relay": s.relay, "relay_node": s.relay_node} if s.relay else {})}
+                for s in self.servers.values()]
 
     # ---- persistence --------------------------------------------------------------------
     def forget_all(self) -> list[str]:

@@ -56,7 +56,8 @@ def run_relayed(exp, tmp_path, nodes: list[int], break_node: int | None = None):
 
 
 def test_every_server_loads_its_node_copy_of_the_version(exp, tmp_path):
-    ack, loaded, _, src = run_relayed(exp, tmp_path, nodes=[0, 0, 1, 2])
+    ack, loaded, state, src = run_relayed(exp, tmp_path, nodes=[0, 0, 1, 2])
+    assert [s["relay_node"] for s in state] == ["node0", "node0", "node1", "node2"]   # shown by --status
     assert ack.ok and "relay_s" in ack.timings and ack.failed_servers == []
     assert loaded == [[str(tmp_path / "node0" / "v1")]] * 2 + [[str(tmp_path / f"node{n}" / "v1")] for n in (1, 2)]
     for n in range(3):
