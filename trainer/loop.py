@@ -54,7 +54,7 @@ from trainer.buffer import ReplayBuffer
 from trainer.controller_link import ControllerLink
 from trainer.elastic_cpus import TrainerCpus
 from trainer.intake import Intake
-from trainer.wal import TrajectoryLog, wal_path
+from trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
 from trainer.wal import replay as wal_replay
 from trainer.weights import BackgroundCall, build_publisher
 from trainer.weights.disk import keep_final
@@ -412,7 +412,7 @@ class Trainer:
                             loop_state, self.tcfg.keep_checkpoints)
         self._last_checkpoint = self.version
         if self.rank == 0:
-            _delete_wals(self.exp.checkpoints, below=self._wal_seq)
+            delete_wals(self.exp.checkpoints, below=self._wal_seq)
 
     def _open_wal(self, replay_existing: bool) -> TrajectoryLog:
         """The trajectory log to append to (see wal.py). On resume, first replay every log from
@@ -421,13 +421,13 @@ class Trainer:
         root = self.exp.checkpoints
         if replay_existing:
             replayed = 0
-            for seq in sorted(_wal_seq(p) for p in root.glob("trajectories-*.wal")):
+            for seq in wal_seqs(root):
                 if seq >= self._wal_seq:
                     replayed += sum(self.buffer.add(t) for t in wal_replay(wal_path(root, seq)))
                     self._wal_seq = seq
             if replayed:
                 log.info("replayed %d trajectories received after the checkpoint", replayed)
-        _delete_wals(root, below=self._wal_seq if replay_existing else float("inf"))
+        delete_wals(root, below=self._wal_seq if replay_existing else float("inf"))
         path = wal_path(root, self._wal_seq)
         return TrajectoryLog(path, truncate=not replay_existing)
 
@@ -471,16 +471,6 @@ class Trainer:
             # Left to interpreter exit, gloo's threads can abort the process ("terminate called
             # without an active exception") after a run that otherwise finished well.
             dist.destroy_process_group()
-
-
-def _wal_seq(path: Path) -> int:
-    return int(path.stem.split("-")[1])
-
-
-def _delete_wals(root: Path, below: float) -> None:
-    for path in root.glob("trajectories-*.wal"):
-        if _wal_seq(path) < below:
-            path.unlink(missing_ok=True)
 
 
 def _by_reason(refused: dict[str, str]) -> dict[str, list[str]]:

@@ -30,6 +30,18 @@ def wal_path(root: Path, seq: int) -> Path:
     return Path(root) / f"trajectories-{seq:06d}.wal"
 
 
+def wal_seqs(root: Path) -> list[int]:
+    """Sequence numbers of the logs under `root`, oldest first."""
+    return sorted(int(p.stem.split("-")[1]) for p in Path(root).glob("trajectories-*.wal"))
+
+
+def delete_wals(root: Path, below: float) -> None:
+    """Delete the logs older than `below` (their trajectories are in a checkpoint)."""
+    for seq in wal_seqs(root):
+        if seq < below:
+            wal_path(root, seq).unlink(missing_ok=True)
+
+
 class TrajectoryLog:
     def __init__(self, path: Path, truncate: bool = False):
         self.path = Path(path)
