@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from launcher.config import ConfigError
 from launcher.simulate.hardware import GPU, ModelShape
-from rollout.client.relay import CHUNK_BYTES
 from trainer.weights import transfer_path
 
 
@@ -174,6 +173,8 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
         # crosses its network. A node's servers share its one copy, so the cost follows the nodes,
         # not the servers. Not priced: each server's load of that copy from /dev/shm (memory
         # bandwidth, far faster than either network term).
+        # Imported here: it brings the generation client (aiohttp), which no other price needs.
+        from rollout.client.relay import CHUNK_BYTES
         node_net = gpu.node_network_bw * e.network
         publish = w / (disk_gbps * 1e9)
         chain = (layout.gen_nodes - 1) * CHUNK_BYTES / node_net
