@@ -27,6 +27,7 @@ class DiskApplier(WeightApplier):
 
     async def update(self, run: SyncRun, servers: list[RegisteredServer], msg: WeightsOnDisk) -> list[RegisteredServer]:
         relayed = [s for s in servers if s.relay]
+        # {address: its node's copy}; the others (no relay, or their node's relay failed) read msg.path
         local = await relay_version(run, relayed, msg.path) if relayed else {}
         return await run.phase("update", servers, lambda a: a.update_weights_from_disk(
             local.get(a.url, msg.path), msg.version, flush_cache=run.flush_cache, timeout_s=run.timeout_s))

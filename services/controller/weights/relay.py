@@ -27,6 +27,7 @@ from .base import SyncRun
 
 log = logging.getLogger(__name__)
 
+
 def nodes_of(servers: list[RegisteredServer]) -> dict[str, list[RegisteredServer]]:
     """{node: its servers}, in registration order (the chain's order: stable between versions)."""
     out: dict[str, list[RegisteredServer]] = {}
@@ -37,8 +38,8 @@ def nodes_of(servers: list[RegisteredServer]) -> dict[str, list[RegisteredServer
 
 async def relay_version(run: SyncRun, servers: list[RegisteredServer], source: str) -> dict[str, str]:
     """Bring the version at `source` (a directory on the shared filesystem) to the node of every
-    server in `servers` (all with a relay); returns {server address: the directory it loads}:
-    its node's copy, or `source` itself where the node could not get one."""
+    server in `servers` (all with a relay); returns {server address: its node's copy}. A server
+    missing from it is on a node that could not get one: it loads `source` itself."""
     t0 = time.perf_counter()
     nodes = nodes_of(servers)
     paths: dict[str, str] = {}
@@ -69,6 +70,4 @@ async def relay_version(run: SyncRun, servers: list[RegisteredServer], source: s
         run.result.relay_fallback[node] = errors[node]
         log.warning("relay of v%d to node %s failed twice (%s): its servers load %s themselves", run.version, node,
                     errors[node], source)
-        for s in nodes[node]:
-            paths[s.address] = source
     return paths
