@@ -17,6 +17,7 @@ stay (a server may still be loading the one before). The wire format is rollout/
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -317,6 +318,7 @@ class ServerRelay:
         if not key:
             raise ValueError("gen.weight_relay needs the servers' admin key file (--admin-api-key-file)")
         root = relay_root(relay_dir, rank, exp_root)
+        self.own_base = None if relay_dir else root.parent   # /dev/shm's: ours to remove once empty
         self.relay = WeightRelay(root, key, host=host).start()
         self.marker = root / f".alive-{os.getpid()}-{self.relay.port}"
         self.marker.touch()
@@ -333,6 +335,9 @@ class ServerRelay:
         alive = [m for m in self.relay.root.glob(".alive-*") if _pid_alive(m.name.split("-")[1])]
         if not alive:
             shutil.rmtree(self.relay.root, ignore_errors=True)
+            if self.own_base is not None:
+                with contextlib.suppress(OSError):   # another experiment's copies are still there
+                    self.own_base.rmdir()
 
 
 def _pid_alive(pid: str) -> bool:

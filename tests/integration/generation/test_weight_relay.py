@@ -208,6 +208,25 @@ def test_server_relays_remove_the_node_copy_when_the_last_stops(tmp_path):
     own.close()
 
 
+
+def test_the_default_relay_directory_goes_with_the_last_experiment_using_it(tmp_path, monkeypatch):
+    """Without gen.relay_dir the copies live under /dev/shm/tandem-relay-<uid> (here a stand-in
+    directory): it stays while another experiment's copies are in it, and goes with the last."""
+    import rollout.server.relay as relay_mod
+    base = tmp_path / "shm" / "tandem-relay-test"
+    monkeypatch.setattr(relay_mod, "default_relay_dir", lambda: base)
+    first = ServerRelay("", 0, tmp_path / "exp-a", KEY, "127.0.0.1")
+    second = ServerRelay("", 0, tmp_path / "exp-b", KEY, "127.0.0.1")
+    assert first.relay.root.parent == base == second.relay.root.parent != first.relay.root
+    first.close()
+    assert not first.relay.root.exists() and second.relay.root.is_dir()
+    second.close()
+    assert not base.exists()
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    ServerRelay(str(kept), 0, tmp_path / "exp-a", KEY, "127.0.0.1").close()
+    assert kept.is_dir() and not list(kept.iterdir())   # a directory the user named is left, empty
+
 def test_a_chain_across_processes(tmp_path):
     """Three relays in three processes (as on three nodes), chained by the test."""
     code = ("import sys, time\nfrom rollout.server.relay import WeightRelay\n"
