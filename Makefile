@@ -40,13 +40,16 @@ browser-deps:
 
 # Everything: tests/unit and tests/integration (real processes, HTTP, the local SLURM cluster
 # when root can start it). The CI command.
+# TEST_WORKERS: pytest-xdist workers (tests/support/worker_groups.py says what shares one); 0 runs
+# everything in this process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
-# The unit tier only: no processes, no sockets (tests/unit/conftest.py refuses them); under a
-# minute on 2 cores.
+# The unit tier only: no processes, no sockets (tests/unit/conftest.py refuses them); about two
+# minutes on 2 cores.
 test-fast: install
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
 # The GPU tier (tests/gpu, marker `gpu`): one GPU, <= 8 minutes; every test skips, saying why,
 # where CUDA is not available. It installs nothing by default (a GPU node's torch is its own,

@@ -24,12 +24,29 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
 
+# The longest integration modules (minutes each on 2 cores) start first, so that with several
+# workers (`make test`) none is left running one of them alone at the end.
+LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/slurm/", "tests/integration/e2e/")
+
+
 def pytest_collection_modifyitems(config, items):
     """Unit tests run first (fast feedback), and before any integration fixture exists: a
     session-scoped server or cluster of the integration tier would otherwise still be running
     (its threads, its teardown at the session's end) while the unit tier's guard refuses
-    processes and sockets."""
-    items.sort(key=lambda item: not Path(str(item.path)).resolve().is_relative_to(UNIT_DIR))
+    processes and sockets. Then LONGEST_FIRST, then the rest, each in collection order."""
+    def key(item):
+        if Path(str(item.path)).resolve().is_relative_to(UNIT_DIR):
+            return 0
+        return 1 + next((i for i, p in enumerate(LONGEST_FIRST) if item.nodeid.startswith(p)), len(LONGEST_FIRST))
+    items.sort(key=key)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Several workers (`-n`): tests grouped as tests/support/worker_groups.py says, whatever
+    `--dist` asks for."""
+    from worker_groups import ModuleAndSharedDirScheduling
+    return ModuleAndSharedDirScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -44,7 +44,7 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
     assert run["lost"] == [] and run["trained_twice"] == [] and a["prompts_skipped"] == 0, run
     for fault in run["faults"]:
         assert fault["recovery_s"] is not None, fault
-        assert fault["max_step_gap_s"] < STALL_S, fault
+        assert fault["stall_s"] < STALL_S, fault
     # The trainer's death and a terminal's Ctrl-C each end their launch with nothing left running.
     assert [(f["kind"], f["left_running"]) for f in run["faults"] if "left_running" in f] == \
         [("trainer", []), ("ctrl-c", [])], run["faults"]

@@ -27,11 +27,17 @@ def test_dapo_run_filters_groups_and_logs_the_mismatch(tmp_path, tiny_model_dir)
     assert "step 2/2" in out, out[-3000:]
     records = steps(exp)
     assert [r["step"] for r in records] == [1, 2]
+    # Step 1 trains version-0 tokens only, so it measures the mismatch; step 2 measures it over
+    # the tokens of version 1, which it may have none of (all generated before the update: the
+    # timing decides, and a busy machine makes it so).
+    assert records[0]["mismatch_tokens"] > 0, records[0]
     for r in records:
         # proximal: behaviour (the pass is skipped): the first update's forward measures the mismatch
         assert r["mismatch_source"] == "first_update"
-        assert r["mismatch_tokens"] > 0 and 0 <= r["mismatch_k3"] < 1e-3, r
-        assert abs(r["mismatch_ratio_mean"] - 1) < 1e-2
+        if r["mismatch_tokens"]:
+            assert 0 <= r["mismatch_k3"] < 1e-3 and abs(r["mismatch_ratio_mean"] - 1) < 1e-2, r
+        else:
+            assert r["mismatch_k3"] is None and r["version_kl_tokens"] > 0, r
         assert isinstance(r["dynamic_filtered_groups"], int) and r["dynamic_filtered_groups"] >= 0
         assert r["overlong_penalty_mean"] <= 0 and "truncated_samples" in r
         assert r["sample_masked_fraction"] == 0 and r["grad_norm"] > 0

@@ -76,7 +76,9 @@ def test_any_spelling_of_a_huge_number_is_refused_before_evaluation(watched, res
     ("5050", r"\boxed{\sum_{k=1}^{100} k}"),
 ])
 def test_large_but_ordinary_answers_still_grade(gold, response):
-    v = grade_math(response, gold, CFG)
+    """Under the default limits (`math_timeout_s` 5 s): the slowest case takes about 0.5 s alone;
+    under CI's other work (the suite's workers) it took over the 2 s the attacks here use."""
+    v = grade_math(response, gold, RewardConfig())
     assert v.correct, v.details
 
 
