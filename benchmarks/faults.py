@@ -23,9 +23,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks.common import cli, print_table, write_results
 from benchmarks.fault_injection import KINDS, inject
+
+if TYPE_CHECKING:
+    from launcher.audit import Audit
 
 CONFIG = """\
 experiment: {{name: {name}, model: {model}, exp_dir: {exp_dir}}}
@@ -97,16 +101,13 @@ def recovered_at(exp_root: Path, since: float) -> float | None:
     return None
 
 
-def stall_s(step_times: list[float], fault: dict, until: float | None) -> float:
+def stall_s(result: Audit, fault: dict, until: float | None) -> float:
     """The longest wait between trained steps that `fault` is answerable for: from the last step
     before it to the next fault (or the end). A fault that ends the launch counts from the resumed
     launch's first step: starting every role again is the resume's start-up, the same on a busy
     machine whatever the fault, not a client waiting on a dead service."""
-    start = fault.get("resumed_at")
-    times = [t for t in step_times if t >= (start or fault["time"]) and (until is None or t < until)]
-    if start is None:
-        times = [t for t in step_times if t < fault["time"]][-1:] + times
-    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+    resumed = fault.get("resumed_at")
+    return result.max_gap_s(after=resumed or fault["time"], until=until, anchored=resumed is None)
 
 
 def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[int, str]], total_steps: int,
@@ -151,7 +152,7 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
         at = recovered_at(exp_root, fault["time"])
         fault["recovery_s"] = round(at - fault["time"], 2) if at else None
         fault["max_step_gap_s"] = round(result.max_gap_s(after=fault["time"]), 2)
-        fault["stall_s"] = round(stall_s(result.step_times, fault, following["time"] if following else None), 2)
+        fault["stall_s"] = round(stall_s(result, fault, following["time"] if following else None), 2)
     return {"exits": exits, "audit": result.as_dict(), "lost": result.lost, "trained_twice": result.trained_twice,
             "faults": injected, "output_tail": outputs[-1][-2000:]}
 

@@ -36,10 +36,12 @@ class Audit:
     step_times: list[float] = field(default_factory=list)
     delivered_at: dict[str, float] = field(default_factory=dict)   # group id -> when a worker delivered it
 
-    def max_gap_s(self, after: float | None = None) -> float:
-        """The longest time between consecutive trained steps (from `after`, if given)."""
-        times = [t for t in self.step_times if after is None or t >= after]
-        if after is not None:
+    def max_gap_s(self, after: float | None = None, until: float | None = None, anchored: bool = True) -> float:
+        """The longest time between consecutive trained steps (of those from `after` and before
+        `until`, if given). `anchored`: counted from the last step before `after`, so the wait
+        `after` fell in counts too."""
+        times = [t for t in self.step_times if (after is None or t >= after) and (until is None or t < until)]
+        if after is not None and anchored:
             before = [t for t in self.step_times if t < after]
             times = before[-1:] + times
         return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)

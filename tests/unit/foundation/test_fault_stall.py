@@ -4,8 +4,9 @@ fault counted from its resumed launch's first step (the resume's start-up is not
 from __future__ import annotations
 
 from benchmarks.faults import stall_s
+from launcher.audit import Audit
 
-STEPS = [0.0, 1.0, 2.0, 20.0, 21.0, 22.0, 90.0, 91.0, 92.0]
+STEPS = Audit(step_times=[0.0, 1.0, 2.0, 20.0, 21.0, 22.0, 90.0, 91.0, 92.0])
 
 
 def test_a_fault_answers_for_the_wait_it_caused_and_not_for_later_ones():
@@ -17,7 +18,7 @@ def test_a_fault_answers_for_the_wait_it_caused_and_not_for_later_ones():
 def test_a_launch_ending_fault_counts_from_the_resumed_launchs_first_step():
     trainer_kill = {"time": 22.5, "resumed_at": 40.0}
     assert stall_s(STEPS, trainer_kill, until=None) == 1.0      # 22 -> 90 was the resume's start-up
-    assert stall_s([*STEPS, 160.0], trainer_kill, until=None) == 68.0   # a stall after the resume counts
+    assert stall_s(Audit(step_times=[*STEPS.step_times, 160.0]), trainer_kill, until=None) == 68.0   # a stall after the resume counts
 
 
 def test_no_step_in_the_window_is_no_wait():
