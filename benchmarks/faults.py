@@ -111,9 +111,14 @@ def stall_s(result: Audit, fault: dict, until: float | None) -> float:
 
 
 def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[int, str]], total_steps: int,
-                    timeout_s: float = 600.0) -> dict:
+                    timeout_s: float = 600.0, tail_steps: int | None = None) -> dict:
     """One run; each `(after_step, kind)` injected once the run has trained `after_step` steps
-    and recovered from the previous fault. A fault that ends the launch is followed by --resume."""
+    and recovered from the previous fault. A fault that ends the launch is followed by --resume.
+
+    `total_steps` must leave room for every fault and its recovery, however long they take. With
+    `tail_steps`, a last fault that ends the launch is resumed to only that many steps past the
+    last one trained (`trainer.total_steps` given with --resume, as a user shortens a run), so the
+    run does not train out the rest of that room after its last fault."""
     from launcher.audit import audit
     from services.protocol import ExpDir
 
@@ -144,7 +149,10 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
             exits.append(code), outputs.append(out)
             fault["left_running"] = leftovers(exp_root)
             fault["resumed_at"] = time.time()
-            proc = launch(cfg, "--resume")
+            last = len(injected) == len(faults) and tail_steps is not None
+            if last:
+                total_steps = max((s["step"] for s in progress(exp_root)[0]), default=0) + tail_steps
+            proc = launch(cfg, *([f"trainer.total_steps={total_steps}"] if last else []), "--resume")
     code, out = finish(proc, max(1.0, deadline - time.monotonic()))
     exits.append(code), outputs.append(out)
     result = audit(ExpDir(exp_root))
@@ -154,7 +162,7 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
         fault["max_step_gap_s"] = round(result.max_gap_s(after=fault["time"]), 2)
         fault["stall_s"] = round(stall_s(result, fault, following["time"] if following else None), 2)
     return {"exits": exits, "audit": result.as_dict(), "lost": result.lost, "trained_twice": result.trained_twice,
-            "faults": injected, "output_tail": outputs[-1][-2000:]}
+            "faults": injected, "total_steps": total_steps, "outputs": outputs, "output_tail": outputs[-1][-2000:]}
 
 
 def nan_setting_refused(workdir: Path, model: Path) -> tuple[int, bool]:

@@ -9,7 +9,10 @@ from the previous one. The accounting comes from the run's own records (`launche
 the ids each trainer step trained or dropped, the ids workers delivered and those the trainer
 never receipted, the trainer's buffer at exit, the workers' data positions): every delivered
 group trained, dropped, still held or returned for generation, none twice, no prompt given up;
-the staleness bound kept; no stall of the order of a timeout; nothing left running.
+the staleness bound kept; no stall of the order of a timeout; nothing left running. And what
+the user sees: the restarted server named, the trainer's death naming `--resume`, and the last
+launch continuing the run (its progress from the step it resumed at, its own work in the
+summary, the earlier launches' servers forgotten).
 `benchmarks/faults.py` runs the same faults one per run and prints the table.
 """
 from __future__ import annotations
@@ -17,10 +20,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from local_run import leftovers
+from local_run import leftovers, steps
 
 from benchmarks.faults import nan_setting_refused, run_with_faults
-from services.protocol import ExpDir
+from services.protocol import ExpDir, read_metrics
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -29,18 +32,23 @@ pytestmark = pytest.mark.timeout(900)
 STALL_S = 60.0
 # (at the earliest after step, fault); each also waits for recovery from the one before.
 # A step takes about half a second here and a fault costs several (bad input alone takes
-# seconds to send): the run is long enough for all of them, with room to spare.
+# seconds to send): the run is long enough for all of them, with room to spare. The last fault
+# (Ctrl-C) is resumed to TAIL_STEPS past the last step trained, not to STEPS.
 FAULTS = [(2, "gen"), (5, "controller"), (8, "reward"), (11, "rollout"), (14, "bad-input"), (17, "trainer"),
           (22, "ctrl-c")]
 STEPS = 160
+TAIL_STEPS = 8
 
 
 def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny_model_dir):
-    run = run_with_faults(tmp_path, tiny_model_dir, "faults", FAULTS, total_steps=STEPS, timeout_s=840)
+    run = run_with_faults(tmp_path, tiny_model_dir, "faults", FAULTS, total_steps=STEPS, timeout_s=840,
+                          tail_steps=TAIL_STEPS)
     a = run["audit"]
+    total = run["total_steps"]
+    assert total < STEPS, run["faults"]     # resumed short: the faults left room to spare
     # The trainer's death ends its launch (1); Ctrl-C ends one with 130; the last resume finishes.
     assert run["exits"] == [1, 130, 0], run["output_tail"]
-    assert a["steps"] == STEPS
+    assert a["steps"] == total
     assert run["lost"] == [] and run["trained_twice"] == [] and a["prompts_skipped"] == 0, run
     for fault in run["faults"]:
         assert fault["recovery_s"] is not None, fault
@@ -57,8 +65,32 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
     assert seen["gen http: oversized body"] in (413, -1) and seen["gen http: overlong text"] == 400, seen
     exp = ExpDir(tmp_path / "faults")
     summary = json.loads((exp.root / "summary.json").read_text())
-    assert summary["steps"] == STEPS and summary["staleness"]["max"] <= 2
+    assert summary["steps"] == total and summary["staleness"]["max"] <= 2
     assert leftovers(exp) == []
+    assert_the_user_sees_one_run(run, exp, summary)
+
+
+def assert_the_user_sees_one_run(run: dict, exp: ExpDir, summary: dict) -> None:
+    """The launches' output and records, as the user reads them, across the two resumes."""
+    first, last = run["outputs"][0], run["outputs"][-1]
+    assert "gen-0 crashed" in first and "--resume" in first, first[-3000:]
+    trained, marks = steps(exp), read_metrics(exp, "launcher", "resumed")
+    assert len(marks) == 2, marks
+    for mark in marks:    # each resume records the highest step trained before it
+        assert mark["last_step"] == max(r["step"] for r in trained if r["time"] < mark["resumed_at"]), mark
+    # The last launch: steps after its checkpoint may be redone, each version once, the numbering
+    # continuing where the checkpoint left it; its progress is its own steps, not the run's again.
+    resumed = [r for r in trained if r["time"] > marks[-1]["resumed_at"]]
+    numbers = [r["step"] for r in resumed]
+    assert numbers == list(range(numbers[0], summary["steps"] + 1)) and numbers[0] <= marks[-1]["last_step"] + 1
+    assert f"step {numbers[0]}/{summary['steps']}" in last and "step 1/" not in last, last[-3000:]
+    # Its first steps train groups an earlier launch generated, and their accuracy is found (not
+    # `nan%`); throughput and RL time span this launch's steps, not the gaps before it.
+    assert "nan" not in last, last[-3000:]
+    assert summary["throughput"]["steps"] == len(numbers) and summary["throughput"]["trajectories_per_s"] > 0
+    assert summary["rl_s"] <= resumed[-1]["time"] - resumed[0]["time"] + resumed[0]["step_s"] + 0.1
+    registry = json.loads((exp.checkpoints / "controller" / "state.json").read_text())["registry"]
+    assert [s["address"] for s in registry] == [json.loads(exp.service_file("gen-0").read_text())["url"]]
 
 
 def test_a_non_finite_setting_is_refused_before_anything_starts(tmp_path, tiny_model_dir):
