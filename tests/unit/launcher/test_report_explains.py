@@ -15,9 +15,15 @@ from launcher.report import build_figure, write_report
 from services.protocol import ExpDir
 
 
-@pytest.fixture
-def run(tmp_path) -> ExpDir:
-    return write_recorded_run(ExpDir(tmp_path / "run"))
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> ExpDir:
+    return write_recorded_run(ExpDir(tmp_path_factory.mktemp("recorded") / "run"))
+
+
+@pytest.fixture(scope="module")
+def figure(run):
+    """The recorded run's figure and counts, built once (about a second) for the tests that read it."""
+    return build_figure(run)
 
 
 def panel(fig, title_start: str):
@@ -28,15 +34,15 @@ def texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
 
 
-def test_the_figure_is_titled_with_the_run_its_file_date_and_commit(run):
-    fig, _ = build_figure(run)
+def test_the_figure_is_titled_with_the_run_its_file_date_and_commit(figure):
+    fig, _ = figure
     title = fig._suptitle.get_text()
     assert "Tandem run math-tiny" in title and "config: configs/math-tiny.yaml" in title
     assert "started: 2026-11-26 13:42 UTC" in title and "commit: 0e65a8c6aa7f" in title
 
 
-def test_the_held_out_panel_says_evaluation_was_off(run):
-    fig, counts = build_figure(run)
+def test_the_held_out_panel_says_evaluation_was_off(figure):
+    fig, counts = figure
     accuracy = panel(fig, "accuracy")
     assert not accuracy.containers   # no held-out points ...
     why = "no held-out curve: evaluation off (rollout.eval_size and rollout.eval_every are 0)"
@@ -57,8 +63,8 @@ def test_other_empty_panels_say_why(tmp_path):
     assert any("own version" in t for t in texts(mismatch))
 
 
-def test_a_flat_reward_is_drawn_flat_and_its_value_printed(run):
-    fig, _ = build_figure(run)
+def test_a_flat_reward_is_drawn_flat_and_its_value_printed(figure):
+    fig, _ = figure
     reward = panel(fig, "reward")
     raw = list(reward.lines[0].get_ydata())
     assert -1.0 <= min(raw) and max(raw) <= -0.96     # the run's rewards: -1.0 to -0.97
@@ -68,8 +74,8 @@ def test_a_flat_reward_is_drawn_flat_and_its_value_printed(run):
     assert any(t.startswith("last -1 (smoothed); raw -1 to -0.9688") for t in texts(reward))
 
 
-def test_the_mismatch_panel_is_readable(run):
-    fig, _ = build_figure(run)
+def test_the_mismatch_panel_is_readable(figure):
+    fig, _ = figure
     fig.canvas.draw()
     mismatch = panel(fig, "training-inference mismatch")
     ratio = next(a for a in fig.axes if a is not mismatch and a.bbox.bounds == mismatch.bbox.bounds)
