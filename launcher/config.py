@@ -379,15 +379,12 @@ def _apply_algorithm(cfg: DictConfig, explicit: set[str], prov: Provenance, appl
 
 
 @functools.cache
-def _schema_template() -> DictConfig:
-    return OmegaConf.structured(ExperimentConfig)
-
-
 def _schema() -> DictConfig:
-    """The dataclass defaults as a structured config, a copy of one made once: making it from
-    the dataclasses takes about 0.1 s, a copy a tenth of that, and every role, `tandem` command
-    and test loads the config (a copy, because the preset's updates change a config in place)."""
-    return copy.deepcopy(_schema_template())
+    """The dataclass defaults as a structured config, made once and only ever read: making it
+    takes about 0.1 s, and every role, `tandem` command and test loads a config. Merges copy it;
+    a config loaded from no file and no override is a copy (the preset and `resolve` change a
+    config in place)."""
+    return OmegaConf.structured(ExperimentConfig)
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
@@ -458,6 +455,8 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
             except OmegaConfBaseException as e:
                 key, msg = _explain(e, schema)
                 raise ConfigError(f"override '{ov}': {key}: {msg}") from None
+    if cfg is schema:
+        cfg = copy.deepcopy(schema)
     applied = {} if applied is None else applied
     cfg = _apply_algorithm(cfg, prov.file_keys | prov.override_keys, prov, applied)
     prov.preset_keys = {k for k, (how, _) in applied.items() if how == "preset"}

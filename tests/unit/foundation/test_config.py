@@ -30,6 +30,18 @@ def test_resolved_config_round_trips_through_the_experiment_dir(tmp_path):
         load_experiment(tmp_path / "elsewhere")
 
 
+def test_loading_leaves_the_shared_defaults_as_they_were(tmp_path):
+    """The structured defaults are made once and shared by every load (launcher/config.py:
+    _schema): no file, override, preset or interpolation of one load may reach the next."""
+    path, least = write(tmp_path, GOOD_EXPERIMENT), ["experiment.name=n", "experiment.model=m"]
+    fresh = load_config(None, least)
+    load_config(path, ["trainer.algorithm=dapo", "trainer.total_steps=3", "rollout.n_samples=5"])
+    load_config(None, [*least, "trainer.algorithm=dapo"])
+    with pytest.raises(ConfigError, match="missing required value"):
+        load_config(None)    # the defaults alone: the preset is applied before the check
+    assert load_config(None, least) == fresh
+
+
 def test_configuration_reference_is_current():
     doc = Path(__file__).parents[3] / "docs" / "configuration.md"
     assert doc.read_text() == render(), "docs/configuration.md is stale: run `make docs`"
