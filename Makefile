@@ -46,8 +46,8 @@ TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
-# The unit tier only: no processes, no sockets (tests/unit/conftest.py refuses them); about two
-# minutes on 2 cores.
+# The unit tier only: no processes, no sockets (tests/unit/conftest.py refuses them); about a
+# minute on 2 cores.
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
