@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import functools
 import math
 import os
@@ -19,15 +18,9 @@ from typing import Any
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigKeyError,
-    InterpolationResolutionError,
-    MissingMandatoryValue,
-    OmegaConfBaseException,
-    ValidationError,
-)
+from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config_source import Provenance, copies_in, dotted_keys, where_in_file
+from launcher.config_source import Provenance, copies_in, dotted_keys, explain, where_in_file
 from launcher.simulate.config import SimulateConfig
 from reward.config import RewardConfig
 from rollout.config import GenConfig, RolloutConfig
@@ -315,40 +308,6 @@ def _sequence_fits_micro_batch(cfg: ExperimentConfig) -> list[tuple[str, str]]:
              f"too_long); raise trainer.max_tokens_per_mb to {need} or lower the other two")]
 
 
-def _did_you_mean(schema: DictConfig, full_key: str) -> str:
-    parent_key, _, leaf = full_key.rpartition(".")
-    try:
-        parent = OmegaConf.select(schema, parent_key) if parent_key else schema
-    except OmegaConfBaseException:
-        parent = None
-    keys = list(parent.keys()) if isinstance(parent, DictConfig) else []
-    close = difflib.get_close_matches(leaf, [str(k) for k in keys], n=1, cutoff=0.6)
-    if close:
-        return f" (did you mean '{'.'.join(filter(None, [parent_key, close[0]]))}'?)"
-    if keys:
-        return f" (valid keys here: {', '.join(map(str, keys))})"
-    return ""
-
-
-def _explain(err: OmegaConfBaseException, schema: DictConfig) -> tuple[str, str]:
-    """(full_key, message) for an OmegaConf error, worded for a user."""
-    key = getattr(err, "full_key", None) or ""
-    msg = getattr(err, "msg", None) or str(err).splitlines()[0]
-    if isinstance(err, ConfigKeyError):
-        return key, "unknown key" + _did_you_mean(schema, key)
-    if isinstance(err, MissingMandatoryValue):
-        return key, "missing required value"
-    if isinstance(err, ValidationError):
-        return key, f"wrong type: {msg.splitlines()[0]}"
-    if isinstance(err, InterpolationResolutionError):
-        return key, f"bad interpolation: {msg.splitlines()[0]}"
-    return key, msg.splitlines()[0]
-
-
-def _where(path: Path | None, key: str) -> str:
-    return where_in_file(path, key)
-
-
 def _apply_algorithm(cfg: DictConfig, explicit: set[str], prov: Provenance, applied: dict | None) -> DictConfig:
     """Set the `trainer.algorithm` preset's keys (trainer/presets.py) that neither the file nor
     an override set explicitly: an explicit key always wins. Unknown names are left to the
@@ -373,7 +332,7 @@ def _apply_algorithm(cfg: DictConfig, explicit: set[str], prov: Provenance, appl
             if applied is not None:
                 applied[key] = ("preset", value)
     except OmegaConfBaseException as e:
-        key, msg = _explain(e, _schema())
+        key, msg = explain(e, _schema())
         raise ConfigError(f"{prov.where('trainer.algorithm')}: preset {algorithm!r}: {key}: {msg}") from None
     return cfg
 
@@ -439,8 +398,8 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.create(raw))
         except OmegaConfBaseException as e:
-            key, msg = _explain(e, schema)
-            raise ConfigError(f"{_where(src, key)}: {msg}") from None
+            key, msg = explain(e, schema)
+            raise ConfigError(f"{where_in_file(src, key)}: {msg}") from None
         prov.file_keys |= dotted_keys(raw)
     for ov in overrides:
         if "=" not in ov:
@@ -453,7 +412,7 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
             try:
                 cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
             except OmegaConfBaseException as e:
-                key, msg = _explain(e, schema)
+                key, msg = explain(e, schema)
                 raise ConfigError(f"override '{ov}': {key}: {msg}") from None
     if cfg is schema:
         cfg = copy.deepcopy(schema)
@@ -470,7 +429,7 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
         OmegaConf.resolve(cfg)
         obj: ExperimentConfig = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
-        key, msg = _explain(e, schema)
+        key, msg = explain(e, schema)
         raise problems_error(prov, [(key, msg)]) from None
     # Non-finite values first: "got nan" says more than the range check a NaN or inf also fails.
     problems = _non_finite(obj)

@@ -7,15 +7,25 @@ attributed here: a copy's problem goes to the key it copies (and is then said on
 copy), a preset's to `trainer.algorithm`, and the key is located where it was last set — the
 command line (`command line: rollout.temperature`) for an override, `file:line` for the file.
 Blaming the file's line for an override, or a key the user never wrote, sends them to the wrong
-place.
+place. `explain` words OmegaConf's own errors (an unknown key with the nearest valid one, a wrong
+type, a bad interpolation) the same way.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 # A value that is exactly one interpolation of another key: a copy ("${controller.max_staleness}").
 _COPY = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
@@ -125,3 +135,33 @@ class Provenance:
             # "=3 does not divide ...": a message that goes on from its key (launcher/preflight.py)
             out.append(f"{self.where(blamed)}{'' if msg.startswith('=') else ': '}{msg}")
         return out
+
+
+def _did_you_mean(schema: DictConfig, full_key: str) -> str:
+    parent_key, _, leaf = full_key.rpartition(".")
+    try:
+        parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+    except OmegaConfBaseException:
+        parent = None
+    keys = list(parent.keys()) if isinstance(parent, DictConfig) else []
+    close = difflib.get_close_matches(leaf, [str(k) for k in keys], n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean '{'.'.join(filter(None, [parent_key, close[0]]))}'?)"
+    if keys:
+        return f" (valid keys here: {', '.join(map(str, keys))})"
+    return ""
+
+
+def explain(err: OmegaConfBaseException, schema: DictConfig) -> tuple[str, str]:
+    """(full_key, message) for an OmegaConf error, worded for a user."""
+    key = getattr(err, "full_key", None) or ""
+    msg = getattr(err, "msg", None) or str(err).splitlines()[0]
+    if isinstance(err, ConfigKeyError):
+        return key, "unknown key" + _did_you_mean(schema, key)
+    if isinstance(err, MissingMandatoryValue):
+        return key, "missing required value"
+    if isinstance(err, ValidationError):
+        return key, f"wrong type: {msg.splitlines()[0]}"
+    if isinstance(err, InterpolationResolutionError):
+        return key, f"bad interpolation: {msg.splitlines()[0]}"
+    return key, msg.splitlines()[0]
