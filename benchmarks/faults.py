@@ -162,7 +162,7 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
         fault["max_step_gap_s"] = round(result.max_gap_s(after=fault["time"]), 2)
         fault["stall_s"] = round(stall_s(result, fault, following["time"] if following else None), 2)
     return {"exits": exits, "audit": result.as_dict(), "lost": result.lost, "trained_twice": result.trained_twice,
-            "faults": injected, "total_steps": total_steps, "outputs": outputs, "output_tail": outputs[-1][-2000:]}
+            "faults": injected, "total_steps": total_steps, "outputs": outputs}
 
 
 def nan_setting_refused(workdir: Path, model: Path) -> tuple[int, bool]:
