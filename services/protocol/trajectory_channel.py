@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from .codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
 from .keys import CurveKeys, ensure_authenticator, make_client, make_server
@@ -80,11 +81,14 @@ class TrajectorySource:
         make_client(self.sock, keys)
         self.sock.sndhwm = hwm
         self.sock.linger = 5000  # let queued trajectories drain on close
+        # Watched from before the connect, so the first event is the first connection.
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(address)
         self.address = address
         self._waiting: dict[str, tuple[set[int], Callable[[], None]]] = {}
-        self._reader: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._last_receipt = 0.0
+        self._down_since: float | None = None   # the trainer's connection is down since then
 
     async def send(self, body: Any, timeout_s: float = 60.0) -> None:
         """Queue one message; raise TimeoutError if the trainer has not made room in time."""
@@ -99,8 +103,10 @@ class TrajectorySource:
         If sending fails, the group is forgotten (no callback) and the error raised."""
         gid = trajectories[0].group_id
         self._waiting[gid] = ({t.sample_idx for t in trajectories}, on_receipted)
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.ensure_future(self._read_receipts())
+        if not self._tasks or any(t.done() for t in self._tasks):
+            for t in self._tasks:
+                t.cancel()
+            self._tasks = [asyncio.ensure_future(self._read_receipts()), asyncio.ensure_future(self._watch())]
         try:
             for t in trajectories:
                 await self.send(t, timeout_s)
@@ -112,14 +118,29 @@ class TrajectorySource:
         """Groups sent whose receipts have not all come back."""
         return list(self._waiting)
 
-    async def wait_receipts(self, quiet_s: float = 2.0, timeout_s: float = 30.0) -> list[str]:
+    async def wait_receipts(self, quiet_s: float = 2.0, timeout_s: float = 30.0, gone_s: float = 0.2) -> list[str]:
         """Wait for the outstanding receipts, until none came for `quiet_s` (a live trainer
-        receipts within milliseconds) or `timeout_s`; return the groups still without them."""
+        receipts within milliseconds), the trainer's connection has been down for `gone_s` (a
+        trainer that has exited, at the end of a run or in a crash, sends nothing more; what it
+        sent before it went is read meanwhile), or `timeout_s`; return the groups still without them."""
         start = time.monotonic()
-        while self._waiting and time.monotonic() - max(start, self._last_receipt) < quiet_s \
-                and time.monotonic() - start < timeout_s:
+        while self._waiting and time.monotonic() - start < timeout_s:
+            now = time.monotonic()
+            if now - max(start, self._last_receipt) >= quiet_s:
+                break
+            if self._down_since is not None and now - max(self._down_since, self._last_receipt) >= gone_s:
+                break
             await asyncio.sleep(0.02)
         return self.unreceipted()
+
+    async def _watch(self) -> None:
+        """The trainer's connection, from the socket's monitor: up, or down since when."""
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self._down_since = None
+            elif event == zmq.EVENT_DISCONNECTED and self._down_since is None:
+                self._down_since = time.monotonic()
 
     async def _read_receipts(self) -> None:
         while True:
@@ -138,6 +159,8 @@ class TrajectorySource:
                 entry[1]()
 
     def close(self, linger_ms: int = 5000) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for t in self._tasks:
+            t.cancel()
+        self.sock.disable_monitor()
+        self._monitor.close(0)
         self.sock.close(linger_ms)

@@ -7,6 +7,7 @@ workers here are `TrajectorySource`s on an asyncio loop in this process; the tra
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 
@@ -53,9 +54,14 @@ def test_nothing_is_receipted_while_paused_and_a_dead_trainer_receipts_nothing(k
         assert await src.wait_receipts(timeout_s=10) == [] and receipted == ["g1"]
         intake.close()          # the trainer is gone: what is sent now comes back unreceipted
         await src.send_group([traj("g2", 0, group_size=1)], lambda: receipted.append("g2"))
-        left = await src.wait_receipts(quiet_s=1.0)
+        # ... and the worker knows it from the closed connection, without waiting for a quiet
+        # minute (a run's end, where the trainer exits first, would otherwise wait out quiet_s)
+        t0 = time.monotonic()
+        left = await src.wait_receipts(quiet_s=60.0, timeout_s=60.0)
+        waited = time.monotonic() - t0
         src.close(linger_ms=0)
-        return left
+        return left, waited
 
-    assert asyncio.run(worker()) == ["g2"]
+    left, waited = asyncio.run(worker())
+    assert left == ["g2"] and waited < 30, waited
     assert receipted == ["g1"]
