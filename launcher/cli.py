@@ -8,11 +8,11 @@ config as `args.cfg`.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 
 from launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
 from launcher.placement import pin_from_env
+from services.protocol import exit_process
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
 COMMAND_MODULES = ("services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli",
@@ -105,15 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """`tandem` as a program: the console script, and `python -m launcher.cli` (how every role starts)."""
-    code = main()
-    # At exit the interpreter collects every object cycle of every module, and torch and
-    # transformers leave hundreds of thousands: over a CPU-second at the end of each role that
-    # loaded a model (0.6 s this way, measured on 2 cores). What main() left behind is collected
-    # now (objects in cycles close their files as usual); the modules are frozen out of the
-    # last collection and handed back with the process.
-    gc.collect()
-    gc.freeze()
-    sys.exit(code)
+    exit_process(main())
 
 
 if __name__ == "__main__":

@@ -260,4 +260,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from services.protocol import exit_process
+    exit_process(main())
