@@ -53,6 +53,9 @@ def inject(kind: str, exp_root: Path, launcher_pid: int) -> tuple[bool, dict]:
     raise ValueError(f"unknown fault {kind!r}; known: {', '.join(KINDS)}")
 
 
+SEND_TIMEOUT_MS = 10_000
+
+
 def bad_input_everywhere(exp: ExpDir) -> dict:
     """Every ZeroMQ port (controller, reward service, the trainer's trajectory channel): a peer
     without the experiment's keys, then a member sending garbage, a msgpack value of the wrong
@@ -65,18 +68,27 @@ def bad_input_everywhere(exp: ExpDir) -> dict:
     for role, field in (("controller", "address"), ("reward", "address"), ("trainer", "trajectory_address")):
         address = read_service(exp, role, timeout_s=30)[field]
         stranger = ctx.socket(zmq.DEALER)   # no CURVE keys: the handshake never completes
-        stranger.linger = 0
+        # A send with no peer to queue on blocks for good (seen once: the stranger's hello held
+        # the driver while the run trained out its room): nothing here may wait without a limit.
+        stranger.linger, stranger.sndtimeo = 0, SEND_TIMEOUT_MS
         stranger.connect(address)
-        stranger.send(b"hello?")
-        seen[f"{role}: stranger"] = _reply(stranger, 1.0)
+        try:
+            stranger.send(b"hello?")
+            seen[f"{role}: stranger"] = _reply(stranger, 1.0)
+        except zmq.Again:                   # not even queued: nothing got through either
+            seen[f"{role}: stranger"] = None
         stranger.close(0)
         member = ctx.socket(zmq.DEALER)
         make_client(member, keys)
-        member.linger = 0
+        member.linger, member.sndtimeo = 0, SEND_TIMEOUT_MS
         member.connect(address)
         for name, frame in (("garbage", os.urandom(512)), ("wrong shape", msgpack.packb({"op": 7, "v": []})),
                             ("oversized", b"\0" * (MAX_FRAME_BYTES + 1))):
-            member.send(frame)
+            try:
+                member.send(frame)
+            except zmq.Again:
+                raise RuntimeError(f"bad input: {role} at {address} took no {name} frame from a member "
+                                   f"in {SEND_TIMEOUT_MS / 1000:.0f}s") from None
             seen[f"{role}: {name}"] = _reply(member, 2.0)
         member.close(0)
     gen = read_service(exp, "gen-0", timeout_s=30)
