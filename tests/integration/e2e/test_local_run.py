@@ -17,11 +17,12 @@ from services.protocol import ExpDir, read_metrics
 def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeypatch):
     cfg = write_config(tmp_path / "exp.yaml", tiny_model_dir, f"eta{eta}")
     # Long enough answers that a weight update lands while some are being generated.
-    # eta=2 also draws the held-out curve: 2 problems before, every 2 versions, and after; and
-    # writes it, with the steps, to TensorBoard and an offline W&B run (tracker_check). Few
-    # problems, so a point taken at version 2 is scored before the run's 4th step ends it (a
-    # stopping worker cancels a point still being scored; 8 problems once took longer).
-    curve = ["rollout.eval_size=2", "rollout.eval_every=2"] if eta else []
+    # eta=2 also draws the held-out curve: 2 problems before, at every version, and after; and
+    # writes it, with the steps, to TensorBoard and an offline W&B run (tracker_check). Small
+    # and early, so a point is scored before the 4-step run ends: a stopping worker cancels a
+    # point still being scored, and one due only at version 2 was cut off three times on a
+    # loaded machine.
+    curve = ["rollout.eval_size=2", "rollout.eval_every=1"] if eta else []
     trackers = eta and tracker_check.INSTALLED
     if trackers:
         tracker_check.offline_wandb(monkeypatch, tmp_path)
@@ -52,9 +53,9 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     assert all(len(g["output_tokens"]) == 2 and g["prompt_tokens"] > 0 for g in groups)
     assert (exp.weights / "v4").is_dir()
     assert (exp.report / "report.png").stat().st_size > 10_000 and (exp.report / "report.html").exists()
-    if eta:   # rollout worker 0 scored the held-out problems during the run, as versions passed 2
+    if eta:   # rollout worker 0 scored the held-out problems during the run, as versions passed
         evals = read_metrics(exp, "rollout", "eval")
-        assert evals and all(e["step"] % 2 == 0 and 0 < e["step"] <= 4 and e["eval_n"] == 2 for e in evals), evals
+        assert evals and all(0 < e["step"] <= 4 and e["eval_n"] == 2 for e in evals), evals
         assert all(0 <= e["eval_accuracy"] <= 1 and e["version_min"] <= e["version_max"] for e in evals)
         assert summary["eval"]["before"] is not None and summary["eval"]["after"] is not None
     assert summary["throughput"]["trajectories_per_s"] > 0 and summary["weight_sync"]["mean_s"] > 0
