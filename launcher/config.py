@@ -150,6 +150,11 @@ class LauncherSection:
     elastic_min_gain: float = 0.15
     # Training steps between decisions: the window the rates are measured over.
     elastic_every_steps: int = 5
+    # Local backend with a CPU build of torch: the model roles (generation, training, rollout,
+    # evaluation) start as forks of one interpreter that imported torch and transformers once,
+    # saving each about 5 CPU-seconds of imports (launcher/backends/role_forks.py says what stays
+    # the same). false: each starts as a fresh `python -m launcher.cli`, as on SLURM and GPUs.
+    fork_roles: bool = True
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from ..role_cpu import RoleCpuMeter
 from ..roles import Role, gpu_layout
 from .base import Announcement, Backend, Ended, LaunchError
 from .local_ranks import TrainerRanks, rank_env
+from .role_forks import FORKED_KINDS, ForkedRole, RoleForks, gpu_build_of_torch
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ START_TIMEOUT_S = 180.0
 @dataclass
 class Child:
     role: Role
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedRole
     env: dict[str, str]
     started: float = field(default_factory=time.time)
     restarts: int = 0
@@ -50,7 +52,7 @@ class Child:
 class LocalSupervisor:
     """Starts roles, waits for them to be ready, restarts those that may be restarted."""
 
-    def __init__(self, exp: ExpDir, placement: CpuPlacement | None = None):
+    def __init__(self, exp: ExpDir, placement: CpuPlacement | None = None, fork_roles: bool = False):
         self.exp = exp
         self.placement = placement
         self.children: dict[str, Child] = {}
@@ -67,6 +69,16 @@ class LocalSupervisor:
                 # The launcher is a light service too; close() gives it its CPUs back.
                 self._own_cpus = os.sched_getaffinity(0)
                 os.sched_setaffinity(0, placement.services)
+        # The preloading server (role_forks.py), started with the first role it can fork.
+        self.fork_roles = fork_roles and not gpu_build_of_torch()
+        self.forks: RoleForks | None = None
+
+    @staticmethod
+    def _env(threads: int) -> dict[str, str]:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "TANDEM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        env.pop(CPUS_ENV, None)
+        return env
 
     def start(self, role: Role, env: dict[str, str] | None = None, wait: bool = True) -> Child:
         """Start `role` (with extra variables `env`); with `wait`, return once it is ready."""
@@ -75,16 +87,18 @@ class LocalSupervisor:
         if self.placement is not None:
             cpus = self.placement.cpus_for(role.name)
             threads = self.placement.threads_for(role.name)
-        full_env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                    "TANDEM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-        full_env.pop(CPUS_ENV, None)
-        full_env.update(env or {})
+        full_env = {**self._env(threads), **(env or {})}
         if cpus:
             full_env[CPUS_ENV] = format_ranges(cpus)
-        console = open(self.console(role.name), "ab")
-        proc = subprocess.Popen(role.command, stdout=console, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
-        console.close()
+        proc = None
+        if self.fork_roles and role.kind in FORKED_KINDS and role.command[0] == sys.executable:
+            if self.forks is None:
+                self.forks = RoleForks(self.exp.logs / "role-forks.console", self._env(1))
+            proc = self.forks.spawn(role.command[1:], full_env, self.console(role.name))
+        if proc is None:
+            with open(self.console(role.name), "ab") as console:
+                proc = subprocess.Popen(role.command, stdout=console, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
         if cpus:
             # At once, while the child is still a single thread starting Python (children that
             # are not `tandem` get their set this way only); `tandem` pins itself again.
@@ -183,9 +197,12 @@ class LocalSupervisor:
         if self._own_cpus is not None:
             os.sched_setaffinity(0, self._own_cpus)
             self._own_cpus = None
+        if self.forks is not None:
+            self.forks.close()
+            self.forks, self.fork_roles = None, False
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: subprocess.Popen | ForkedRole, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -197,7 +214,7 @@ class LocalBackend(Backend):
 
     def __init__(self, cfg: ExperimentConfig, exp: ExpDir, supervisor: LocalSupervisor | None = None):
         self.exp = exp
-        self.sup = supervisor or LocalSupervisor(exp, cpu_placement_for(cfg))
+        self.sup = supervisor or LocalSupervisor(exp, cpu_placement_for(cfg), cfg.launcher.fork_roles)
         local = cfg.launcher.backend == "local"
         self.gpu_plan = gpu_layout(cfg) if local else None
         # Trainer ranks (the plan's on GPUs, launcher.cpus.trainer_ranks on the CPU miniature).

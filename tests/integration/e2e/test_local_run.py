@@ -23,11 +23,13 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     # point still being scored, and one due only at version 2 was cut off three times on a
     # loaded machine.
     curve = ["rollout.eval_size=2", "rollout.eval_every=1"] if eta else []
+    # eta=0's roles start as fresh interpreters, eta=2's as forks of the preloading server (the default).
+    forks = [] if eta else ["launcher.fork_roles=false"]
     trackers = eta and tracker_check.INSTALLED
     if trackers:
         tracker_check.offline_wandb(monkeypatch, tmp_path)
         curve.append(tracker_check.OVERRIDE)
-    out = finish(tandem("run", cfg, f"controller.max_staleness={eta}", "rollout.max_new_tokens=192", *curve))
+    out = finish(tandem("run", cfg, f"controller.max_staleness={eta}", "rollout.max_new_tokens=192", *curve, *forks))
     exp = ExpDir(tmp_path / f"eta{eta}")
     assert "step 4/4" in out, out[-3000:]
     summary = json.loads((exp.root / "summary.json").read_text())
@@ -61,4 +63,5 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     assert summary["throughput"]["trajectories_per_s"] > 0 and summary["weight_sync"]["mean_s"] > 0
     if trackers:
         tracker_check.assert_trackers_hold_the_run(exp, out)
+    assert ("roles start as forks" in out) == bool(eta) and (exp.logs / "role-forks.console").exists() == bool(eta)
     assert leftovers(exp) == []

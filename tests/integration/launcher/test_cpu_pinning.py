@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,11 +26,13 @@ def _status_field(pid: int, name: str) -> str:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and uses sched_setaffinity")
-def test_supervisor_pins_a_started_role_and_sizes_its_threads(tmp_path):
+@pytest.mark.parametrize("forked", [False, True], ids=["fresh", "forked"])
+def test_supervisor_pins_a_started_role_and_sizes_its_threads(tmp_path, forked):
     """Start a real role under the name of generation server 0 (the supervisor places by name; a
     controller starts in a second where a server would load a model): /proc shows it pinned to
     the generation pool — not the light services' CPU the launcher itself moved to, which it
-    would inherit unpinned — every thread of it, with TANDEM_THREADS and OMP_NUM_THREADS to match."""
+    would inherit unpinned — every thread of it, with TANDEM_THREADS and OMP_NUM_THREADS to match;
+    whether started fresh or forked from the preloading server (launcher/backends/role_forks.py)."""
     from launcher.backends.local import LocalSupervisor
     from launcher.config import save_resolved
     from launcher.roles import Role, tandem_argv
@@ -45,12 +48,13 @@ def test_supervisor_pins_a_started_role_and_sizes_its_threads(tmp_path):
     generate_keys(exp.keys)
     services = mine[-1]
     placement = place_cpus(mine, gen=format_ranges(mine[:-1]), train=str(mine[-1]), services=str(services))
-    sup = LocalSupervisor(exp, placement)
+    sup = LocalSupervisor(exp, placement, fork_roles=forked)
     try:
         assert os.sched_getaffinity(0) == {services}  # the launcher runs with the light services
-        child = sup.start(Role("gen-0", tandem_argv("controller", "--exp", str(exp.root)), threads=7,
+        child = sup.start(Role("gen-0", tandem_argv("controller", "--exp", str(exp.root)), kind="gen", threads=7,
                                ready_file="controller", ready_timeout_s=120))
         pid = child.proc.pid
+        assert isinstance(child.proc, subprocess.Popen) != forked
         gen = format_ranges(mine[:-1])
         assert _status_field(pid, "Cpus_allowed_list") == gen
         for task in Path(f"/proc/{pid}/task").iterdir():  # ZeroMQ's threads too
