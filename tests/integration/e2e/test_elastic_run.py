@@ -38,10 +38,11 @@ from launcher.run import write_gen_keys
 from services.protocol import ExpDir, generate_keys, read_metrics
 
 pytestmark = pytest.mark.timeout(900)
-# Long enough that the last split trains a window of its own after the move back: the new
-# server's start took 16 s on a loaded 2-core machine while the trainer went on, and with 48
-# steps the run once ended before that move did (nothing left to calibrate the last split on).
-STEPS = 80
+# Long enough that the last split trains a window of its own after the move back. A new server
+# started fresh took 16 s on a loaded 2-core machine while the trainer went on (with 48 steps the
+# run once ended before that move did); forked (the default, launcher/backends/role_forks.py) the
+# whole move took 1.9 s, done by step 20 of 80.
+STEPS = 48
 
 
 def thread_cpus(pid: int) -> set[str]:
@@ -72,7 +73,7 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
     placement = CpuPlacement(available=tuple(cpus), gen=(first,), train=(last,), services=(first,),
                              servers=((first,), (first,)), trainer_ranks=((last,),), source="test",
                              notes=("2 CPUs: both servers share the first (not disjoint)",))
-    backend = LocalBackend(cfg, exp, LocalSupervisor(exp, placement))
+    backend = LocalBackend(cfg, exp, LocalSupervisor(exp, placement, cfg.launcher.fork_roles))
     seen: list[tuple] = []   # what each decision point found, checked after the run
 
     def decide(split: ElasticSplit) -> Decision:
