@@ -269,9 +269,14 @@ def become(command: list[str], env: dict[str, str], console: str) -> None:
     _, module, *args = command
     show_as([sys.executable, *command], env)
     sys.argv = [module, *args]
-    # What `python -m MODULE` does: run it in a clean __main__ (this server's names cleared from
-    # it, so a role's module-level objects are torn down at exit as in a fresh interpreter).
-    run_as_main, namespace = runpy._run_module_as_main, sys.modules["__main__"].__dict__
+    # What `python -m MODULE` does (runpy's private _run_module_as_main): run it in a clean
+    # __main__ (this server's names cleared from it, so a role's module-level objects are torn
+    # down at exit as in a fresh interpreter). An interpreter without it: the public form.
+    run_as_main = getattr(runpy, "_run_module_as_main", None)
+    if run_as_main is None:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    namespace = sys.modules["__main__"].__dict__
     builtins = namespace["__builtins__"]
     namespace.clear()
     namespace.update(__name__="__main__", __builtins__=builtins)
