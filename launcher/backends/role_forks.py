@@ -208,10 +208,16 @@ def _connection_pair() -> tuple[Connection, Connection]:
     return ours, theirs
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat from its third field on (after the command name, which may hold spaces
+    and parentheses): index i is field i + 3 of proc(5)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie whose new parent has not reaped it yet counts as ended)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+        return _stat_fields(pid)[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
@@ -290,7 +296,7 @@ def show_as(argv: list[str], env: dict[str, str] | None = None) -> None:
     the interpreter copied its argv at start, and libc's `environ` points elsewhere once
     `os.environ` was replaced."""
     try:
-        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        fields = _stat_fields("self")
         # fields 48-51 of proc(5): arg_start, arg_end, env_start, env_end
         areas = [(int(fields[45]), int(fields[46]), argv)]
         if env is not None:
