@@ -103,6 +103,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
     # A resumed run is the same run: its starting policy was evaluated by the first launch.
     evals: dict[str, dict | None] = {"before": _read_eval(exp, "before")} if resume else {}
     try:
+        backend.prepare(roles)
         for wave in waves(roles):
             if wave[0].kind == "rollout" and evaluating and not resume:
                 print("evaluating the starting policy ...", flush=True)

@@ -69,6 +69,11 @@ class Backend(ABC):
         """Refuse (LaunchError) before anything starts, e.g. jobs of an earlier launch still run."""
         return None
 
+    def prepare(self, roles: list[Role]) -> None:
+        """Every role of the run, before the first wave starts: a backend may get ready for them
+        (the local one starts its fork server, whose imports then overlap the first wave)."""
+        return None
+
     @abstractmethod
     def start(self, roles: list[Role]) -> None:
         """Start the roles together and return once each with a ready_file has announced itself."""

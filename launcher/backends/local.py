@@ -69,9 +69,21 @@ class LocalSupervisor:
                 # The launcher is a light service too; close() gives it its CPUs back.
                 self._own_cpus = os.sched_getaffinity(0)
                 os.sched_setaffinity(0, placement.services)
-        # The preloading server (role_forks.py), started with the first role it can fork.
+        # The preloading server (role_forks.py), started by prepare() or the first role it forks.
         self.fork_roles = fork_roles and not gpu_build_of_torch()
         self.forks: RoleForks | None = None
+
+    def forked(self, role: Role) -> bool:
+        """Whether `role` is to start as a fork of the preloading server (else fresh)."""
+        return self.fork_roles and role.kind in FORKED_KINDS and role.command[0] == sys.executable
+
+    def fork_server(self) -> RoleForks:
+        """The preloading server, started on first use. Its imports take seconds: on the run's
+        CPUs, not only the light services' to which the launcher moved (the roles forked from it
+        are pinned to their own)."""
+        if self.forks is None:
+            self.forks = RoleForks(self.exp.logs / "role-forks.console", self._env(1), cpus=self._own_cpus)
+        return self.forks
 
     @staticmethod
     def _env(threads: int) -> dict[str, str]:
@@ -91,10 +103,8 @@ class LocalSupervisor:
         if cpus:
             full_env[CPUS_ENV] = format_ranges(cpus)
         proc = None
-        if self.fork_roles and role.kind in FORKED_KINDS and role.command[0] == sys.executable:
-            if self.forks is None:
-                self.forks = RoleForks(self.exp.logs / "role-forks.console", self._env(1))
-            proc = self.forks.spawn(role.command[1:], full_env, self.console(role.name))
+        if self.forked(role):
+            proc = self.fork_server().spawn(role.command[1:], full_env, self.console(role.name))
         if proc is None:
             with open(self.console(role.name), "ab") as console:
                 proc = subprocess.Popen(role.command, stdout=console, stderr=subprocess.STDOUT,
@@ -245,6 +255,10 @@ class LocalBackend(Backend):
             self.trainers[rank.name] = trainer
             out.append((rank, {**self._env(rank), **rank_env(rank.index, self.trainer_world, port)}))
         return out
+
+    def prepare(self, roles: list[Role]) -> None:
+        if any(self.sup.forked(role) for role in roles):
+            self.sup.fork_server()
 
     def start(self, roles: list[Role]) -> None:
         """All of the wave at once, then wait for each (they load their models in parallel)."""

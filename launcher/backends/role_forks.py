@@ -27,6 +27,7 @@ import ctypes
 import logging
 import os
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +47,7 @@ FORKED_KINDS = ("gen", "trainer", "rollout", "eval")
 # Environment variables read when the interpreter starts or a preloaded library is imported: a
 # role that needs another value than the server's is started fresh.
 READ_AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "LD_", "MALLOC",
-                  "OPENBLAS", "GOMP", "KMP", "CUDA", "NCCL", "TOKENIZERS")
+                  "OPENBLAS", "GOMP", "KMP", "CUDA", "NCCL", "TOKENIZERS", "TANDEM_EMULATE_NCCL")
 READY_TIMEOUT_S = 180.0
 # Bytes of the server's command line and environment that each fork overwrites with its own
 # (what `ps` and /proc show, and what tools that find a role by its command line read).
@@ -82,6 +83,16 @@ class ForkedRole:
             self.returncode = 1   # its exit was the server's to hear, and the server is gone
         return self.returncode
 
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
@@ -95,7 +106,10 @@ class ForkedRole:
 class RoleForks:
     """The launcher's side: starts the server, hands it roles to fork, and hears their exits."""
 
-    def __init__(self, console: Path, env: dict[str, str]):
+    def __init__(self, console: Path, env: dict[str, str], also_preload: tuple[str, ...] = (),
+                 cpus: set[int] | None = None):
+        """`also_preload`: modules the roles to be forked import besides PRELOAD's; `cpus`: where
+        the server imports them (default: this process's CPUs; each fork is pinned to its own)."""
         self.env = env
         self._lock = threading.RLock()
         self._roles: dict[int, ForkedRole] = {}      # pid -> a role not yet heard to exit
@@ -105,10 +119,13 @@ class RoleForks:
         self._ready: bool | None = None   # None: not heard yet
         ours, theirs = _connection_pair()
         with open(console, "ab") as out:
-            argv = [sys.executable, "-m", __name__, str(theirs.fileno()), str(console), "." * SHOW_ROOM]
+            argv = [sys.executable, "-m", __name__, str(theirs.fileno()), str(console), "." * SHOW_ROOM,
+                    *also_preload]
             self._server = subprocess.Popen(argv, env={**env, "TANDEM_FORK_ROOM": "." * SHOW_ROOM},
                                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             pass_fds=(theirs.fileno(),), start_new_session=True)
+        if cpus:
+            os.sched_setaffinity(self._server.pid, cpus)
         theirs.close()
         self._conn: Connection | None = ours
         self.console = console
@@ -222,7 +239,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# The server: `python -m launcher.backends.role_forks FD CONSOLE ROOM` (ROOM: see SHOW_ROOM).
+# The server: `python -m launcher.backends.role_forks FD CONSOLE ROOM [MODULE ...]` (ROOM: see
+# SHOW_ROOM; MODULEs: also preloaded).
 
 def serve(conn: Connection) -> tuple[list[str], dict[str, str], str] | None:
     """Fork each role asked for until the launcher hangs up, reporting every exit. Returns None in
@@ -310,13 +328,13 @@ def show_as(argv: list[str], env: dict[str, str] | None = None) -> None:
             ctypes.memmove(start, text.ljust(room, b"\0"), room)
 
 
-def _preload() -> str | None:
+def _preload(also: list[str]) -> str | None:
     """Import what the roles import; why forking is not safe here, or None."""
     import torch
     if torch.version.cuda or getattr(torch.version, "hip", None):
         return f"torch {torch.__version__} is a GPU build: roles start fresh (a CUDA context cannot cross a fork)"
     import importlib
-    for name in PRELOAD:
+    for name in (*PRELOAD, *also):
         importlib.import_module(name)
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     if threads != 1:
@@ -324,22 +342,25 @@ def _preload() -> str | None:
     return None
 
 
-def main(fd: int, console: str) -> None:
+def main(fd: int, console: str, also_preload: list[str]) -> None:
     from services.protocol import exit_process
-    show_as([sys.executable, "-m", __spec__.name, str(fd), console])   # without the room
+    show_as([sys.executable, "-m", __spec__.name, str(fd), console, *also_preload])   # without the room
     conn = Connection(fd)
     try:
-        why = _preload()
+        why = _preload(also_preload)
     except Exception as e:   # noqa: BLE001 - said to the launcher, which starts roles fresh
         why = f"preloading failed: {e!r}"
     conn.send(("unavailable", why) if why else ("ready",))
     if why:
         exit_process(0)
     work = serve(conn)
-    if work is not None:
-        become(*work)   # a role that returns instead of exiting ends with 0, as under `python -m`
+    if work is None:   # the launcher hung up; the server has no exit work of its own but a flush
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)    # (not a collection of everything the preloaded libraries hold: ~0.5 s)
+    become(*work)   # a role that returns instead of exiting ends with 0, as under `python -m`
     exit_process(0)   # (a local name: in a fork, become() cleared this module's globals)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[4:])

@@ -1,6 +1,6 @@
 """A stand-in role for tests/integration/launcher/test_role_forks.py, run as `python -m
 fork_standin REPORT MODE`: it writes what a role would see of its process (pid, session, CPUs,
-argv, environment, whether torch was already imported) to REPORT, then acts out MODE: `exit:N`,
+argv, environment, the modules already imported, its parent) to REPORT, then acts out MODE: `exit:N`,
 `sleep`, `raise`, `return`, or `atexit` (a callback and a buffered file never closed, which a
 normal interpreter exit flushes)."""
 from __future__ import annotations
@@ -16,7 +16,8 @@ if __name__ == "__main__":
     with open(report, "w") as f:
         json.dump({"pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0), "argv": sys.argv,
                    "cpus": sorted(os.sched_getaffinity(0)), "env": dict(os.environ),
-                   "torch_preloaded": "torch" in sys.modules, "name": __name__}, f)
+                   "torch_preloaded": "torch" in sys.modules, "modules": sorted(sys.modules),
+                   "ppid": os.getppid(), "name": __name__}, f)
     print(f"stand-in {mode}", flush=True)
     if mode.startswith("exit:"):
         sys.exit(int(mode.split(":")[1]))

@@ -2,6 +2,7 @@
 launcher as a subprocess, its output, the trainer's steps, and what it left running."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from process_starts import start
 
 from benchmarks import faults
 from benchmarks.faults import as_terminal_foreground
@@ -42,6 +44,22 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
         out, _ = proc.communicate()
         pytest.fail(f"tandem run did not finish in {timeout}s:\n{out[-4000:]}")
     return out
+
+
+def export(exp: ExpDir, out: Path, *args: str) -> dict:
+    """`tandem export --exp EXP --json ARGS OUT` (process_starts.start: forked where it can be);
+    the JSON it reported."""
+    console = out.parent / f"{out.name}.export.log"
+    console.write_text("")
+    proc = start(["-m", "launcher.cli", "export", "--exp", str(exp.root), "--json", *args, str(out)], console)
+    try:
+        proc.wait(300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    text = console.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    return json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))
 
 
 def steps(exp: ExpDir) -> list[dict]:

@@ -1,27 +1,49 @@
-"""Waiting on the processes of a multi-rank job started by a test: every rank's failure, not
-only the first (a rank that dies leaves its peers to time out in a collective)."""
+"""The processes of a multi-rank job started by a test (env:// rendezvous, as the launcher starts
+trainer ranks), and waiting on them: every rank's failure, not only the first (a rank that dies
+leaves its peers to time out in a collective)."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+from pathlib import Path
+
+from process_starts import start
+
+from services.protocol import free_port
 
 
-def rank_errors(procs: list[subprocess.Popen], timeout_s: float = 240) -> list[str]:
-    """The last 3,000 characters of stderr of each rank that failed or hung (then killed)."""
+def start_ranks(command: list[str], logs: Path, name: str, world: int = 2,
+                env: dict[str, str] | None = None) -> tuple[list, list[Path]]:
+    """`world` ranks of `python COMMAND` (process_starts.start), rank r's output in
+    `logs/NAME.rank{r}.log`; returns the processes and those files."""
+    port = free_port()
+    procs, consoles = [], []
+    for rank in range(world):
+        console = logs / f"{name}.rank{rank}.log"
+        console.write_text("")
+        procs.append(start(command, console, {**(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                              "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                                              "MASTER_PORT": str(port)}))
+        consoles.append(console)
+    return procs, consoles
+
+
+def rank_errors(procs: list, consoles: list[Path], timeout_s: float = 240) -> list[str]:
+    """The last 3,000 characters of the output of each rank that failed or hung (then killed)."""
     errors = []
-    for p in procs:
+    for p, console in zip(procs, consoles, strict=True):
         try:
-            _, err = p.communicate(timeout=timeout_s)
+            p.wait(timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
-            _, err = p.communicate()
+            p.wait()
         if p.returncode:
-            errors.append(err[-3000:])
+            errors.append(f"{console.name} (exit {p.returncode}):\n{console.read_text()[-3000:]}")
     return errors
 
 
-def reap(procs: list[subprocess.Popen]) -> None:
+def reap(procs: list) -> None:
     """Kill what is still running of a job's ranks, and the helpers each rank started in its own
     process group (dist_checkpointing's writer processes)."""
     for p in procs:

@@ -19,12 +19,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import types
 import urllib.error
 import urllib.request
 
 import pytest
+from process_starts import first_line, start
 from sglang_wheel import REPO
 
 pytestmark = pytest.mark.timeout(600)
@@ -76,19 +76,16 @@ class EmbeddedServer:
             with os.fdopen(fd, "w") as fh:
                 fh.write(key + "\n")
             files.append(f)
-        argv = [sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0",
+        argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0",
                 "--host", "127.0.0.1", "--api-key-file", str(files[0]), "--admin-api-key-file", str(files[1])]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TANDEM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.log = tmp / "server.log"
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True, env=env)
-        self.url = ""
-        while True:
-            line = self.proc.stdout.readline()
-            if line.startswith("serving on "):
-                self.url = line.split()[-1].strip()
-                return
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"the embedded server did not start:\n{self.log.read_text()[-3000:]}")
+        self.log.write_text("")
+        self.proc = start(argv, self.log, {"TANDEM_THREADS": "1"})
+        line = first_line(self.proc, self.log, "serving on ")
+        if not line:
+            self.stop()
+            raise RuntimeError(f"the embedded server did not start:\n{self.log.read_text()[-3000:]}")
+        self.url = line.split()[-1].strip()
 
     def call(self, method: str, path: str, key: str | None, body=None) -> tuple[int, object]:
         """`body` is sent as JSON; POST/PUT without one send `[]`, a body no route accepts."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -18,6 +16,7 @@ import urllib.request
 import pytest
 import torch
 from controller_helpers import write_config
+from process_starts import start
 from safetensors.torch import load_file, save_file
 
 from services.protocol import (
@@ -58,14 +57,14 @@ class Gen:
         self.root, self.port = root, free_port()
         (root / "api").write_text(KEY + "\n")
         (root / "admin").write_text(ADMIN_KEY + "\n")
-        self.argv = [sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port",
+        self.argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port",
                      str(self.port), "--api-key-file", str(root / "api"), "--admin-api-key-file", str(root / "admin"),
                      "--lora-paths", f"{POLICY_ADAPTER}={v0}"]
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen(self.argv, stdout=open(self.root / "gen.log", "ab"), stderr=subprocess.STDOUT)
+        self.proc = start(self.argv, self.root / "gen.log")
         deadline = time.monotonic() + 150
         while True:
             try:

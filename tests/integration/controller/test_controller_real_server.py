@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -17,6 +16,7 @@ import urllib.request
 import pytest
 import torch
 from controller_helpers import write_config
+from process_starts import start
 from safetensors.torch import load_file, save_file
 
 from services.protocol import (
@@ -58,10 +58,8 @@ def real_gen(tmp_path_factory, tiny_model_dir):
     admin_file = root / "gen-admin-api-key"
     admin_file.write_text(ADMIN_KEY + "\n")
     port = free_port()
-    log = open(root / "gen.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(tiny_model_dir),
-                             "--port", str(port), "--api-key-file", str(key_file), "--admin-api-key-file",
-                             str(admin_file)], stdout=log, stderr=subprocess.STDOUT)
+    proc = start(["-m", "launcher.cli", "gen", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+                  "--api-key-file", str(key_file), "--admin-api-key-file", str(admin_file)], root / "gen.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 150
     while True:

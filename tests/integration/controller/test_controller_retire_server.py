@@ -11,13 +11,12 @@ the real `GenerationClient`.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from process_starts import first_line, start
 from sync_support import ADMIN_KEY, KEY, make_controller
 
 from rollout.client import AdminClient, GenerationClient, server_load
@@ -40,19 +39,14 @@ class GenProcess:
     """One `tandem gen serve` with the experiment's key files (its URL from its first line)."""
 
     def __init__(self, model: Path, exp, name: str):
-        argv = [sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0",
+        argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0",
                 "--api-key-file", str(exp.keys / "gen-api-key"), "--admin-api-key-file",
                 str(exp.keys / "gen-admin-api-key")]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TANDEM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.log_path = exp.root / f"{name}.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        deadline, line = time.monotonic() + 150, ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("serving on ") or (not line and self.proc.poll() is not None):
-                break
-        if not line.startswith("serving on "):
+        self.log_path.write_text("")
+        self.proc = start(argv, self.log_path, {"TANDEM_THREADS": "1"})
+        line = first_line(self.proc, self.log_path, "serving on ")
+        if not line:
             self.stop()
             raise RuntimeError(f"{name} did not start:\n{self.log_path.read_text()[-3000:]}")
         self.url = line.split()[-1].rstrip("/")
@@ -65,7 +59,6 @@ class GenProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture

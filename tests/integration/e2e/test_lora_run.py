@@ -12,12 +12,9 @@ directory."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import torch
-from local_run import finish, leftovers, steps, tandem, write_config
+from local_run import export, finish, leftovers, steps, tandem, write_config
 from safetensors.torch import load_file
 
 from services.protocol import ExpDir, read_metrics
@@ -25,14 +22,6 @@ from trainer.batch import StepBatch, plan_step
 from trainer.buffer import Group
 from trainer.config import LoraConfig, TrainerConfig
 from trainer.loss import PPOSettings, ppo_token_loss
-
-
-def _export(exp: ExpDir, out, *args) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "export", "--exp", str(exp.root), *args, "--json",
-                           str(out)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_a_lora_run_publishes_adapters_the_server_applies(tmp_path, tiny_model_dir):
@@ -65,8 +54,8 @@ def test_a_lora_run_publishes_adapters_the_server_applies(tmp_path, tiny_model_d
     state = torch.load(exp.checkpoints / "step-2" / "rank-0.pt", map_location="cpu", weights_only=True)["backend"]
     assert "model" not in state and state["lora"]["rank"] == 8 and state["adapter"]
 
-    from_weights = _export(exp, tmp_path / "final")
-    from_checkpoint = _export(exp, tmp_path / "ckpt", "--from", "checkpoint")
+    from_weights = export(exp, tmp_path / "final")
+    from_checkpoint = export(exp, tmp_path / "ckpt", "--from", "checkpoint")
     assert from_weights["from"] == "weights/v2" and from_checkpoint["from"] == "checkpoints/step-2"
     base = load_file(tiny_model_dir / "model.safetensors")
     final = load_file(tmp_path / "final" / "model.safetensors")
@@ -77,7 +66,7 @@ def test_a_lora_run_publishes_adapters_the_server_applies(tmp_path, tiny_model_d
     assert moved and all(k.endswith("_proj.weight") for k in moved), sorted(moved)
     assert any(k.endswith("q_proj.weight") for k in moved) and any(k.endswith("down_proj.weight") for k in moved)
 
-    done = _export(exp, tmp_path / "adapter", "--adapter")
+    done = export(exp, tmp_path / "adapter", "--adapter")
     assert done["version"] == 2 and done["from"] == "weights/v2" and done["adapter"]
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["peft_type"] == "LORA"

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import torch
+from process_starts import first_line, start
 
 EXTERNAL_URL = os.environ.get("TANDEM_GEN_URL")
 API_KEY = os.environ.get("TANDEM_GEN_API_KEY", "test-key-123") if EXTERNAL_URL else "test-key-123"
@@ -58,9 +57,12 @@ class Api:
 
 
 class ServerProcess:
+    """`tandem gen serve` on a free port (started by process_starts: forked from a preloaded
+    interpreter where it can be), its output in `log`."""
+
     def __init__(self, model: Path, tmp: Path, api_key: str | None = API_KEY, extra: tuple = (),
                  admin_key: str | None = None, env: dict | None = None):
-        argv = [sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0"]
+        argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0"]
         for flag, name, key in (("--api-key-file", "gen-api-key", api_key),
                                 ("--admin-api-key-file", "gen-admin-key", admin_key)):
             if key:
@@ -68,21 +70,13 @@ class ServerProcess:
                 key_file.write_text(key + "\n")
                 key_file.chmod(0o600)
                 argv += [flag, str(key_file)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TANDEM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               **(env or {})}
-        self.log = open(tmp / "server.log", "w+")
-        self.proc = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        deadline = time.monotonic() + 120
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("serving on "):
-                break
-            if not line and self.proc.poll() is not None:
-                break
-        if not line.startswith("serving on "):
+        self.log = tmp / "server.log"
+        self.log.write_text("")
+        self.proc = start(argv + list(extra), self.log, {"TANDEM_THREADS": "1", **(env or {})})
+        line = first_line(self.proc, self.log, "serving on ", 120)
+        if not line:
             self.stop()
-            raise RuntimeError(f"server did not start:\n{(tmp / 'server.log').read_text()[-3000:]}")
+            raise RuntimeError(f"server did not start:\n{self.log.read_text()[-3000:]}")
         self.url = line.split()[-1]
         self.api = Api(self.url, api_key)
         # the key for admin routes: the admin key when the server has one (the API key is refused)
@@ -96,7 +90,6 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
 
 
 SHARED_RANK = 3

@@ -69,17 +69,15 @@ def test_a_client_leaving_mid_body_is_one_line_in_the_log(shared_process, shared
     from urllib.parse import urlparse
 
     url = urlparse(shared_process.url)
-    shared_process.log.flush()
-    start = os.path.getsize(shared_process.log.name)
+    start = os.path.getsize(shared_process.log)
     with socket.create_connection((url.hostname, url.port), timeout=10) as s:
         s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Authorization: Bearer " + shared_process.api.api_key.encode() +
                   b"\r\nContent-Length: 100000\r\n\r\n{\"input_ids\": [1, ")
     out = shared_server.generate(PROMPT, max_new_tokens=2, ignore_eos=True)   # still serving
     assert len(out["output_ids"]) == 2
-    shared_process.log.flush()
     deadline = time.monotonic() + 10
-    while "client went away" not in (log := open(shared_process.log.name).read()[start:]):
+    while "client went away" not in (log := shared_process.log.read_text()[start:]):
         assert time.monotonic() < deadline, log[-2000:]
         time.sleep(0.1)
     assert "Traceback" not in log and "/generate failed" not in log, log[-3000:]

@@ -35,7 +35,8 @@ def server_env():
 
 @pytest.fixture(scope="module")
 def forks(tmp_path_factory, server_env):
-    f = RoleForks(tmp_path_factory.mktemp("forks") / "role-forks.console", server_env)
+    f = RoleForks(tmp_path_factory.mktemp("forks") / "role-forks.console", server_env,
+                  also_preload=("xml.dom.minidom",), cpus={min(os.sched_getaffinity(0))})
     yield f
     f.close()
 
@@ -65,6 +66,8 @@ def test_a_fork_is_its_own_session_with_its_environment_argv_and_console(forks, 
     assert seen["env"]["TANDEM_THREADS"] == "3" and seen["env"]["RANK"] == "1"
     assert seen["argv"][1:] == [str(report), "exit:0"] and seen["argv"][0].endswith("fork_standin.py")
     assert seen["name"] == "__main__" and seen["torch_preloaded"]   # run as -m, in the preloaded interpreter
+    assert "xml.dom.minidom" in seen["modules"]                       # also_preload
+    assert os.sched_getaffinity(seen["ppid"]) == {min(os.sched_getaffinity(0))}   # the server's `cpus`
     assert "stand-in exit:0" in (tmp_path / "role.console").read_text()
 
 
@@ -94,12 +97,14 @@ def test_a_signalled_role_reports_the_signal_and_wait_times_out_before(forks, tm
     with pytest.raises(subprocess.TimeoutExpired):
         role.wait(0.3)
     assert role.poll() is None
-    os.killpg(role.pid, signal.SIGKILL)
+    role.kill()
     assert role.wait(30) == -signal.SIGKILL   # as Popen says it
 
 
 def test_a_variable_read_at_import_that_differs_means_a_fresh_start(forks, tmp_path, server_env):
     assert differs_at_import({**server_env, "HF_HOME": "/elsewhere"}, server_env) == ["HF_HOME"]
+    # read when services.protocol.collectives is imported (a fork would keep the server's value)
+    assert differs_at_import({**server_env, "TANDEM_EMULATE_NCCL": "1"}, server_env) == ["TANDEM_EMULATE_NCCL"]
     assert differs_at_import({**server_env, "OMP_NUM_THREADS": "4", "TANDEM_CPUS": "1"}, server_env) == []
     assert forks.spawn(["-m", "fork_standin", str(tmp_path / "r.json"), "exit:0"],
                        {**server_env, "PYTHONPATH": "/elsewhere"}, tmp_path / "c") is None
@@ -113,8 +118,11 @@ def test_the_supervisor_forks_model_roles_and_starts_the_rest_fresh(tmp_path, se
     sup = LocalSupervisor(exp, fork_roles=True)
     try:
         reports = {kind: tmp_path / f"{kind}.json" for kind in ("rollout", "controller")}
-        children = {kind: sup.start(Role(f"{kind}-0", [sys.executable, "-m", "fork_standin", str(path), "exit:0"],
-                                         kind=kind)) for kind, path in reports.items()}
+        roles = {kind: Role(f"{kind}-0", [sys.executable, "-m", "fork_standin", str(path), "exit:0"], kind=kind)
+                 for kind, path in reports.items()}
+        assert sup.forked(roles["rollout"]) and not sup.forked(roles["controller"])
+        assert not sup.forked(Role("rollout-1", ["bash", "-c", "true"], kind="rollout"))   # not python -m
+        children = {kind: sup.start(role) for kind, role in roles.items()}
         assert all(c.proc.wait(60) == 0 for c in children.values())
         assert _report(reports["rollout"])["torch_preloaded"]          # forked
         assert not _report(reports["controller"])["torch_preloaded"]   # a light service: fresh

@@ -1,6 +1,7 @@
 """One rank of a 2-rank data-parallel job with Megatron's DistributedOptimizer on CPU tensors.
 
-Run as a script with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (gloo): `MODEL OUT`. Each DP
+Run as `python -m` (tests/support/rank_processes.start_ranks) with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT set (gloo): `MODEL OUT`. Each DP
 rank holds a different range of every parameter's fp32 main weight and Adam moments; the
 worker sets those ranges from known full tensors (a function of the parameter's name), checks
 that `optim_state.read` rebuilds the full tensors on both ranks, and saves a dist checkpoint

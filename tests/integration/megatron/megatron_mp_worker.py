@@ -1,6 +1,7 @@
 """One rank of the 2-process tensor-parallel job driven by test_megatron_backend.py.
 
-Run as a script with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set (gloo, CPU).
+Run as `python -m` (tests/support/rank_processes.start_ranks) with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT set (gloo, CPU).
 `train MODEL OUT`: TP=2 round trip, two training steps with a dist checkpoint in between, an HF
 export, then a third step that blocks before its backward pass (the test SIGKILLs it there).
 `resume MODEL OUT`: load the checkpoint and redo step two; then, in the same processes, rebuild

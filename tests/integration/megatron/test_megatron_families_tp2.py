@@ -8,21 +8,15 @@ The job's dist checkpoint is exported to HF tensors here, as `tandem export` doe
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import megatron_case as mc
 import megatron_families as mf
 import pytest
 import torch
-from rank_processes import rank_errors, reap
-
-from services.protocol import free_port
+from rank_processes import rank_errors, reap, start_ranks
 
 pytestmark = pytest.mark.timeout(240)
-WORKER = Path(__file__).resolve().parent / "families_tp2_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +27,9 @@ def qwen3_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tp2(qwen3_dir, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("tp2")
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(qwen3_dir), str(out)],
-                              env=os.environ | {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for r in (0, 1)]
+    procs, logs = start_ranks(["-m", "families_tp2_worker", str(qwen3_dir), str(out)], out, "tp2")
     try:
-        errors = rank_errors(procs, timeout_s=180)
+        errors = rank_errors(procs, logs, timeout_s=180)
     finally:
         reap(procs)   # dist_checkpointing's writer processes, if any outlived their rank
     assert not errors, "\n----\n".join(errors)

@@ -25,7 +25,7 @@ import megatron_case as mc
 import pytest
 import torch
 from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
-from rank_processes import rank_errors
+from rank_processes import rank_errors, reap, start_ranks
 
 from trainer.megatron import dist_ckpt, gpu, optim_state
 
@@ -113,22 +113,16 @@ def test_distributed_optimizer_state_spread_over_two_dp_ranks_resumes_at_one(bac
     """Two real ranks (gloo) each hold a different range of every parameter's main weight and
     moments (gpu_optimizer_dp_worker.py); `optim_state.read` rebuilds the full tensors on both,
     and their DP=2 checkpoint resumes in this single CPU process with exactly those values."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from gpu_optimizer_dp_worker import expected
 
-    from services.protocol import free_port
 
-    worker = Path(__file__).with_name("gpu_optimizer_dp_worker.py")
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(worker), str(backend.model_dir), str(tmp_path)],
-                              env=os.environ | {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    errors = rank_errors(procs)
+    procs, logs = start_ranks(["-m", "gpu_optimizer_dp_worker", str(backend.model_dir), str(tmp_path)], tmp_path,
+                              "dp")
+    try:
+        errors = rank_errors(procs, logs)
+    finally:
+        reap(procs)
     assert not errors, "\n----\n".join(errors)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert all(r["rebuilt"] for r in ranks)

@@ -12,18 +12,13 @@ makes a tensor of a vocabulary width with more than a chunk of rows; the rows pa
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import logprob_head_case as lc
 import megatron_case as mc
 import pytest
 import torch
-from rank_processes import rank_errors, reap
-
-from services.protocol import free_port
+from rank_processes import rank_errors, reap, start_ranks
 
 pytestmark = pytest.mark.timeout(300)
 WORKER = Path(__file__).resolve().parent / "logprob_head_tp2_worker.py"
@@ -36,14 +31,9 @@ def tp2(tmp_path_factory) -> dict:
     untied = mc.make_model_dir(root / "untied", tied=False)
     cases = {"tied-128": f"{tied}:128", "untied-128": f"{untied}:128", "tied-10": f"{tied}:10",
              "untied-10": f"{untied}:10"}
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(root), *cases.values()],
-                              env=os.environ | {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for r in (0, 1)]
+    procs, logs = start_ranks(["-m", "logprob_head_tp2_worker", str(root), *cases.values()], root, "head")
     try:
-        errors = rank_errors(procs, timeout_s=240)
+        errors = rank_errors(procs, logs, timeout_s=240)
     finally:
         reap(procs)
     assert not errors, "\n----\n".join(errors)

@@ -18,7 +18,6 @@ over ZeroMQ by a real `TrajectorySource`, with the trainer tests' stand-in contr
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import megatron_case as mc
 import numpy as np
 import pytest
 import torch
-from rank_processes import reap
+from rank_processes import reap, start_ranks
 from safetensors.torch import load_file
 
 from launcher.config import load_config, save_resolved
@@ -37,7 +36,6 @@ from services.protocol import (
     ExpDir,
     Trajectory,
     TrajectorySource,
-    free_port,
     generate_keys,
     load_keys,
     read_metrics,
@@ -99,16 +97,9 @@ class _Controller:
 
 def _run_trainer(exp: ExpDir, world: int, *extra: str, send: list[Trajectory] = ()) -> None:
     """Start `world` trainer ranks (env:// rendezvous as the launcher does), feed them, wait."""
-    port = free_port()
-    procs = []
+    procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra], exp.root, "trainer",
+                              world)
     try:
-        for rank in range(world):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            log = open(exp.root / f"trainer-{rank}.log", "w")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra],
-                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         if send:
             deadline = time.monotonic() + 120
             while not exp.service_file("trainer").exists() and time.monotonic() < deadline \
@@ -123,8 +114,7 @@ def _run_trainer(exp: ExpDir, world: int, *extra: str, send: list[Trajectory] = 
             time.sleep(0.2)
     finally:
         reap(procs)
-    logs = "\n".join((exp.root / f"trainer-{r}.log").read_text()[-3000:] for r in range(world))
-    assert all(p.returncode == 0 for p in procs), logs
+    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-3000:] for log in logs)
 
 
 def _send(exp: ExpDir, address: str, trajectories: list[Trajectory]) -> None:

@@ -5,22 +5,18 @@ Real megatron-core 0.16.1 on CPU (gloo); every case is a real 2-process torch.di
 """
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import megatron_case as mc
 import pytest
 import torch
+from rank_processes import reap, start_ranks
 
-from services.protocol import free_port
 from trainer.backend import PackedBatch
 
 pytestmark = pytest.mark.timeout(240)
-WORKER = Path(__file__).resolve().parent / "megatron_mp_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -52,31 +48,12 @@ def _seq(mb: PackedBatch, s: int) -> PackedBatch:
 
 
 # ---- the 2-process TP=2 job -------------------------------------------------------------------
-def _launch(mode: str, model_dir: Path, out: Path) -> list[subprocess.Popen]:
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = os.environ | {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        log = open(out / f"{mode}.rank{rank}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), mode, str(model_dir), str(out)],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-    return procs
+def _launch(mode: str, model_dir: Path, out: Path) -> list:
+    return start_ranks(["-m", "megatron_mp_worker", mode, str(model_dir), str(out)], out, mode)[0]
 
 
 def _logs(out: Path, mode: str) -> str:
     return "\n".join((out / f"{mode}.rank{r}.log").read_text()[-3000:] for r in range(2))
-
-
-def _kill(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-        p.wait()
-        try:  # helpers the rank started itself (dist_checkpointing's writer processes)
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +70,14 @@ def tp2_job(model_dir, tmp_path_factory):
                 pytest.fail("TP=2 train job did not reach step 3:\n" + _logs(out, "train"))
             time.sleep(0.2)
     finally:
-        _kill(procs)
+        reap(procs)
     assert all(p.returncode == -signal.SIGKILL for p in procs)
     procs = _launch("resume", model_dir, out)
     try:
         for p in procs:
             p.wait(timeout=180)
     finally:
-        _kill(procs)
+        reap(procs)
     assert all(p.returncode == 0 for p in procs), _logs(out, "resume")
     return {"dir": out, "train": torch.load(out / "train.pt", weights_only=False),
             "resume": torch.load(out / "resume.pt", weights_only=False)}

@@ -14,8 +14,6 @@ published. Then, for each run, `tandem export` as a user runs it:
 """
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -24,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from rank_processes import reap
+from local_run import export
+from rank_processes import reap, start_ranks
 from safetensors.torch import load_file
 from trainer_feed import send
 
 from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir, Trajectory, free_port, generate_keys, read_service
+from services.protocol import ExpDir, Trajectory, generate_keys, read_service
 
 pytestmark = pytest.mark.timeout(600)
 FAKE_CONTROLLER = Path(__file__).with_name("fake_controller.py")
@@ -68,15 +67,10 @@ def _exp(root: Path, model_dir: Path, backend: str) -> ExpDir:
 def _train(exp: ExpDir, world: int, trajectories) -> None:
     """`world` trainer ranks (env:// rendezvous, as the launcher starts them) until they finish."""
     ctl = subprocess.Popen([sys.executable, str(FAKE_CONTROLLER), str(exp.root), ""])
-    port, procs = free_port(), []
+    procs, logs = [], []
     try:
         read_service(exp, "controller", timeout_s=30)
-        for rank in range(world):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            log = open(exp.root / f"trainer-{rank}.log", "w")
-            procs.append(subprocess.Popen([sys.executable, "-m", "launcher.cli", "trainer", "--exp", str(exp.root)],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root)], exp.root, "trainer", world)
         send(exp, trajectories)
         deadline = time.monotonic() + 400
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -87,16 +81,7 @@ def _train(exp: ExpDir, world: int, trajectories) -> None:
         reap(procs)
         ctl.terminate()
         ctl.wait(10)
-    logs = "\n".join((exp.root / f"trainer-{r}.log").read_text()[-3000:] for r in range(world))
-    assert all(p.returncode == 0 for p in procs), logs
-
-
-def _export(exp: ExpDir, out: Path, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "export", "--exp", str(exp.root), "--json",
-                           *args, str(out)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-3000:] for log in logs)
 
 
 @pytest.fixture(scope="module", params=["torch", "megatron"])
@@ -121,7 +106,7 @@ def _generate(path: Path) -> list[int]:
 def test_a_checkpoint_exports_the_tensors_the_run_published(run, small_model_dir):
     backend, exp, tmp = run
     out = tmp / "from-checkpoint-v1"
-    done = _export(exp, out, "--version", "v1", "--from", "checkpoint")
+    done = export(exp, out, "--version", "v1", "--from", "checkpoint")
     assert (done["version"], done["from"], done["final"]) == (1, "checkpoints/step-1", False)
     assert done["dtype"] == "float32"   # the CPU runs train float32; a Megatron export is float32 anyway
     got, published = load_file(out / "model.safetensors"), load_file(exp.weights / "v1" / "model.safetensors")
@@ -138,12 +123,12 @@ def test_a_checkpoint_exports_the_tensors_the_run_published(run, small_model_dir
 def test_the_default_is_the_final_version_and_it_generates(run):
     backend, exp, tmp = run
     out = tmp / "final"
-    done = _export(exp, out)
+    done = export(exp, out)
     assert (done["version"], done["from"], done["final"]) == (2, "weights/v2", True)
     for k, t in load_file(exp.weights / "v2" / "model.safetensors").items():
         assert torch.equal(load_file(out / "model.safetensors")[k], t), k
     converted = tmp / "final-from-checkpoint"
-    assert _export(exp, converted, "--from", "checkpoint")["from"] == "checkpoints/step-2"
+    assert export(exp, converted, "--from", "checkpoint")["from"] == "checkpoints/step-2"
     assert _generate(out) == _generate(converted)
 
 

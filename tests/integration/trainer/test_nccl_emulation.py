@@ -21,11 +21,11 @@ import sys
 import textwrap
 
 import pytest
-from rank_processes import rank_errors
+from rank_processes import rank_errors, reap, start_ranks
 from test_trainer_loop import SPECS, FakeController, groups, make_exp
 from trainer_feed import send
 
-from services.protocol import free_port, read_metrics
+from services.protocol import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
 EMULATE = {"TANDEM_EMULATE_NCCL": "1", "OMP_NUM_THREADS": "1"}
@@ -62,20 +62,14 @@ def test_two_ranks_train_a_step_under_nccls_device_rule(tmp_path, small_model_di
         overrides |= {"trainer.backend": "megatron", "trainer.pipeline_parallel": 2}
     exp = make_exp(tmp_path, "nccl", small_model_dir, **overrides)
     ctl = FakeController(exp, python_bin)
-    port = free_port()
     procs = []
     try:
-        for rank in (0, 1):
-            env = {**os.environ, **EMULATE, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            procs.append(subprocess.Popen([python_bin, "-m", "launcher.cli", "trainer", "--exp", str(exp.root)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+        procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root)], tmp_path, "trainer",
+                                  env=EMULATE)
         send(exp, groups(traj, SPECS[:2]))
-        errors = rank_errors(procs)
+        errors = rank_errors(procs, logs)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        reap(procs)
         ctl.close()
     assert not errors, "\n----\n".join(errors)
     (rec,) = read_metrics(exp, "trainer", "step")

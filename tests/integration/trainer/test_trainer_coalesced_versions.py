@@ -29,14 +29,14 @@ def test_the_trainer_announces_ahead_of_a_draining_update_within_keep_weights(tm
         "trainer.total_steps": 3, "trainer.checkpoint_every": 3})
     ctl = FakeController(exp, sys.executable, hold={1})
     try:
-        proc = start_trainer(exp, sys.executable)
+        proc = start_trainer(exp)
         send(exp, groups(traj, SPECS))
         # v2 is announced while v1 is still being applied (held): the trainer did not wait.
         ctl.wait_received(2, timeout_s=240)
         assert "answered 1" not in events(ctl)
         assert (exp.weights / "v1").is_dir()      # still there: publishing v2 kept the newest 2
         ctl.release(1)
-        finish(proc, timeout=240)
+        finish(proc, exp, timeout=240)
     finally:
         ctl.close()
     log = events(ctl)

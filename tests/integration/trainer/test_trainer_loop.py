@@ -7,7 +7,6 @@ the controller does. Trajectories come from a real `TrajectorySource`.
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_starts import start
+from rank_processes import rank_errors, reap, start_ranks
 from safetensors.torch import load_file
 from trainer_feed import send
 
@@ -76,10 +77,9 @@ def make_exp(tmp_path, name, model_dir, **overrides) -> ExpDir:
     return exp
 
 
-def start_trainer(exp: ExpDir, python_bin, *extra) -> subprocess.Popen:
-    return subprocess.Popen([python_bin, "-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+def start_trainer(exp: ExpDir, *extra):
+    """`tandem trainer` (process_starts.start), its output appended to <exp>/trainer.console."""
+    return start(["-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra], exp.root / "trainer.console")
 
 
 def groups(traj, specs):
@@ -95,14 +95,14 @@ def groups(traj, specs):
     return out
 
 
-def finish(proc, timeout=120) -> int:
+def finish(proc, exp: ExpDir, timeout=120) -> int:
     try:
-        _, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"trainer did not finish:\n{err[-3000:]}")
-    assert proc.returncode == 0, err[-3000:]
+        proc.wait()
+        pytest.fail(f"trainer did not finish:\n{(exp.root / 'trainer.console').read_text()[-3000:]}")
+    assert proc.returncode == 0, (exp.root / "trainer.console").read_text()[-3000:]
     return proc.returncode
 
 
@@ -121,9 +121,9 @@ def reference_run(tmp_path_factory, small_model_dir, traj):
     ctl = FakeController(ref, python_bin)
     ctl.set_rejected(3)   # groups the workflows rejected (dynamic sampling), as the ledger counts them
     try:
-        proc = start_trainer(ref, python_bin)
+        proc = start_trainer(ref)
         send(ref, groups(traj, SPECS))
-        finish(proc)
+        finish(proc, ref)
     finally:
         ctl.close()
     assert ctl.received == [1, 2]
@@ -156,7 +156,7 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
     ctl.set_rejected(3)
     try:
         # 1. Everything but the second sample of d; step 1 runs, then the trainer waits for d.
-        proc = start_trainer(run, python_bin)
+        proc = start_trainer(run)
         send(run, data[:7])
         ctl.wait_received(1)
         deadline = time.monotonic() + 60
@@ -167,10 +167,10 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
         # 2. SIGTERM: a clean exit with a checkpoint holding c (complete) and half of d.
         pid1 = read_service(run, "trainer")["pid"]
         proc.send_signal(signal.SIGTERM)
-        finish(proc, timeout=60)
+        finish(proc, run, timeout=60)
         assert step_dirs(run) == ["step-1"] and not (run.weights / "v2").exists()
         # 3. Resume, send the missing sample: step 2 runs; SIGKILL while v2 waits for its ack.
-        proc = start_trainer(run, python_bin, "--resume")
+        proc = start_trainer(run, "--resume")
         send(run, data[7:], old_pid=pid1)
         ctl.wait_received(2)
         proc.send_signal(signal.SIGKILL)
@@ -178,8 +178,8 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
         assert step_dirs(run) == ["step-1"] and (run.weights / "v2").exists()
         # 4. Resume again: nothing is sent; step 2 is redone from the checkpoint's buffer.
         ctl.release(2)
-        proc = start_trainer(run, python_bin, "--resume")
-        finish(proc)
+        proc = start_trainer(run, "--resume")
+        finish(proc, run)
     finally:
         ctl.close()
     # Each resume republishes its checkpoint's version (v1) before training on: servers of an
@@ -205,25 +205,17 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
 
 def test_two_data_parallel_ranks_match_one_rank(tmp_path, small_model_dir, traj, python_bin, reference_run):
     """Two trainer processes over gloo (env:// rendezvous, as the launcher starts them)."""
-    from services.protocol import free_port
     exp = make_exp(tmp_path, "dp", small_model_dir, **{"trainer.total_steps": 1})
     ctl = FakeController(exp, python_bin)
-    port = free_port()
     procs = []
     try:
-        for rank in (0, 1):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            procs.append(subprocess.Popen([python_bin, "-m", "launcher.cli", "trainer", "--exp", str(exp.root)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+        procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root)], tmp_path, "trainer")
         send(exp, groups(traj, SPECS[:2]))
-        for p in procs:
-            finish(p)
+        errors = rank_errors(procs, logs, timeout_s=120)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        reap(procs)
         ctl.close()
+    assert not errors, "\n----\n".join(errors)
     (dp,) = read_metrics(exp, "trainer", "step")
     one = read_metrics(reference_run, "trainer", "step")[0]
     for key in ("loss", "grad_norm", "valid_tokens", "entropy", "clip_fraction"):
@@ -246,9 +238,9 @@ def test_broadcast_weight_sync_delivers_the_trained_tensors(tmp_path, small_mode
                                                            "trainer.weight_sync": "broadcast"})
     ctl = FakeController(exp, python_bin)
     try:
-        proc = start_trainer(exp, python_bin)
+        proc = start_trainer(exp)
         send(exp, groups(traj, SPECS[:2]))
-        finish(proc)
+        finish(proc, exp)
     finally:
         ctl.close()
     (rec,) = read_metrics(exp, "trainer", "step")

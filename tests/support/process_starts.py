@@ -1,0 +1,71 @@
+"""Processes a test starts (generation servers, trainer and Megatron ranks), forked from one
+interpreter per pytest process that has imported torch, transformers and megatron-core.
+
+Why: the suite is bound by CPU on two cores, and these processes spend most of theirs importing:
+a Megatron rank about 9 CPU-seconds for megatron-core and torch before a step that takes one, a
+generation server about 5. The mechanism is the product's own (launcher/backends/role_forks.py,
+what `tandem run` uses on the local backend), whose tests (test_role_forks.py) show that a fork
+is its own process, session, console, environment and command line, run as `python -m` runs it.
+
+What a test gets: an object with `pid`, `poll`, `wait`, `terminate`, `kill`, `returncode`, as from
+`subprocess.Popen`, its output (stdout and stderr) appended to a console file. Commands are
+`-m MODULE ARGS` (the Megatron workers of tests/integration/megatron are modules on PYTHONPATH).
+A fresh interpreter is started instead where the server cannot fork one: a GPU build of torch,
+an environment that differs in a variable read at import (e.g. `TANDEM_EMULATE_NCCL`), or a
+server that failed.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from launcher.backends.role_forks import ForkedRole, RoleForks, differs_at_import, gpu_build_of_torch
+
+MEGATRON_WORKERS = Path(__file__).resolve().parents[1] / "integration" / "megatron"
+ALSO_PRELOAD = ("megatron.core", "trainer.megatron.backend")
+# What every started process gets on top of the test's environment (and the server has too, so
+# that the processes' variables read at import equal the server's).
+BASE = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(MEGATRON_WORKERS), os.environ.get("PYTHONPATH")]))}
+
+_forks: RoleForks | None = None
+
+
+def environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, **BASE, **(env or {})}
+
+
+def start(command: list[str], console: Path, env: dict[str, str] | None = None) -> ForkedRole | subprocess.Popen:
+    """Start `python COMMAND` (`command` without the interpreter) with the test's environment,
+    BASE and `env`, in its own session, its output appended to `console`."""
+    global _forks
+    full_env = environment(env)
+    if not gpu_build_of_torch() and not differs_at_import(full_env, environment()):
+        if _forks is None:
+            _forks = RoleForks(Path(tempfile.mkdtemp(prefix="tandem-test-forks-")) / "role-forks.console",
+                               environment(), ALSO_PRELOAD)
+            atexit.register(_forks.close)
+        proc = _forks.spawn(command, full_env, console)
+        if proc is not None:
+            return proc
+    with open(console, "ab") as out:
+        return subprocess.Popen([sys.executable, *command], env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def first_line(proc, console: Path, prefix: str, timeout_s: float = 150) -> str:
+    """The first line of `console` that starts with `prefix` (e.g. a server's "serving on URL"),
+    waited for while `proc` runs; "" when it exited or the time ran out first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = proc.poll() is None
+        line = next((w for w in console.read_text(errors="replace").splitlines() if w.startswith(prefix)), "")
+        if line or not running:
+            return line
+        time.sleep(0.05)
+    return ""
