@@ -10,9 +10,8 @@ is its own process, session, console, environment and command line, run as `pyth
 What a test gets: an object with `pid`, `poll`, `wait`, `terminate`, `kill`, `returncode`, as from
 `subprocess.Popen`, its output (stdout and stderr) appended to a console file. Commands are
 `-m MODULE ARGS` (the Megatron workers of tests/integration/megatron are modules on PYTHONPATH).
-A fresh interpreter is started instead where the server cannot fork one: a GPU build of torch,
-an environment that differs in a variable read at import (e.g. `TANDEM_EMULATE_NCCL`), or a
-server that failed.
+Each environment, as read at import (PYTHON*, HF_*, TANDEM_EMULATE_NCCL, ...), has its own server.
+A fresh interpreter is started instead with a GPU build of torch, or where a server failed.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.backends.role_forks import ForkedRole, RoleForks, differs_at_import, gpu_build_of_torch
+from launcher.backends.role_forks import READ_AT_IMPORT, ForkedRole, RoleForks, gpu_build_of_torch
 
 MEGATRON_WORKERS = Path(__file__).resolve().parents[1] / "integration" / "megatron"
 ALSO_PRELOAD = ("megatron.core", "trainer.megatron.backend")
@@ -33,7 +32,9 @@ ALSO_PRELOAD = ("megatron.core", "trainer.megatron.backend")
 BASE = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(MEGATRON_WORKERS), os.environ.get("PYTHONPATH")]))}
 
-_forks: RoleForks | None = None
+# One server per environment as read at import (a test that sets such a variable, e.g.
+# TANDEM_EMULATE_NCCL, gets one that imported with it), started on first use.
+_servers: dict[tuple, RoleForks] = {}
 
 
 def environment(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -43,14 +44,15 @@ def environment(env: dict[str, str] | None = None) -> dict[str, str]:
 def start(command: list[str], console: Path, env: dict[str, str] | None = None) -> ForkedRole | subprocess.Popen:
     """Start `python COMMAND` (`command` without the interpreter) with the test's environment,
     BASE and `env`, in its own session, its output appended to `console`."""
-    global _forks
     full_env = environment(env)
-    if not gpu_build_of_torch() and not differs_at_import(full_env, environment()):
-        if _forks is None:
-            _forks = RoleForks(Path(tempfile.mkdtemp(prefix="tandem-test-forks-")) / "role-forks.console",
-                               environment(), ALSO_PRELOAD)
-            atexit.register(_forks.close)
-        proc = _forks.spawn(command, full_env, console)
+    if not gpu_build_of_torch():
+        read_at_import = tuple(sorted((k, v) for k, v in full_env.items() if k.startswith(READ_AT_IMPORT)))
+        if read_at_import not in _servers:
+            console_dir = Path(tempfile.mkdtemp(prefix="tandem-test-forks-"))
+            _servers[read_at_import] = RoleForks(console_dir / "role-forks.console",
+                                                 {**environment(), **dict(read_at_import)}, ALSO_PRELOAD)
+            atexit.register(_servers[read_at_import].close)
+        proc = _servers[read_at_import].spawn(command, full_env, console)
         if proc is not None:
             return proc
     with open(console, "ab") as out:
