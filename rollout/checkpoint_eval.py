@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -36,14 +35,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.protocol import ExpDir, GradeItem, write_json_atomic
+from services.protocol import ExpDir, GradeItem, numbered_dirs, write_json_atomic
 
 SERVER_START_TIMEOUT_S = 600.0
 EXPORT_TIMEOUT_S = 1800.0
 
 
 FINAL = "final"
-_VERSION_DIR = re.compile(r"(?:v|step-)(\d+)")
 
 
 class EvalError(RuntimeError):
@@ -84,23 +82,14 @@ def is_adapter_dir(path: Path) -> bool:
     return (path / "adapter_config.json").is_file()
 
 
-def _versions(root: Path, prefix: str) -> list[int]:
-    """Policy versions of `root`'s `<prefix><N>` entries (weights/v<N>, checkpoints/step-<N>)."""
-    try:
-        names = [p.name for p in root.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-    return sorted(int(m.group(1)) for n in names if (m := _VERSION_DIR.fullmatch(n)) and n.startswith(prefix))
-
-
 def final_policy(exp: ExpDir) -> tuple[int, Path | None]:
     """(version, its published HF directory or None: export the checkpoint of that version).
 
     The newest published weights win ties: serving them converts nothing (and works for a
     Megatron run, whose sharded checkpoints do not convert here)."""
-    published = [v for v in _versions(exp.weights, "v") if (exp.weights / f"v{v}" / "config.json").exists()
+    published = [v for v in numbered_dirs(exp.weights, "v") if (exp.weights / f"v{v}" / "config.json").exists()
                  or is_adapter_dir(exp.weights / f"v{v}")]
-    checkpoints = _versions(exp.checkpoints, "step-")
+    checkpoints = numbered_dirs(exp.checkpoints, "step-")
     if not published and not checkpoints:
         raise EvalError(f"{exp.root}: no policy to evaluate: no published weights in {exp.weights} "
                         f"and no checkpoint in {exp.checkpoints}")

@@ -24,9 +24,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
 
-# The longest integration modules (minutes each on 2 cores) start first, so that with several
-# workers (`make test`) none is left running one of them alone at the end.
-LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/slurm/", "tests/integration/e2e/")
+# The longest work units (a module, or a directory one worker runs whole: worker_groups.py; a
+# minute or more each on 2 cores) start first, so that with several workers (`make test`) none is
+# left running one of them alone at the end. Not the reward tests: their scan for leftover sandbox
+# processes is machine-wide, so they run after the code-task runs of e2e/.
+LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/slurm/", "tests/integration/e2e/",
+                 "tests/integration/foundation/test_doc_commands.py", "tests/integration/generation/",
+                 "tests/integration/contract/")
 
 
 def pytest_collection_modifyitems(config, items):

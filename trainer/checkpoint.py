@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +32,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from services.protocol import collectives
+from services.protocol import collectives, numbered_dirs
 
 log = logging.getLogger(__name__)
 
-STEP_DIR = re.compile(r"^step-(\d+)$")
 SHARDED_DIR = "dist"
 
 
@@ -64,10 +62,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def checkpoint_steps(root: Path) -> list[int]:
-    root = Path(root)
-    if not root.exists():
-        return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir())
+    return numbered_dirs(root, "step-")
 
 
 def latest(root: Path) -> Path | None:

@@ -46,7 +46,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from trainer import checkpoint
+from services.protocol import numbered_dirs
 from trainer.hf_dir import save_plain_model
 
 
@@ -61,7 +61,7 @@ class NotConvertible(ValueError):
 def resolve(root: Path, spec: str) -> tuple[int, Path]:
     """`latest`, `vN` or `N` -> (version, its checkpoint directory)."""
     root = Path(root)
-    steps = checkpoint.checkpoint_steps(root)
+    steps = numbered_dirs(root, "step-")
     have = ", ".join(f"v{s}" for s in steps) or "none"
     m = re.fullmatch(r"v?(\d+)", spec.strip())
     if spec.strip() != "latest" and m is None:
@@ -85,6 +85,8 @@ def _hint(version: int, weights_root: Path | None) -> str:
 def backend_state(ckpt: Path, version: int, weights_root: Path | None = None) -> dict:
     """The torch backend's state in a per-rank checkpoint: the whole model's state_dict
     (`model`), or LoRA adapters (`adapter`) with their settings (`lora`)."""
+    from trainer import checkpoint
+
     hint = _hint(version, weights_root)
     state, _ = checkpoint.load(ckpt, 0)
     backend = state.get("backend", {})
@@ -114,6 +116,7 @@ def _export_lora(state: dict, base_model: Path, out: Path, adapter: bool) -> Pat
 def _export_sharded(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None,
                     vocab_multiple: int) -> Path:
     """A Megatron checkpoint's `dist/` through megatron-core, in this process (export.py)."""
+    from trainer import checkpoint
     from trainer.megatron.export import hf_state_from_dist, write_hf_dir
 
     dist_dir = checkpoint.sharded_dir(ckpt)
@@ -133,6 +136,8 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
     """Write `out/` (config and tokenizer of `base_model`, the checkpoint's weights as safetensors);
     `adapter`: the checkpoint's LoRA adapters as peft's adapter directory instead."""
     from transformers import AutoConfig
+
+    from trainer import checkpoint
 
     if (ckpt / checkpoint.SHARDED_DIR).is_dir():
         if adapter:
@@ -180,14 +185,12 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
     `adapter`: a LoRA run's adapters as peft's directory, from its checkpoints only.
     Written in a temp directory beside `out` and renamed, so a failed export leaves nothing; an
     existing non-empty `out` is refused. Returns what was exported, from where, in which dtype."""
-    from trainer.weights.disk import published_versions, weights_dir
-
     exp_root, out = Path(exp_root), Path(out)
     weights_root, ckpt_root = exp_root / "weights", exp_root / "checkpoints"
-    published, checkpointed = published_versions(weights_root), checkpoint.checkpoint_steps(ckpt_root)
+    published, checkpointed = numbered_dirs(weights_root, "v"), numbered_dirs(ckpt_root, "step-")
     newest = max(published + checkpointed, default=None)
     if adapter:     # only checkpoints and adapter publications (trainer.lora.sync: adapter) hold them
-        published = [v for v in published if lora_adapter_dir(weights_dir(weights_root, v))]
+        published = [v for v in published if lora_adapter_dir(weights_root / f"v{v}")]
     if source == "weights":
         checkpointed = []
     elif source == "checkpoint":
@@ -209,11 +212,11 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if v in published and lora_adapter_dir(weights_dir(weights_root, v)) and not adapter:
-            merge_published_adapter(weights_dir(weights_root, v), base_model, tmp)
+        if v in published and lora_adapter_dir(weights_root / f"v{v}") and not adapter:
+            merge_published_adapter(weights_root / f"v{v}", base_model, tmp)
             origin = f"weights/v{v}"
         elif v in published:
-            shutil.copytree(weights_dir(weights_root, v), tmp)
+            shutil.copytree(weights_root / f"v{v}", tmp)
             origin = f"weights/v{v}"
         else:
             export(ckpt_root / f"step-{v}", v, base_model, tmp, weights_root, vocab_multiple, adapter)

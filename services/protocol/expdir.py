@@ -33,6 +33,16 @@ class ExpDir:
         return self.services / f"{role}.json"
 
 
+def numbered_dirs(root: str | os.PathLike, prefix: str) -> list[int]:
+    """N of each directory `<root>/<prefix><N>`, ascending: the versions of `weights/v<N>` and
+    `checkpoints/step-<N>` (none when `root` cannot be read)."""
+    try:
+        entries = [p for p in Path(root).iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return []
+    return sorted(int(p.name[len(prefix):]) for p in entries if p.name[len(prefix):].isdigit() and p.is_dir())
+
+
 def write_json_atomic(path: str | os.PathLike, obj) -> None:
     """Write JSON so a concurrent reader sees the old file or the new one, never a part."""
     path = Path(path)

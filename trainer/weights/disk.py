@@ -15,17 +15,14 @@ versions out.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 
-from services.protocol import AdapterOnDisk, WeightsOnDisk
+from services.protocol import AdapterOnDisk, WeightsOnDisk, numbered_dirs
 from trainer.backend import TrainBackend
 
 from .base import Publication, WeightPublisher
-
-VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
 def weights_dir(root: Path, version: int) -> Path:
@@ -33,10 +30,7 @@ def weights_dir(root: Path, version: int) -> Path:
 
 
 def published_versions(root: Path) -> list[int]:
-    root = Path(root)
-    if not root.exists():
-        return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := VERSION_DIR.match(p.name)) and p.is_dir())
+    return numbered_dirs(root, "v")
 
 
 def stale_versions(versions: list[int], current: int, keep: int) -> list[int]:

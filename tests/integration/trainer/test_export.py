@@ -133,11 +133,13 @@ def test_the_default_is_the_final_version_and_it_generates(run):
 
 
 def test_export_refusals_name_what_exists(run):
+    """... before torch is imported (-X importtime lists every import): a typo is answered at once."""
     backend, exp, tmp = run
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "export", "--exp", str(exp.root), "--version", "7",
-                           str(tmp / "nope")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher.cli", "export", "--exp", str(exp.root),
+                           "--version", "7", str(tmp / "nope")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no version 7" in proc.stderr
     assert "published weights: v1, v2; checkpoints: v1, v2" in proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.rpartition("|")[2].strip() == "torch"]
     assert not (tmp / "nope").exists()
     (tmp / "taken").mkdir()
     (tmp / "taken" / "x").write_text("")
