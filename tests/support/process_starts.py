@@ -71,3 +71,17 @@ def first_line(proc, console: Path, prefix: str, timeout_s: float = 150) -> str:
             return line
         time.sleep(0.05)
     return ""
+
+
+def gen_server(args: list[str], console: Path, env: dict[str, str] | None = None, timeout_s: float = 150):
+    """`tandem gen serve --port 0 ARGS` (start): the process and the URL its "serving on URL"
+    line names; RuntimeError with the end of its output when it does not come up."""
+    console.write_text("")
+    proc = start(["-m", "launcher.cli", "gen", "serve", "--port", "0", *args], console,
+                 {"TANDEM_THREADS": "1", **(env or {})})
+    line = first_line(proc, console, "serving on ", timeout_s)
+    if not line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"the generation server did not start:\n{console.read_text()[-3000:]}")
+    return proc, line.split()[-1].rstrip("/")

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from process_starts import first_line, start
+from process_starts import gen_server
 from sglang_wheel import REPO
 
 pytestmark = pytest.mark.timeout(600)
@@ -76,16 +76,9 @@ class EmbeddedServer:
             with os.fdopen(fd, "w") as fh:
                 fh.write(key + "\n")
             files.append(f)
-        argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0",
-                "--host", "127.0.0.1", "--api-key-file", str(files[0]), "--admin-api-key-file", str(files[1])]
         self.log = tmp / "server.log"
-        self.log.write_text("")
-        self.proc = start(argv, self.log, {"TANDEM_THREADS": "1"})
-        line = first_line(self.proc, self.log, "serving on ")
-        if not line:
-            self.stop()
-            raise RuntimeError(f"the embedded server did not start:\n{self.log.read_text()[-3000:]}")
-        self.url = line.split()[-1].strip()
+        self.proc, self.url = gen_server(["--model", str(model), "--host", "127.0.0.1", "--api-key-file",
+                                          str(files[0]), "--admin-api-key-file", str(files[1])], self.log)
 
     def call(self, method: str, path: str, key: str | None, body=None) -> tuple[int, object]:
         """`body` is sent as JSON; POST/PUT without one send `[]`, a body no route accepts."""

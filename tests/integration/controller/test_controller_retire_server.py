@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from process_starts import first_line, start
+from process_starts import gen_server
 from sync_support import ADMIN_KEY, KEY, make_controller
 
 from rollout.client import AdminClient, GenerationClient, server_load
@@ -39,17 +39,10 @@ class GenProcess:
     """One `tandem gen serve` with the experiment's key files (its URL from its first line)."""
 
     def __init__(self, model: Path, exp, name: str):
-        argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0",
-                "--api-key-file", str(exp.keys / "gen-api-key"), "--admin-api-key-file",
-                str(exp.keys / "gen-admin-api-key")]
         self.log_path = exp.root / f"{name}.log"
-        self.log_path.write_text("")
-        self.proc = start(argv, self.log_path, {"TANDEM_THREADS": "1"})
-        line = first_line(self.proc, self.log_path, "serving on ")
-        if not line:
-            self.stop()
-            raise RuntimeError(f"{name} did not start:\n{self.log_path.read_text()[-3000:]}")
-        self.url = line.split()[-1].rstrip("/")
+        self.proc, self.url = gen_server(["--model", str(model), "--api-key-file", str(exp.keys / "gen-api-key"),
+                                          "--admin-api-key-file", str(exp.keys / "gen-admin-api-key")],
+                                         self.log_path)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

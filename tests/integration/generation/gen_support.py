@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import torch
-from process_starts import first_line, start
+from process_starts import gen_server
 
 EXTERNAL_URL = os.environ.get("TANDEM_GEN_URL")
 API_KEY = os.environ.get("TANDEM_GEN_API_KEY", "test-key-123") if EXTERNAL_URL else "test-key-123"
@@ -62,7 +62,7 @@ class ServerProcess:
 
     def __init__(self, model: Path, tmp: Path, api_key: str | None = API_KEY, extra: tuple = (),
                  admin_key: str | None = None, env: dict | None = None):
-        argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port", "0"]
+        argv = ["--model", str(model)]
         for flag, name, key in (("--api-key-file", "gen-api-key", api_key),
                                 ("--admin-api-key-file", "gen-admin-key", admin_key)):
             if key:
@@ -71,13 +71,7 @@ class ServerProcess:
                 key_file.chmod(0o600)
                 argv += [flag, str(key_file)]
         self.log = tmp / "server.log"
-        self.log.write_text("")
-        self.proc = start(argv + list(extra), self.log, {"TANDEM_THREADS": "1", **(env or {})})
-        line = first_line(self.proc, self.log, "serving on ", 120)
-        if not line:
-            self.stop()
-            raise RuntimeError(f"server did not start:\n{self.log.read_text()[-3000:]}")
-        self.url = line.split()[-1]
+        self.proc, self.url = gen_server(argv + list(extra), self.log, env, 120)
         self.api = Api(self.url, api_key)
         # the key for admin routes: the admin key when the server has one (the API key is refused)
         self.admin = Api(self.url, admin_key or api_key)
