@@ -125,7 +125,10 @@ class RoleForks:
                                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             pass_fds=(theirs.fileno(),), start_new_session=True)
         if cpus:
-            os.sched_setaffinity(self._server.pid, cpus)
+            try:
+                os.sched_setaffinity(self._server.pid, cpus)
+            except ProcessLookupError:   # it died at once: _wait_ready says so
+                pass
         theirs.close()
         self._conn: Connection | None = ours
         self.console = console

@@ -40,7 +40,7 @@ def numbered_dirs(root: str | os.PathLike, prefix: str) -> list[int]:
         entries = [p for p in Path(root).iterdir() if p.name.startswith(prefix)]
     except OSError:
         return []
-    return sorted(int(p.name[len(prefix):]) for p in entries if p.name[len(prefix):].isdigit() and p.is_dir())
+    return sorted(int(p.name[len(prefix):]) for p in entries if p.name[len(prefix):].isdecimal() and p.is_dir())
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

@@ -23,7 +23,7 @@ def test_keys_are_private(exp):
 
 
 def test_numbered_dirs_are_the_versions_of_directories_named_with_the_prefix(tmp_path):
-    for name in ("v2", "v10", "v1", "step-3", "v7.tmp", ".v4.export-tmp", "vx"):
+    for name in ("v2", "v10", "v1", "step-3", "v7.tmp", ".v4.export-tmp", "vx", "v\u00b2"):
         (tmp_path / name).mkdir()
     (tmp_path / "v5").write_text("a file, not a version")
     assert numbered_dirs(tmp_path, "v") == [1, 2, 10]
