@@ -10,21 +10,21 @@ from pathlib import Path
 
 from process_starts import start
 
+from launcher.backends.local_ranks import rank_env
 from services.protocol import free_port
 
 
 def start_ranks(command: list[str], logs: Path, name: str, world: int = 2,
                 env: dict[str, str] | None = None) -> tuple[list, list[Path]]:
-    """`world` ranks of `python COMMAND` (process_starts.start), rank r's output in
-    `logs/NAME.rank{r}.log`; returns the processes and those files."""
+    """`world` ranks of `python COMMAND` (process_starts.start) with the variables the launcher
+    gives a trainer's ranks (rank_env), rank r's output in `logs/NAME.rank{r}.log`; returns the
+    processes and those files."""
     port = free_port()
     procs, consoles = [], []
     for rank in range(world):
         console = logs / f"{name}.rank{rank}.log"
         console.write_text("")
-        procs.append(start(command, console, {**(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                                              "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                              "MASTER_PORT": str(port)}))
+        procs.append(start(command, console, {**(env or {}), **rank_env(rank, world, port)}))
         consoles.append(console)
     return procs, consoles
 
@@ -41,6 +41,11 @@ def rank_errors(procs: list, consoles: list[Path], timeout_s: float = 240) -> li
         if p.returncode:
             errors.append(f"{console.name} (exit {p.returncode}):\n{console.read_text()[-3000:]}")
     return errors
+
+
+def tails(consoles: list[Path]) -> str:
+    """The last 3,000 characters of each rank's output, for an assertion's message."""
+    return "\n".join(console.read_text()[-3000:] for console in consoles)
 
 
 def reap(procs: list) -> None:

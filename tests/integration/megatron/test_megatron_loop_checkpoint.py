@@ -28,7 +28,7 @@ import megatron_case as mc
 import numpy as np
 import pytest
 import torch
-from rank_processes import reap, start_ranks
+from rank_processes import reap, start_ranks, tails
 from safetensors.torch import load_file
 
 from launcher.config import load_config, save_resolved
@@ -114,7 +114,7 @@ def _run_trainer(exp: ExpDir, world: int, *extra: str, send: list[Trajectory] = 
             time.sleep(0.2)
     finally:
         reap(procs)
-    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-3000:] for log in logs)
+    assert all(p.returncode == 0 for p in procs), tails(logs)
 
 
 def _send(exp: ExpDir, address: str, trajectories: list[Trajectory]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import megatron_case as mc
 import pytest
 import torch
-from rank_processes import reap, start_ranks
+from rank_processes import reap, start_ranks, tails
 
 from trainer.backend import PackedBatch
 
@@ -48,37 +48,33 @@ def _seq(mb: PackedBatch, s: int) -> PackedBatch:
 
 
 # ---- the 2-process TP=2 job -------------------------------------------------------------------
-def _launch(mode: str, model_dir: Path, out: Path) -> list:
-    return start_ranks(["-m", "megatron_mp_worker", mode, str(model_dir), str(out)], out, mode)[0]
-
-
-def _logs(out: Path, mode: str) -> str:
-    return "\n".join((out / f"{mode}.rank{r}.log").read_text()[-3000:] for r in range(2))
+def _launch(mode: str, model_dir: Path, out: Path) -> tuple[list, list[Path]]:
+    return start_ranks(["-m", "megatron_mp_worker", mode, str(model_dir), str(out)], out, mode)
 
 
 @pytest.fixture(scope="module")
 def tp2_job(model_dir, tmp_path_factory):
     """Run `train` (killed with SIGKILL inside step 3), then `resume`; return the outputs."""
     out = tmp_path_factory.mktemp("tp2")
-    procs = _launch("train", model_dir, out)
+    procs, logs = _launch("train", model_dir, out)
     try:
         deadline = time.monotonic() + 180
         while not all((out / f"in_step3.rank{r}").exists() for r in range(2)):
             if any(p.poll() is not None for p in procs):
-                pytest.fail("TP=2 train job exited early:\n" + _logs(out, "train"))
+                pytest.fail("TP=2 train job exited early:\n" + tails(logs))
             if time.monotonic() > deadline:
-                pytest.fail("TP=2 train job did not reach step 3:\n" + _logs(out, "train"))
+                pytest.fail("TP=2 train job did not reach step 3:\n" + tails(logs))
             time.sleep(0.2)
     finally:
         reap(procs)
     assert all(p.returncode == -signal.SIGKILL for p in procs)
-    procs = _launch("resume", model_dir, out)
+    procs, logs = _launch("resume", model_dir, out)
     try:
         for p in procs:
             p.wait(timeout=180)
     finally:
         reap(procs)
-    assert all(p.returncode == 0 for p in procs), _logs(out, "resume")
+    assert all(p.returncode == 0 for p in procs), tails(logs)
     return {"dir": out, "train": torch.load(out / "train.pt", weights_only=False),
             "resume": torch.load(out / "resume.pt", weights_only=False)}
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from local_run import export
-from rank_processes import reap, start_ranks
+from rank_processes import reap, start_ranks, tails
 from safetensors.torch import load_file
 from trainer_feed import send
 
@@ -81,7 +81,7 @@ def _train(exp: ExpDir, world: int, trajectories) -> None:
         reap(procs)
         ctl.terminate()
         ctl.wait(10)
-    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-3000:] for log in logs)
+    assert all(p.returncode == 0 for p in procs), tails(logs)
 
 
 @pytest.fixture(scope="module", params=["torch", "megatron"])
