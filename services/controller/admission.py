@@ -72,7 +72,7 @@ def named_fields(event: dict) -> dict:
     """`event` with its current field names (an event from an old journal is renamed). A batch's
     inner events are renamed when `apply` recurses into them."""
     renames = LEGACY_KEYS.get(event.get("op"), {})
-    if renames and not any(key in event for key in renames):
+    if renames.keys().isdisjoint(event):
         return event
     return {renames.get(key, key): value for key, value in event.items()}
 

@@ -401,6 +401,7 @@ class Controller:
             now = time.monotonic()
             lost, event = self.ledger.expire(now, self.cfg.lease_s)
             self._journal(event)
+            self.store.flush()   # (no reply follows to write it)
             for worker, gids in lost.items():
                 log.warning("worker %s silent for over %.0fs: lease expired, %d groups released", worker,
                             self.cfg.lease_s, len(gids))
@@ -427,7 +428,7 @@ class Controller:
                     "status": self.status}
         # A restart binds the announced port again: workers holding the address reach it at once.
         return serve_at_previous_address(self.exp, "controller", load_keys(self.exp.keys), handlers,
-                                         host=self.cfg.host, port=self.cfg.port)
+                                         host=self.cfg.host, port=self.cfg.port, before_replies=self.store.flush)
 
     async def run(self, shutdown: Shutdown) -> int:
         self.restore()

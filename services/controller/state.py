@@ -3,8 +3,8 @@
 A snapshot alone would lose whatever happened since it was taken (a group reported accepted
 a second before a crash would be counted again, or its slot leaked). So every ledger event is
 appended to the journal (msgpack records, a few microseconds each: the journal sits on the
-admission path), with one `write` on an O_APPEND descriptor, *before* the request that
-caused it is answered: a process killed with SIGKILL loses nothing it acknowledged (the kernel
+admission path), the events of a batch of requests with one `write` on an O_APPEND descriptor,
+*before* any of their replies is sent: a process killed with SIGKILL loses nothing it acknowledged (the kernel
 holds the bytes; only a power loss could, which fsyncing every event would cost too much to
 prevent). A snapshot is written atomically (temp file, fsync, rename) on each version change,
 on registry changes and periodically; it records the journal sequence number it covers, and the
@@ -35,6 +35,7 @@ class StateStore:
         self.since_snapshot = 0
         self._fd: int | None = None
         self._pack = msgpack.Packer(use_bin_type=True).pack
+        self._unwritten: list[bytes] = []
 
     def load(self) -> tuple[dict | None, list[dict]]:
         """The last snapshot (None if there is none) and the events journalled after it."""
@@ -68,9 +69,17 @@ class StateStore:
         self._fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def append(self, event: dict) -> None:
+        """Record `event`; it reaches the file at the next `flush`, which the controller's
+        request server calls before it sends any reply."""
         self.seq += 1
         self.since_snapshot += 1
-        os.write(self._fd, self._pack([self.seq, event]))
+        self._unwritten.append(self._pack([self.seq, event]))
+
+    def flush(self) -> None:
+        """Write the recorded events with one `write`."""
+        if self._unwritten:
+            os.write(self._fd, b"".join(self._unwritten))
+            self._unwritten = []
 
     def snapshot(self, state: dict) -> float:
         """Write `state` atomically and empty the journal; returns the seconds it took."""
@@ -78,10 +87,12 @@ class StateStore:
         write_json_atomic(self.snapshot_path, {**state, "journal_seq": self.seq, "saved_at": time.time()})
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
+        self._unwritten = []    # the snapshot holds them
         self.since_snapshot = 0
         return time.perf_counter() - t0
 
     def close(self) -> None:
         if self._fd is not None:
+            self.flush()
             os.close(self._fd)
             self._fd = None

@@ -20,15 +20,15 @@ log = logging.getLogger(__name__)
 
 
 def serve_at_previous_address(exp: ExpDir, role: str, keys: CurveKeys, handlers: dict[str, Handler],
-                              host: str, port: int = 0) -> RequestServer:
-    """A RequestServer on `port` if set (failing if taken), else on the previous process's port,
-    else on a free one."""
+                              host: str, port: int = 0, **server_options) -> RequestServer:
+    """A RequestServer (with `server_options`) on `port` if set (failing if taken), else on the
+    previous process's port, else on a free one."""
     if port:
-        return RequestServer(keys, handlers, host=host, port=port)
+        return RequestServer(keys, handlers, host=host, port=port, **server_options)
     previous = previous_port(exp, role)
     if previous:
         try:
-            return RequestServer(keys, handlers, host=host, port=previous)
+            return RequestServer(keys, handlers, host=host, port=previous, **server_options)
         except zmq.ZMQError as e:
             log.info("previous port %d of %s unavailable (%s); taking a new one", previous, role, e)
-    return RequestServer(keys, handlers, host=host, port=0)
+    return RequestServer(keys, handlers, host=host, port=0, **server_options)

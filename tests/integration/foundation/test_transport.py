@@ -16,6 +16,8 @@ import zmq.asyncio
 from services.protocol import (
     RemoteError,
     RequestClient,
+    RequestServer,
+    StatusReply,
     StatusRequest,
     SyncRequestClient,
     Trajectory,
@@ -25,6 +27,7 @@ from services.protocol import (
     read_service,
 )
 from services.protocol.codec import MAX_FRAME_BYTES, encode
+from services.protocol.transport import REPLY_BATCH
 
 SERVER = Path(__file__).with_name("echo_server.py")
 
@@ -79,6 +82,11 @@ def test_garbage_gets_error_replies_and_service_survives(echo, keys):
         codes.append(reply["body"]["code"])
     assert codes == ["bad_frame", "bad_frame", "bad_envelope", "bad_frame", "unknown_op",
                      "bad_body", "bad_version"]
+    # A request of two frames (the server reads the `more` flag of each frame itself).
+    sock.send_multipart([encode(StatusRequest(), 12), b"extra"])
+    assert sock.poll(10000)
+    reply = msgpack.unpackb(sock.recv())
+    assert reply["op"] == "error" and reply["body"]["code"] == "bad_frame", reply
     # Oversized frames are cut off by the socket (MAXMSGSIZE); the server stays up.
     sock.send(b"\0" * (MAX_FRAME_BYTES + 1))
     assert raw.request(StatusRequest()).state["served"] == 1
@@ -184,3 +192,77 @@ def test_the_blocking_client_also_sends_again_to_a_restarted_service(exp, keys):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_burst_is_answered_in_batches_each_after_what_must_precede_its_replies(keys):
+    """The server in this process (real CURVE sockets over TCP): 200 requests wait at its socket
+    before it starts serving. No reply leaves before the `before_replies` call that follows its
+    request (the controller writes its journal there: never a reply before its record): at each
+    call the client has received at most the replies of the requests handled before the previous
+    one. And the burst costs one call per REPLY_BATCH requests, not one each."""
+    from services.protocol.keys import make_client
+
+    handled, flushed, received, early = [], [], [0], []
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.linger = 0
+    make_client(client, keys)
+
+    def take_replies(wait_ms: int) -> None:
+        while client.poll(wait_ms):
+            msgpack.unpackb(client.recv())
+            received[0] += 1
+            wait_ms = 0
+
+    def before_replies():
+        take_replies(50)   # a reply sent before this call would be here by now
+        if received[0] > (flushed[-1] if flushed else 0):
+            early.append((received[0], list(flushed)))
+        flushed.append(len(handled))
+
+    def status(_body):
+        handled.append(1)
+        return StatusReply(state={})
+
+    async def run():
+        server = RequestServer(keys, {"status": status}, before_replies=before_replies)
+        client.connect(server.address)
+        for i in range(200):
+            client.send(encode(StatusRequest(), i + 1))
+        await asyncio.sleep(1.0)              # all 200 reach the server's socket; none is read
+        serving = asyncio.ensure_future(server.serve_forever())
+        deadline = time.monotonic() + 30
+        while received[0] < 200 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            take_replies(0)
+        server.close()
+        await asyncio.gather(serving, return_exceptions=True)
+
+    asyncio.run(run())
+    client.close()
+    assert received[0] == 200 and early == []
+    assert flushed[0] == REPLY_BATCH and flushed[-1] == 200 and len(flushed) < 200, flushed
+    assert all(0 < b - a <= REPLY_BATCH for a, b in zip([0, *flushed], flushed, strict=False)), flushed
+
+
+def test_replies_whose_records_could_not_be_written_are_withheld_and_the_server_goes_on(keys):
+    """`before_replies` fails (the controller's journal on a full disk): those requests are not
+    acknowledged (their clients time out and ask again), and the next request is answered."""
+    failing = {"now": True}
+
+    def before_replies():
+        if failing["now"]:
+            failing["now"] = False
+            raise OSError(28, "No space left on device")
+
+    async def run():
+        server = RequestServer(keys, {"status": lambda _b: StatusReply(state={})}, before_replies=before_replies)
+        serving = asyncio.ensure_future(server.serve_forever())
+        client = RequestClient(keys, server.address, timeout_s=1.0)
+        with pytest.raises(TimeoutError):
+            await client.request(StatusRequest())
+        assert (await client.request(StatusRequest())).state == {}
+        server.close()
+        await asyncio.gather(serving, return_exceptions=True)
+        client.close()
+
+    asyncio.run(run())

@@ -1,6 +1,8 @@
 """The state store: snapshot + journal replay is exact, even across the crash windows."""
 from __future__ import annotations
 
+import pytest
+
 from services.controller.admission import AdmissionLedger
 from services.controller.state import StateStore
 
@@ -12,6 +14,7 @@ def test_a_crash_between_snapshot_and_truncation_applies_nothing_twice(tmp_path)
     ledger = AdmissionLedger(4, 1, 100)
     for _ in range(3):
         store.append(ledger.admit("w", 2, 0.0)[1])
+    store.flush()
     # Snapshot written, then killed before the journal was emptied: simulate by re-appending.
     journal_before = store.journal_path.read_bytes()
     store.snapshot({"ledger": ledger.state_dict()})
@@ -27,6 +30,41 @@ def test_a_crash_between_snapshot_and_truncation_applies_nothing_twice(tmp_path)
     for e in events:
         restored.apply(e)
     assert set(restored.running) == set(ledger.running) and restored.admitted == 7
+
+
+def test_events_reach_the_journal_at_a_flush_with_one_write_and_a_failed_one_keeps_them(tmp_path, monkeypatch):
+    """The controller's request server flushes before it sends any reply: events wait in memory
+    until then, all of them go in one write, and a write that fails (a full disk) loses none."""
+    import os
+
+    store = StateStore(tmp_path / "ctl")
+    store.load()
+    store.open()
+    ledger = AdmissionLedger(4, 1, 100)
+    store.append(ledger.admit("w", 1, 0.0)[1])
+    store.append(ledger.admit("w", 1, 0.0)[1])
+    assert store.journal_path.read_bytes() == b""
+    writes, real_write = [], os.write
+
+    def full_disk(fd, data):
+        writes.append(len(data))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError):
+        store.flush()
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(len(data)) or real_write(fd, data))
+    store.append(ledger.admit("w", 1, 0.0)[1])
+    store.flush()
+    store.flush()                                   # nothing new: no write
+    assert len(writes) == 2 and writes[0] < writes[1]
+    assert [e["first_seq"] for e in StateStore(tmp_path / "ctl").load()[1]] == [0, 1, 2]
+    store.append(ledger.admit("w", 1, 0.0)[1])      # covered by the snapshot: never written
+    store.snapshot({"ledger": ledger.state_dict()})
+    store.append(ledger.admit("w", 1, 0.0)[1])      # written when the store closes
+    store.close()
+    snapshot, events = StateStore(tmp_path / "ctl").load()
+    assert snapshot["journal_seq"] == 4 and [e["first_seq"] for e in events] == [4]
 
 
 def test_a_record_cut_by_the_crash_is_dropped_and_the_rest_kept(tmp_path):
