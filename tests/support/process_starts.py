@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,7 @@ def start(command: list[str], console: Path, env: dict[str, str] | None = None) 
             console_dir = Path(tempfile.mkdtemp(prefix="tandem-test-forks-"))
             _servers[read_at_import] = RoleForks(console_dir / "role-forks.console",
                                                  {**environment(), **dict(read_at_import)}, ALSO_PRELOAD)
+            atexit.register(shutil.rmtree, console_dir, ignore_errors=True)   # (runs after close)
             atexit.register(_servers[read_at_import].close)
         proc = _servers[read_at_import].spawn(command, full_env, console)
         if proc is not None:
