@@ -7,11 +7,15 @@ from services.controller.admission import AdmissionLedger
 from services.controller.state import StateStore
 
 
-def test_a_crash_between_snapshot_and_truncation_applies_nothing_twice(tmp_path):
+def _opened(tmp_path) -> tuple[StateStore, AdmissionLedger]:
     store = StateStore(tmp_path / "ctl")
     store.load()
     store.open()
-    ledger = AdmissionLedger(4, 1, 100)
+    return store, AdmissionLedger(4, 1, 100)
+
+
+def test_a_crash_between_snapshot_and_truncation_applies_nothing_twice(tmp_path):
+    store, ledger = _opened(tmp_path)
     for _ in range(3):
         store.append(ledger.admit("w", 2, 0.0)[1])
     store.flush()
@@ -37,10 +41,7 @@ def test_events_reach_the_journal_at_a_flush_with_one_write_and_a_failed_one_kee
     until then, all of them go in one write, and a write that fails (a full disk) loses none."""
     import os
 
-    store = StateStore(tmp_path / "ctl")
-    store.load()
-    store.open()
-    ledger = AdmissionLedger(4, 1, 100)
+    store, ledger = _opened(tmp_path)
     store.append(ledger.admit("w", 1, 0.0)[1])
     store.append(ledger.admit("w", 1, 0.0)[1])
     assert store.journal_path.read_bytes() == b""
@@ -68,10 +69,7 @@ def test_events_reach_the_journal_at_a_flush_with_one_write_and_a_failed_one_kee
 
 
 def test_a_record_cut_by_the_crash_is_dropped_and_the_rest_kept(tmp_path):
-    store = StateStore(tmp_path / "ctl")
-    store.load()
-    store.open()
-    ledger = AdmissionLedger(4, 1, 100)
+    store, ledger = _opened(tmp_path)
     store.append(ledger.admit("w", 1, 0.0)[1])
     store.append(ledger.admit("w", 1, 0.0)[1])
     store.close()
