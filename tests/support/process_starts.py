@@ -9,7 +9,8 @@ is its own process, session, console, environment and command line, run as `pyth
 
 What a test gets: an object with `pid`, `poll`, `wait`, `terminate`, `kill`, `returncode`, as from
 `subprocess.Popen`, its output (stdout and stderr) appended to a console file. Commands are
-`-m MODULE ARGS` (the Megatron workers of tests/integration/megatron are modules on PYTHONPATH).
+`-m MODULE ARGS` (the Megatron workers of tests/integration/megatron and the SGLang oracles of
+tests/integration/contract are modules on PYTHONPATH).
 Each environment, as read at import (PYTHON*, HF_*, TANDEM_EMULATE_NCCL, ...), has its own server.
 A fresh interpreter is started instead with a GPU build of torch, or where a server failed.
 """
@@ -27,11 +28,13 @@ from pathlib import Path
 from launcher.backends.role_forks import READ_AT_IMPORT, ForkedRole, RoleForks, gpu_build_of_torch
 
 MEGATRON_WORKERS = Path(__file__).resolve().parents[1] / "integration" / "megatron"
+SGLANG_ORACLES = Path(__file__).resolve().parents[1] / "integration" / "contract"
 ALSO_PRELOAD = ("megatron.core", "trainer.megatron.backend")
 # What every started process gets on top of the test's environment (and the server has too, so
 # that the processes' variables read at import equal the server's).
 BASE = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(MEGATRON_WORKERS), os.environ.get("PYTHONPATH")]))}
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(MEGATRON_WORKERS), str(SGLANG_ORACLES),
+                                                    os.environ.get("PYTHONPATH")]))}
 
 # One server per environment as read at import (a test that sets such a variable, e.g.
 # TANDEM_EMULATE_NCCL, gets one that imported with it), started on first use.

@@ -27,6 +27,7 @@ never while a reply is decoded or encoded — so a stand-in module with that nam
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import types
@@ -80,10 +81,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel", required=True)
     ap.add_argument("--deps", required=True)
+    ap.add_argument("--request", help="a JSON file (default: standard input)")
+    ap.add_argument("--answer", help="where the JSON answer goes (default: standard output)")
     a = ap.parse_args()
     install_wheel(a.wheel, a.deps)
     protocol, sse_utils = load_protocol()
-    req = json.loads(sys.stdin.read())
+    req = json.loads(open(a.request).read() if a.request else sys.stdin.read())
     verdicts = []
     for item in req.get("replies", []):
         try:
@@ -92,7 +95,8 @@ def main() -> None:
             problems = [f"does not decode: {type(e).__name__}: {e}"]
         verdicts.append(problems)
     fields = {name: sorted(getattr(protocol, name).model_fields) for name in req.get("request_fields", [])}
-    json.dump({"verdicts": verdicts, "request_fields": fields}, sys.stdout)
+    with open(a.answer, "w") if a.answer else contextlib.nullcontext(sys.stdout) as out:
+        json.dump({"verdicts": verdicts, "request_fields": fields}, out)
 
 
 if __name__ == "__main__":

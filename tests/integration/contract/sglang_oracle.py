@@ -1,6 +1,7 @@
 """SGLang's own code, run from its wheel, judging what Tandem sends (a subprocess of the contract tests).
 
     python sglang_oracle.py --wheel W.whl --deps DIR COMMAND  < request.json  > answer.json
+    python -m sglang_oracle --wheel W.whl --deps DIR COMMAND --request request.json --answer answer.json
 
 Commands:
   routes       the HTTP route table of `sglang/srt/entrypoints/http_server.py` and the routers it
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import json
 import re
@@ -442,8 +444,10 @@ def main() -> None:
     ap.add_argument("--wheel", required=True)
     ap.add_argument("--deps", required=True)
     ap.add_argument("command", choices=["routes", "check-calls", "decide-auth", "check-argv", "check-env"])
+    ap.add_argument("--request", help="a JSON file (default: standard input)")
+    ap.add_argument("--answer", help="where the JSON answer goes (default: standard output)")
     a = ap.parse_args()
-    req = json.loads(sys.stdin.read() or "{}")
+    req = json.loads((open(a.request).read() if a.request else sys.stdin.read()) or "{}")
     install_wheel(a.wheel, a.deps)
     src = Source(a.wheel)
     if a.command == "routes":
@@ -456,7 +460,8 @@ def main() -> None:
         ans = check_argv(req)
     else:
         ans = check_env(req)
-    json.dump(ans, sys.stdout)
+    with open(a.answer, "w") if a.answer else contextlib.nullcontext(sys.stdout) as out:
+        json.dump(ans, out)
 
 
 if __name__ == "__main__":

@@ -12,16 +12,12 @@ bodies the release accepts: they validate against its `CompletionRequest` /
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 from test_embedded_server_contract import API_KEY, EmbeddedServer
 
 pytestmark = pytest.mark.timeout(600)
-ORACLE = Path(__file__).with_name("sglang_openai_oracle.py")
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12+30?"}]
 
 
@@ -33,11 +29,7 @@ def server(tiny_model_dir, tmp_path_factory):
 
 
 def ask(wheel, payload: dict) -> dict:
-    proc = subprocess.run([sys.executable, str(ORACLE), "--wheel", str(wheel.path), "--deps", str(wheel.deps)],
-                          input=json.dumps(payload), capture_output=True, text=True, timeout=240,
-                          cwd=str(wheel.path.parent))
-    assert proc.returncode == 0, f"the OpenAI oracle failed on {wheel.name}:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout)
+    return wheel.run("sglang_openai_oracle", payload=payload)
 
 
 def post(server, path: str, body: dict) -> tuple[int, object]:
