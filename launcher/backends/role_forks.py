@@ -303,6 +303,9 @@ def become(command: list[str], env: dict[str, str], console: str) -> None:
     if run_as_main is None:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         return
+    # Preloaded (launcher.cli is), the module would be in sys.modules, where `python -m` never has
+    # the module it runs (and runpy warns in the role's console): its imports stay loaded.
+    sys.modules.pop(module, None)
     namespace = sys.modules["__main__"].__dict__
     builtins = namespace["__builtins__"]
     namespace.clear()

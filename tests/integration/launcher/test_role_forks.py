@@ -36,7 +36,7 @@ def server_env():
 @pytest.fixture(scope="module")
 def forks(tmp_path_factory, server_env):
     f = RoleForks(tmp_path_factory.mktemp("forks") / "role-forks.console", server_env,
-                  also_preload=("xml.dom.minidom",), cpus={min(os.sched_getaffinity(0))})
+                  also_preload=("xml.dom.minidom", "fork_standin"), cpus={min(os.sched_getaffinity(0))})
     yield f
     f.close()
 
@@ -67,8 +67,12 @@ def test_a_fork_is_its_own_session_with_its_environment_argv_and_console(forks, 
     assert seen["argv"][1:] == [str(report), "exit:0"] and seen["argv"][0].endswith("fork_standin.py")
     assert seen["name"] == "__main__" and seen["torch_preloaded"]   # run as -m, in the preloaded interpreter
     assert "xml.dom.minidom" in seen["modules"]                       # also_preload
+    # Preloaded too, but run as `python -m` runs a module: only as __main__, and without runpy's
+    # "found in sys.modules" warning (which every role's console once began with).
+    assert "fork_standin" not in seen["modules"]
     assert os.sched_getaffinity(seen["ppid"]) == {min(os.sched_getaffinity(0))}   # the server's `cpus`
-    assert "stand-in exit:0" in (tmp_path / "role.console").read_text()
+    console = (tmp_path / "role.console").read_text()
+    assert "stand-in exit:0" in console and "RuntimeWarning" not in console, console
 
 
 @pytest.mark.parametrize(("mode", "code"), [("exit:3", 3), ("raise", 1), ("return", 0)])
