@@ -13,6 +13,7 @@ import inspect
 import itertools
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -54,10 +55,35 @@ def contexts() -> tuple[zmq.Context, zmq.asyncio.Context]:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on host right now, for a listener that must be told its port up front
-    (an HTTP server's command line, a torch.distributed rendezvous)."""
-    with socket.socket() as s:
+    (an HTTP server's command line, a torch.distributed rendezvous), which binds it seconds later.
+
+    Taken below the kernel's ephemeral range (`ip_local_port_range`), which is where the kernel
+    picks the ports of outgoing connections and of every bind to port 0: a port from inside it
+    could be handed to such a socket of any program before the listener binds ("Address already
+    in use", seen when a run's generation server started beside a busy test suite)."""
+    low = _ephemeral_low()
+    for port in random.sample(range(PORTS_FROM, low), min(64, max(0, low - PORTS_FROM))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:   # nothing free below the range: one the kernel picks
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# The lowest port free_port takes: above the ports services are usually configured on.
+PORTS_FROM = 20000
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
 
 
 def bind(sock: zmq.Socket, host: str, port: int) -> str:
