@@ -58,9 +58,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     (an HTTP server's command line, a torch.distributed rendezvous), which binds it seconds later.
 
     Taken below the kernel's ephemeral range (`ip_local_port_range`), which is where the kernel
-    picks the ports of outgoing connections and of every bind to port 0: a port from inside it
-    could be handed to such a socket of any program before the listener binds ("Address already
-    in use", seen when a run's generation server started beside a busy test suite)."""
+    picks the ports of outgoing connections and of every bind to port 0, and below pyzmq's
+    `bind_to_random_port` (49152 up): a port from there could be handed to such a socket of any
+    program before the listener binds ("Address already in use", seen when a run's generation
+    server started beside a busy test suite)."""
     low = _ephemeral_low()
     for port in random.sample(range(PORTS_FROM, low), min(64, max(0, low - PORTS_FROM))):
         with socket.socket() as s:
