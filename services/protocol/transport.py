@@ -37,6 +37,8 @@ _NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 # journal write and one wake-up of ZeroMQ's I/O thread per batch, not one each, and the first
 # request of a batch waits for at most this many others to be handled.
 REPLY_BATCH = 64
+# The lowest port free_port takes: above the ports services are usually configured on.
+PORTS_FROM = 20000
 
 
 class RemoteError(Exception):
@@ -73,10 +75,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:   # nothing free below the range: one the kernel picks
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-# The lowest port free_port takes: above the ports services are usually configured on.
-PORTS_FROM = 20000
 
 
 def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
@@ -188,7 +186,8 @@ class RequestServer:
         except Exception as e:  # a failing handler answers with an error and the loop goes on
             self._reply_error(ident, msg, e)
             return
-        if getattr(result, "OP", None) is None and inspect.isawaitable(result):   # a reply message is not
+        # (a reply message is never awaitable: the slower check is left for the rest)
+        if getattr(result, "OP", None) is None and inspect.isawaitable(result):
             task = asyncio.ensure_future(self._finish(ident, msg, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
