@@ -211,12 +211,13 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
     tmp = out.parent / f".{out.name}.export-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
+    published_dir = weights_root / f"v{v}"
     try:
-        if v in published and lora_adapter_dir(weights_root / f"v{v}") and not adapter:
-            merge_published_adapter(weights_root / f"v{v}", base_model, tmp)
+        if v in published and lora_adapter_dir(published_dir) and not adapter:
+            merge_published_adapter(published_dir, base_model, tmp)
             origin = f"weights/v{v}"
         elif v in published:
-            shutil.copytree(weights_root / f"v{v}", tmp)
+            shutil.copytree(published_dir, tmp)
             origin = f"weights/v{v}"
         else:
             export(ckpt_root / f"step-{v}", v, base_model, tmp, weights_root, vocab_multiple, adapter)

@@ -86,7 +86,7 @@ def _to_wire(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is list:
+    if isinstance(value, (list, tuple)):
         return [v if type(v) in _SCALARS else _to_wire(v) for v in value]
     names = kind.__dict__.get("_wire_names")
     if names is None and dataclasses.is_dataclass(kind):
@@ -97,8 +97,6 @@ def _to_wire(value: Any) -> Any:
             v = getattr(value, name)
             out[name] = v if type(v) in _SCALARS else _to_wire(v)
         return out
-    if isinstance(value, (list, tuple)):
-        return [v if type(v) in _SCALARS else _to_wire(v) for v in value]
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
         return {"dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from process_starts import start
+from process_starts import start, wait_or_kill
 
 from benchmarks import faults
 from benchmarks.faults import as_terminal_foreground
@@ -52,11 +52,7 @@ def export(exp: ExpDir, out: Path, *args: str) -> dict:
     console = out.parent / f"{out.name}.export.log"
     console.write_text("")
     proc = start(["-m", "launcher.cli", "export", "--exp", str(exp.root), "--json", *args, str(out)], console)
-    try:
-        proc.wait(300)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    wait_or_kill(proc, 300)
     text = console.read_text()
     assert proc.returncode == 0, text[-3000:]
     return json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))

@@ -65,6 +65,18 @@ def start(command: list[str], console: Path, env: dict[str, str] | None = None) 
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def wait_or_kill(proc, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `proc`; kill it if it is still running then. Whether it ended
+    on its own."""
+    try:
+        proc.wait(timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
+
+
 def first_line(proc, console: Path, prefix: str, timeout_s: float = 150) -> str:
     """The first line of `console` that starts with `prefix` (e.g. a server's "serving on URL"),
     waited for while `proc` runs; "" when it exited or the time ran out first."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
-from process_starts import start
+from process_starts import start, wait_or_kill
 
 from launcher.backends.local_ranks import rank_env
 from services.protocol import free_port
@@ -33,11 +32,7 @@ def rank_errors(procs: list, consoles: list[Path], timeout_s: float = 240) -> li
     """The last 3,000 characters of the output of each rank that failed or hung (then killed)."""
     errors = []
     for p, console in zip(procs, consoles, strict=True):
-        try:
-            p.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        wait_or_kill(p, timeout_s)
         if p.returncode:
             errors.append(f"{console.name} (exit {p.returncode}):\n{console.read_text()[-3000:]}")
     return errors

@@ -172,12 +172,7 @@ class Wheel:
             request.write_text(json.dumps(payload or {}))
             proc = process_starts.start(["-m", oracle, "--wheel", str(self.path), "--deps", str(self.deps), *args,
                                          "--request", str(request), "--answer", str(answer)], console)
-            try:
-                code = proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                code = None
+            code = proc.returncode if process_starts.wait_or_kill(proc, timeout_s) else None
             output = console.read_text(errors="replace")
             if code != 0 or not answer.exists():
                 missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", output)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from process_starts import start
+from process_starts import start, wait_or_kill
 from rank_processes import rank_errors, reap, start_ranks
 from safetensors.torch import load_file
 from trainer_feed import send
@@ -96,11 +96,7 @@ def groups(traj, specs):
 
 
 def finish(proc, exp: ExpDir, timeout=120) -> int:
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if not wait_or_kill(proc, timeout):
         pytest.fail(f"trainer did not finish:\n{(exp.root / 'trainer.console').read_text()[-3000:]}")
     assert proc.returncode == 0, (exp.root / "trainer.console").read_text()[-3000:]
     return proc.returncode
