@@ -150,7 +150,8 @@ def chunked_comparison(quick: bool) -> list[list]:
     return rows
 
 
-SCALING_TITLE = "Strong scaling, 1.5B, fixed 512 x 16 batch, eta=4"
+SCALING_STEM = "Strong scaling, 1.5B, fixed 512 x 16 batch"
+SCALING_TITLE = SCALING_STEM + ", eta=4"
 # (label, overrides): disk sync (every server reads every version from the shared filesystem),
 # broadcast (a weight path whose cost does not grow with the servers), and disk sync passed down
 # a chain of generation nodes (gen.weight_relay: one filesystem read per version).
@@ -181,15 +182,45 @@ def strong_scaling(quick: bool) -> list[list]:
     return rows
 
 
-def scaling_headline(rows: list[list]) -> dict:
+# What bounds the largest cluster at a fixed batch: the staleness gate admits at most eta + 1
+# steps' groups beyond those trained, and a group holds its place until its longest answer ends,
+# so at eta 4 too few answers run to fill 64 nodes' servers. The same two node counts at a larger
+# eta, with the relay (the weight path whose cost does not grow with the servers).
+SCALING_ETAS = (4, 8, 16)
+SCALING_ETA_TITLE = SCALING_STEM + ", by eta, weight relay"
+
+
+def scaling_by_staleness(quick: bool) -> list[list]:
+    """Per eta: efficiency of the largest node count against the smallest (the relay), its mean
+    running batch per server, the trainer's busy share and the mean staleness it trained at."""
+    small, large = (4, 16) if quick else (4, 64)
+    rows = []
+    for eta in SCALING_ETAS:
+        res = {nodes: simulate(paper_cfg(f"launcher.nodes={nodes}", "simulate.model_size=R1-Distill-Qwen-1.5B",
+                                         f"controller.max_staleness={eta}", *dict(SCALING_PATHS)["relay"]))[1]
+               for nodes in (small, large)}
+        r = res[large]
+        trained = sum(r.staleness.values())
+        rows.append([eta, r.steps_per_hour / res[small].steps_per_hour / (large / small), r.mean_batch,
+                     r.train_utilization, sum(k * n for k, n in r.staleness.items()) / trained])
+    print_table(SCALING_ETA_TITLE, ["eta", f"efficiency, {large} vs {small} nodes", "mean running batch per server",
+                                    "trainer busy", "mean staleness trained"], rows)
+    return rows
+
+
+def scaling_headline(rows: list[list], by_eta: list[list]) -> dict:
     last = rows[-1]
+    by_eta_keys = {f"strong_scaling_eta{row[0]}_{name}": round(row[i], 3)
+                   for row in by_eta for i, name in ((1, "efficiency_largest_relay"), (2, "mean_batch_largest"),
+                                                     (3, "train_busy_largest"), (4, "mean_staleness_largest"))}
     return {"strong_scaling_efficiency_largest": round(last[2], 2),
             "strong_scaling_efficiency_largest_broadcast": round(last[4], 3),
             "strong_scaling_efficiency_largest_relay": round(last[6], 3),
             "strong_scaling_mean_batch_largest": round(last[7], 1),
             "strong_scaling_mean_batch_largest_relay": round(last[8], 1),
             **{f"strong_scaling_load_s_largest_{label}": round(last[9 + i], 4)
-               for i, (label, _) in enumerate(SCALING_PATHS)}}
+               for i, (label, _) in enumerate(SCALING_PATHS)},
+            **by_eta_keys}
 
 
 # Output lengths that grow during the run (simulate.length_growth), for the elastic split (issue
@@ -250,10 +281,10 @@ def elastic_headline(rows: list[list]) -> dict:
     return out
 
 
-# --only PART: (its table's title, the prefix of its headline keys, a run giving its headline).
+# --only PART: (the start of its tables' titles, the prefix of its headline keys, a run giving its headline).
 PARTS = {"elastic": (ELASTIC_TITLE, "elastic_", lambda quick: elastic_headline(elastic_split(quick))),
-         "strong_scaling": (SCALING_TITLE, "strong_scaling_",
-                            lambda quick: scaling_headline(strong_scaling(quick)))}
+         "strong_scaling": (SCALING_STEM, "strong_scaling_",
+                            lambda quick: scaling_headline(strong_scaling(quick), scaling_by_staleness(quick)))}
 
 
 def record_only(part: str, quick: bool) -> dict:
@@ -268,7 +299,7 @@ def record_only(part: str, quick: bool) -> dict:
     if found is None:
         raise SystemExit("--only needs a full record to add to: run `python -m benchmarks.simulator --record` first")
     old = found[0]
-    keep_tables([t for t in old.pop("tables", []) if t.get("title") != title])
+    keep_tables([t for t in old.pop("tables", []) if not t.get("title", "").startswith(title)])
     old.pop("machine", None)
     date = old.pop("date", None)
     headline = {k: v for k, v in old.items() if not k.startswith(prefix)} | new
@@ -329,7 +360,7 @@ def main(quick: bool = False, only: str | None = None) -> dict:
                 ["shape", "paper gain", "sim gain, no chunks", *[f"sim gain, chunk {c}" for c in CHUNKS],
                  "sim gain, chunk 4096 without prefix cache", "server time draining, chunk 4096",
                  "mean batch, chunk 4096", "chunks resumed per sample, chunk 4096"], chunked)
-    scaling = strong_scaling(quick)
+    scaling = strong_scaling(quick), scaling_by_staleness(quick)
     elastic = elastic_split(quick)
     headline = {
         "events_per_s": round(ev_s),
@@ -362,7 +393,7 @@ def main(quick: bool = False, only: str | None = None) -> dict:
         "drain_fraction_chunk4096_7b": round(chunked[1][7], 3),
         "mean_batch_chunk4096_1_5b": round(chunked[0][8], 1),
         "chunk_resumes_per_sample_4096_1_5b": round(chunked[0][9], 2),
-        **scaling_headline(scaling),
+        **scaling_headline(*scaling),
         **elastic_headline(elastic),
     }
     if not quick:
