@@ -108,14 +108,21 @@ def test_on_16_cpus_every_split_is_disjoint_and_the_preflight_accepts_elastic(mo
 
 @pytest.fixture
 def recorded(tmp_path):
-    exp = write_recorded_run(ExpDir(tmp_path / "run"))
-    return exp, calibrate(exp.root)
+    return write_recorded_run(ExpDir(tmp_path / "run"))
 
 
-def test_the_start_split_is_the_fastest_predicted_and_the_prediction_follows_the_growth(recorded):
-    _, cal = recorded
+@pytest.fixture(scope="module")
+def predicted(tmp_path_factory):
+    """The 16-CPU layout's start split, speeds and predicted gain from the recorded run's
+    calibration: simulated once for the tests that read them (seconds each)."""
+    cal = calibrate(write_recorded_run(ExpDir(tmp_path_factory.mktemp("predicted") / "run")).root)
     layout = bench.layout_for(range(16))
     start, speeds = bench.best_at_start(cal, layout, layout.middle, False)
+    return cal, layout, start, speeds, bench.predicted_gain(cal, layout, layout.middle, False, bench.STEPS)
+
+
+def test_the_start_split_is_the_fastest_predicted_and_the_prediction_follows_the_growth(predicted):
+    cal, layout, start, speeds, p = predicted
     assert set(speeds) == set(layout.candidates) and all(v and v > 0 for v in speeds.values())
     assert speeds[start] == max(speeds.values())
     # the calibration's own split is simulated as calibrated: the trainer's cost unscaled
@@ -125,7 +132,6 @@ def test_the_start_split_is_the_fastest_predicted_and_the_prediction_follows_the
     faster = replace(cal, t0=cal.t0 / 2, t1=cal.t1 / 2)
     assert bench.best_at_start(faster, layout, layout.middle, False)[0] >= start
 
-    p = bench.predicted_gain(cal, layout, layout.middle, False, bench.STEPS)
     assert [s.gen_gpus for s in p.splits] == layout.candidates
     assert [s.train_gpus for s in p.splits] == [layout.trainer_cpus(k) for k in layout.candidates]
     assert p.phases == 6 and p.total_steps == bench.STEPS and p.growth == bench.growing_lengths.GROWTH
@@ -151,8 +157,9 @@ def with_elastic_records(exp: ExpDir) -> None:
         f.writelines(json.dumps(r) + "\n" for r in extra)
 
 
-def test_measure_and_report_on_a_recorded_run(recorded, monkeypatch, tmp_path):
-    exp, cal = recorded
+def test_measure_and_report_on_a_recorded_run(recorded, predicted, monkeypatch, tmp_path):
+    exp = recorded
+    cal, layout, start, speeds, prediction = predicted
     monkeypatch.setattr(common, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(common, "_record", False)
@@ -169,9 +176,6 @@ def test_measure_and_report_on_a_recorded_run(recorded, monkeypatch, tmp_path):
     elastic = bench.measure(exp.root, groups_per_step=16)
     assert elastic["moves_made"] == 1 and elastic["servers_at_end"] == 2 and len(elastic["decisions"]) == 1
 
-    layout = bench.layout_for(range(16))
-    start, speeds = bench.best_at_start(cal, layout, layout.middle, False)
-    prediction = bench.predicted_gain(cal, layout, layout.middle, False, bench.STEPS)
     headline = bench.report(True, tuple(range(16)), layout, cal, start, speeds, prediction, fixed, elastic, 10)
     assert headline["elastic_gain_wall"] == pytest.approx(0.2) and headline["audits_clean"]
     assert headline["meets_issue_38"] and headline["elastic_moves_made"] == 1

@@ -25,7 +25,6 @@ from trainer.loss import PPOSettings, ppo_token_loss
 from trainer.torch_backend import TorchBackend
 from trainer.weights.disk import DiskPublisher
 
-pytest.importorskip("peft")
 PROMPTS = [[3, 17, 42, 9, 100, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 
 

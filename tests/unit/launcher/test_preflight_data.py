@@ -11,7 +11,6 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-datasets = pytest.importorskip("datasets")
 
 from launcher.cli import main  # noqa: E402
 from launcher.config import ConfigError, load_config_traced  # noqa: E402
@@ -72,6 +71,8 @@ def test_a_parquet_file_with_its_mapping_passes_and_says_its_rows(tmp_path, parq
 
 
 def test_a_save_to_disk_directory_passes_and_says_its_rows(tmp_path):
+    import datasets  # imported where used: it takes about a second
+
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
     notes = _check(_write(tmp_path, tmp_path / "ds"))
     assert notes == [f"rollout.dataset: {tmp_path / 'ds'}: 5 rows (datasets save_to_disk; "

@@ -4,6 +4,8 @@ each empty panel saying why; y-axes that do not turn noise into a trend or hide 
 offset label; resumed-at marks; and `tandem report` printing a summary, JSON with `--json`."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -11,7 +13,7 @@ from recorded_run import write_recorded_run
 from synthetic_run import write_synthetic_run
 
 from launcher.cli import main
-from launcher.report import build_figure, write_report
+from launcher.report import build_figure
 from services.protocol import ExpDir
 
 
@@ -107,9 +109,17 @@ def test_a_resumed_run_is_marked_on_the_time_axes(tmp_path):
     assert vertical and "resumed" in texts(timeline)
 
 
-def test_report_prints_a_summary_and_json_when_asked(run, capsys):
-    assert main(["report", "--exp", str(run.root)]) == 0
-    out = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def reported(run) -> str:
+    """`tandem report` on the recorded run, once: what it printed (its page is in run.report)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["report", "--exp", str(run.root)]) == 0
+    return out.getvalue()
+
+
+def test_report_prints_a_summary_and_json_when_asked(run, reported, capsys):
+    out = reported
     lines = out.splitlines()
     assert lines[0] == f"Tandem run math-tiny ({run.root})"
     assert "config: configs/math-tiny.yaml" in lines[1]
@@ -122,8 +132,7 @@ def test_report_prints_a_summary_and_json_when_asked(run, capsys):
     assert result["run"]["commit"].startswith("0e65a8c")
 
 
-def test_the_page_carries_the_title_and_the_notes(run):
-    _, page, _ = write_report(run)
-    text = page.read_text()
+def test_the_page_carries_the_title_and_the_notes(run, reported):
+    text = (run.report / "report.html").read_text()
     assert "<title>Tandem run math-tiny</title>" in text and "<h1>Tandem run math-tiny</h1>" in text
     assert "config: configs/math-tiny.yaml" in text and "evaluation off" in text

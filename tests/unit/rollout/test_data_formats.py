@@ -12,7 +12,6 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-datasets = pytest.importorskip("datasets")
 
 from rollout.dataset import DatasetError, load_file, load_prompts  # noqa: E402
 
@@ -32,6 +31,8 @@ def _write(fmt: str, tmp_path, rows: list[dict]):
         path = tmp_path / "d.parquet"
         pq.write_table(pa.Table.from_pylist(rows), path)
     else:
+        import datasets  # imported where used: it takes about a second
+
         path = tmp_path / "d"
         datasets.Dataset.from_list(rows).save_to_disk(str(path))
     return path
@@ -94,6 +95,8 @@ def test_values_a_columnar_format_gives_are_made_json_like_in_the_row(tmp_path):
 
 
 def test_a_datasetdict_directory_names_its_splits(tmp_path):
+    import datasets
+
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"problem": "1+1?", "answer": "2"}]),
                                "test": datasets.Dataset.from_list([{"problem": "2+2?", "answer": "4"}])})
     dd.save_to_disk(str(tmp_path / "dd"))

@@ -22,8 +22,6 @@ from trainer.microbatch import pack
 from trainer.torch_backend import TorchBackend
 from trainer.weights.disk import DiskPublisher
 
-peft = pytest.importorskip("peft")
-
 
 def cfg(rank=8, sync="merged", **kw) -> TrainerConfig:
     c = TrainerConfig(temperature=1.0, max_staleness=0, **kw)
@@ -148,7 +146,9 @@ def test_export_writes_the_merged_model_or_the_adapter(small_model_dir, traj, tm
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (tmp_path / "adapter").iterdir()}
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
     plain_model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
-    with_adapter = peft.PeftModel.from_pretrained(
+    from peft import PeftModel
+
+    with_adapter = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(small_model_dir, dtype=torch.float32), tmp_path / "adapter")
     for s in seqs():
         with torch.no_grad():
