@@ -369,18 +369,22 @@ def problems_error(prov: Provenance, problems: list[tuple[str, str]]) -> ConfigE
 
 
 # libyaml's parser where PyYAML was built with it (its wheels are): the same safe constructor,
-# several times faster to parse. Its error messages are worded apart from the pure-Python
-# parser's, so a file that fails is parsed again by the latter for the message.
+# several times faster to parse.
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def parse_yaml(text: str):
+    """`yaml.safe_load`, parsed by libyaml. Its error messages are worded apart from the
+    pure-Python parser's, so a text that fails is parsed again by the latter for its error."""
+    try:
+        return yaml.load(text, Loader=_FAST_LOADER)
+    except yaml.YAMLError:
+        return yaml.safe_load(text)
 
 
 def _read_yaml(src: Path) -> dict:
     try:
-        text = src.read_text()
-        try:
-            raw = yaml.load(text, Loader=_FAST_LOADER)
-        except yaml.YAMLError:
-            raw = yaml.safe_load(text)
+        raw = parse_yaml(src.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{src}: no such file") from None
     except yaml.YAMLError as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import ConfigError
+from launcher.config import ConfigError, parse_yaml
 
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "configs" / "hardware"
 
@@ -93,7 +93,7 @@ class ModelShape:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except yaml.YAMLError as e:
