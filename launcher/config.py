@@ -16,11 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config_source import Provenance, copies_in, dotted_keys, explain, where_in_file
+from launcher.config_source import (
+    ConfigError,
+    Provenance,
+    copies_in,
+    dotted_keys,
+    explain,
+    merged,
+    merged_naming_the_culprit,
+    read_yaml,
+    scalars,
+)
 from launcher.simulate.config import SimulateConfig
 from reward.config import RewardConfig
 from rollout.config import GenConfig, RolloutConfig
@@ -196,10 +205,6 @@ class ExperimentConfig:
 SECTIONS = ("experiment", "launcher", "controller", "gen", "rollout", "reward", "trainer", "simulate")
 
 
-class ConfigError(Exception):
-    """A user mistake in an experiment file or override; the message says what and where."""
-
-
 def parse_cpus(text: str, key: str = "launcher.cpus") -> tuple[int, ...]:
     """Linux cpu-list syntax ("0-3,6,8-9") -> sorted CPU ids; an error names `key`."""
     out: set[int] = set()
@@ -346,7 +351,7 @@ def _apply_algorithm(cfg: DictConfig, explicit: set[str], prov: Provenance, appl
 def _schema() -> DictConfig:
     """The dataclass defaults as a structured config, made once and only ever read: making it
     takes about 0.1 s, and every role, `tandem` command and test loads a config. A load starts
-    from a copy of it (`_merged`: the preset and `resolve` change a config in place)."""
+    from a copy of it (`config_source.merged`: the preset and `resolve` change a config in place)."""
     return OmegaConf.structured(ExperimentConfig)
 
 
@@ -368,41 +373,6 @@ def problems_error(prov: Provenance, problems: list[tuple[str, str]]) -> ConfigE
     return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
 
 
-# libyaml's parser where PyYAML was built with it (its wheels are): the same safe constructor,
-# several times faster to parse.
-_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def parse_yaml(text: str):
-    """`yaml.safe_load`, parsed by libyaml. Its error messages are worded apart from the
-    pure-Python parser's, so a text that fails is parsed again by the latter for its error."""
-    try:
-        return yaml.load(text, Loader=_FAST_LOADER)
-    except yaml.YAMLError:
-        return yaml.safe_load(text)
-
-
-def _read_yaml(src: Path) -> dict:
-    try:
-        raw = parse_yaml(src.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{src}: no such file") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{src}:{mark.line + 1}:{mark.column + 1}" if mark else str(src)
-        problem = getattr(e, "problem", None) or str(e)
-        ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
-        if ctx and ctx_mark:
-            problem += f" ({ctx} at line {ctx_mark.line + 1})"
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{src}: the top level must be a mapping of sections "
-                          f"({', '.join(SECTIONS)}), got {type(raw).__name__}")
-    return raw
-
-
 def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = (),
                        applied: dict | None = None) -> tuple[ExperimentConfig, Provenance]:
     """`load_config`, and where each key came from (for the checks that run after loading,
@@ -410,7 +380,7 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
     schema = _schema()
     src = Path(path) if path is not None else None
     prov = Provenance(path=src)
-    raw = _read_yaml(src) if src is not None else None
+    raw = read_yaml(src, SECTIONS) if src is not None else None
     if raw is not None:
         prov.file_keys |= dotted_keys(raw)
     for ov in overrides:
@@ -418,14 +388,14 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
             raise ConfigError(f"override '{ov}': expected key=value")
         prov.override_keys.add(ov.split("=", 1)[0].strip())
     try:
-        cfg = _merged(raw, overrides)
+        cfg = merged(pickle.loads(_schema_pickle()), raw, overrides)
     except OmegaConfBaseException:   # again step by step, to name the file's key or the override
-        cfg = _merged_naming_the_culprit(schema, src, raw, overrides)
+        cfg = merged_naming_the_culprit(schema, src, raw, overrides)
     applied = {} if applied is None else applied
     cfg = _apply_algorithm(cfg, prov.file_keys | prov.override_keys, prov, applied)
     prov.preset_keys = {k for k, (how, _) in applied.items() if how == "preset"}
     plain = OmegaConf.to_container(cfg, resolve=False)
-    leaves = [v for v in _leaves(plain) if isinstance(v, str)]
+    leaves = [v for v in scalars(plain) if isinstance(v, str)]
     # OmegaConf's own walks (missing values, interpolations) only where the plain copy has such
     # a value: each costs more than the rest of the checks.
     missing = sorted(OmegaConf.missing_keys(cfg)) if MISSING in leaves else []
@@ -461,46 +431,6 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
 @functools.cache
 def _schema_pickle() -> bytes:
     return pickle.dumps(_schema())
-
-
-def _merged(raw: dict | None, overrides) -> DictConfig:
-    """A fresh copy of the schema with the file's values, then the overrides, merged in.
-    `unsafe_merge` merges in place (`merge` copies its first config, then merges), and a copy
-    unpickled from bytes made once costs a sixth of a deep copy: together a quarter of the time."""
-    parts = ([OmegaConf.create(raw)] if raw is not None else []) + \
-        ([OmegaConf.from_dotlist(list(overrides))] if overrides else [])
-    return OmegaConf.unsafe_merge(pickle.loads(_schema_pickle()), *parts)
-
-
-def _merged_naming_the_culprit(schema: DictConfig, src: Path | None, raw: dict | None, overrides) -> DictConfig:
-    """The merge of `_merged`, the file first, then one override at a time; the first that fails
-    raises a ConfigError naming it."""
-    cfg = schema
-    if raw is not None:
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(raw))
-        except OmegaConfBaseException as e:
-            key, msg = explain(e, schema)
-            raise ConfigError(f"{where_in_file(src, key)}: {msg}") from None
-    for ov in overrides:
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
-        except OmegaConfBaseException as e:
-            key, msg = explain(e, schema)
-            raise ConfigError(f"override '{ov}': {key}: {msg}") from None
-    return cfg
-
-
-def _leaves(value):
-    """Every scalar of a plain (to_container) config."""
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _leaves(v)
-    else:
-        yield value
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -1,4 +1,5 @@
-"""Where each setting of an experiment came from, so an error blames what the user wrote.
+"""An experiment's sources, read and merged, and where each setting came from, so an error
+blames what the user wrote.
 
 A resolved config mixes four sources: dataclass defaults, the YAML file, command-line
 overrides and the `trainer.algorithm` preset; some keys are copies of others (`trainer.
@@ -26,6 +27,11 @@ from omegaconf.errors import (
     OmegaConfBaseException,
     ValidationError,
 )
+
+
+class ConfigError(Exception):
+    """A user mistake in an experiment file or override; the message says what and where."""
+
 
 # A value that is exactly one interpolation of another key: a copy ("${controller.max_staleness}").
 _COPY = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
@@ -165,3 +171,80 @@ def explain(err: OmegaConfBaseException, schema: DictConfig) -> tuple[str, str]:
     if isinstance(err, InterpolationResolutionError):
         return key, f"bad interpolation: {msg.splitlines()[0]}"
     return key, msg.splitlines()[0]
+
+
+# libyaml's parser where PyYAML was built with it (its wheels are): the same safe constructor,
+# several times faster to parse.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def parse_yaml(text: str):
+    """`yaml.safe_load`, parsed by libyaml. Its error messages are worded apart from the
+    pure-Python parser's, so a text that fails is parsed again by the latter for its error."""
+    try:
+        return yaml.load(text, Loader=_FAST_LOADER)
+    except yaml.YAMLError:
+        return yaml.safe_load(text)
+
+
+def read_yaml(src: Path, sections: tuple[str, ...]) -> dict:
+    """The file's top-level mapping of sections; a ConfigError says what is wrong and where."""
+    try:
+        raw = parse_yaml(src.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{src}: no such file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{src}:{mark.line + 1}:{mark.column + 1}" if mark else str(src)
+        problem = getattr(e, "problem", None) or str(e)
+        ctx, ctx_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if ctx and ctx_mark:
+            problem += f" ({ctx} at line {ctx_mark.line + 1})"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{src}: the top level must be a mapping of sections "
+                          f"({', '.join(sections)}), got {type(raw).__name__}")
+    return raw
+
+
+def merged(fresh: DictConfig, raw: dict | None, overrides) -> DictConfig:
+    """`fresh` (a copy of the schema, which this changes) with the file's values, then the
+    overrides, merged in: `unsafe_merge` merges in place, where `merge` first copies its first
+    config. (launcher/config.py makes the copy by unpickling bytes made once: a sixth of a deep
+    copy's time; with the one merge, a load takes a quarter of the time it did.)"""
+    parts = ([OmegaConf.create(raw)] if raw is not None else []) + \
+        ([OmegaConf.from_dotlist(list(overrides))] if overrides else [])
+    return OmegaConf.unsafe_merge(fresh, *parts)
+
+
+def merged_naming_the_culprit(schema: DictConfig, src: Path | None, raw: dict | None, overrides) -> DictConfig:
+    """The merge of `merged`, the file first, then one override at a time; the first that fails
+    raises a ConfigError naming it."""
+    cfg = schema
+    if raw is not None:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.create(raw))
+        except OmegaConfBaseException as e:
+            key, msg = explain(e, schema)
+            raise ConfigError(f"{where_in_file(src, key)}: {msg}") from None
+    for ov in overrides:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
+        except OmegaConfBaseException as e:
+            key, msg = explain(e, schema)
+            raise ConfigError(f"override '{ov}': {key}: {msg}") from None
+    return cfg
+
+
+def scalars(value):
+    """Every scalar of a plain (to_container) config."""
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from scalars(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from scalars(v)
+    else:
+        yield value
