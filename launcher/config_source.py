@@ -212,8 +212,8 @@ def read_yaml(src: Path, sections: tuple[str, ...]) -> dict:
 def merged(fresh: DictConfig, raw: dict | None, overrides) -> DictConfig:
     """`fresh` (a copy of the schema, which this changes) with the file's values, then the
     overrides, merged in: `unsafe_merge` merges in place, where `merge` first copies its first
-    config. (launcher/config.py makes the copy by unpickling bytes made once: a sixth of a deep
-    copy's time; with the one merge, a load takes a quarter of the time it did.)"""
+    config. (launcher/config.py makes the copy by unpickling bytes made once, in a sixth of a
+    deep copy's time; merging the file and overrides so took a fifth of the time of two merges.)"""
     parts = ([OmegaConf.create(raw)] if raw is not None else []) + \
         ([OmegaConf.from_dotlist(list(overrides))] if overrides else [])
     return OmegaConf.unsafe_merge(fresh, *parts)
