@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv_batch import KVBatch
+from .kv_rows import with_cache
 from .sampling import SamplingParams, logprob_temperature, sample_rows
 from .versions import VersionChange, add_to_meta, spans
 from .window import GenWindow
@@ -290,7 +291,7 @@ class Engine:
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
             ids = torch.tensor([seq], device=self.device)
-            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
+            logits = self.model(input_ids=ids, **with_cache(self.model, cache), use_cache=True).logits[0]
             self.window.prefill(time.perf_counter() - t0, len(seq))
             self.stats["prefill_tokens"] += len(seq)
             budget -= len(seq)

@@ -24,12 +24,27 @@ device; the masks, positions and row indices are made on that device too.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 SPARE_COLUMNS = 64   # columns beyond the current need when a buffer is (re)allocated
+
+
+def with_cache(model, cache: Cache) -> dict:
+    """The keyword under which `model`'s forward takes the KV cache, with `cache`: `cache`
+    where it declares one (transformers 5 renamed it: the installed 5.24 warns that
+    `past_key_values` goes in 5.40, which setup.cfg's range allows), else `past_key_values`
+    (the releases before)."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -136,7 +151,7 @@ class RowBuffer:
         cache = Cache(layers=[_StepLayer(k[:n], v[:n], self.lo, self.hi)
                               for k, v in zip(self.keys, self.values, strict=True)])
         logits = model(input_ids=ids, attention_mask=mask, position_ids=lengths.unsqueeze(1),
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+                       **with_cache(model, cache), use_cache=True).logits[:, -1]
         self.hi += 1
         self.lengths = [length + 1 for length in self.lengths]
         return logits

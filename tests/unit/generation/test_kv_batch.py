@@ -7,6 +7,8 @@ from both rectangles at once (the last rows move into the holes; the padding pre
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
@@ -26,7 +28,7 @@ def _model():
 
 def _prefill(model, seq):
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([seq]), past_key_values=cache, use_cache=True)
+    model(input_ids=torch.tensor([seq]), **kv_rows.with_cache(model, cache), use_cache=True)
     return cache, len(seq)
 
 
@@ -99,3 +101,22 @@ def test_rows_grown_long_are_set_apart_only_when_enough_rows_stop_paying():
     assert rows_to_set_apart([450, *short[:6]], [12, 12]) == [0]      # joining rows count
     assert rows_to_set_apart([70, *short]) == []                      # under twice the median
     assert rows_to_set_apart([60] * 12) == []                         # a synchronous wave
+
+
+@torch.no_grad()
+def test_the_cache_goes_under_the_name_the_models_forward_takes():
+    """transformers 5 renamed forward's `past_key_values` to `cache`; the old name warns and is
+    removed in 5.40, inside setup.cfg's range. The installed release's model decodes without that
+    warning, and a model whose forward has only the old name (the releases before, and
+    tests/unit/generation/test_engine_device.py's stand-in) still gets it."""
+    model = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        kv = KVBatch()
+        kv.add_many([_prefill(model, [3, 5, 7])])
+        kv.decode(model, torch.tensor([[9]]))
+
+    class OldForward(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=True):
+            return past_key_values
+    assert kv_rows.with_cache(OldForward(), "kv") == {"past_key_values": "kv"}
