@@ -28,7 +28,19 @@ def setup_role_logging(exp: ExpDir, role: str, rank: int = 0, level: int = loggi
         h.setFormatter(fmt)
         root.addHandler(h)
     root.setLevel(level)
+    quiet_progress_bars()
     return path
+
+
+def quiet_progress_bars() -> None:
+    """A role's console is a file, not a terminal: transformers' and the Hub's progress bars (a
+    "Writing model shards" bar at every publish) would fill it. Off for this process and what it
+    imports or starts later (the Hub reads the variable at import), and now where transformers is
+    already loaded (a forked role's is)."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:
+        hf_logging.disable_progress_bar()
 
 
 def exit_process(code: int) -> NoReturn:
