@@ -26,13 +26,11 @@ never while a reply is decoded or encoded — so a stand-in module with that nam
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import sys
 import types
 
-from sglang_oracle import install_wheel
+from sglang_oracle import install_wheel, oracle_parser, read_request, write_answer
 
 
 def load_protocol():
@@ -78,15 +76,10 @@ def diff(want, got, path: str = "") -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--wheel", required=True)
-    ap.add_argument("--deps", required=True)
-    ap.add_argument("--request", help="a JSON file (default: standard input)")
-    ap.add_argument("--answer", help="where the JSON answer goes (default: standard output)")
-    a = ap.parse_args()
+    a = oracle_parser().parse_args()
     install_wheel(a.wheel, a.deps)
     protocol, sse_utils = load_protocol()
-    req = json.loads(open(a.request).read() if a.request else sys.stdin.read())
+    req = read_request(a)
     verdicts = []
     for item in req.get("replies", []):
         try:
@@ -95,8 +88,7 @@ def main() -> None:
             problems = [f"does not decode: {type(e).__name__}: {e}"]
         verdicts.append(problems)
     fields = {name: sorted(getattr(protocol, name).model_fields) for name in req.get("request_fields", [])}
-    with open(a.answer, "w") if a.answer else contextlib.nullcontext(sys.stdout) as out:
-        json.dump({"verdicts": verdicts, "request_fields": fields}, out)
+    write_answer(a, {"verdicts": verdicts, "request_fields": fields})
 
 
 if __name__ == "__main__":

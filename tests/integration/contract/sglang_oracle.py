@@ -439,15 +439,31 @@ def check_env(req: dict) -> dict:
     return out
 
 
-def main() -> None:
+def oracle_parser() -> argparse.ArgumentParser:
+    """The arguments every oracle of this directory takes: the wheel, its light dependencies,
+    and where the JSON request comes from and the answer goes (Wheel.run gives files)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel", required=True)
     ap.add_argument("--deps", required=True)
-    ap.add_argument("command", choices=["routes", "check-calls", "decide-auth", "check-argv", "check-env"])
     ap.add_argument("--request", help="a JSON file (default: standard input)")
     ap.add_argument("--answer", help="where the JSON answer goes (default: standard output)")
+    return ap
+
+
+def read_request(a: argparse.Namespace) -> dict:
+    return json.loads((open(a.request).read() if a.request else sys.stdin.read()) or "{}")
+
+
+def write_answer(a: argparse.Namespace, answer: dict) -> None:
+    with open(a.answer, "w") if a.answer else contextlib.nullcontext(sys.stdout) as out:
+        json.dump(answer, out)
+
+
+def main() -> None:
+    ap = oracle_parser()
+    ap.add_argument("command", choices=["routes", "check-calls", "decide-auth", "check-argv", "check-env"])
     a = ap.parse_args()
-    req = json.loads((open(a.request).read() if a.request else sys.stdin.read()) or "{}")
+    req = read_request(a)
     install_wheel(a.wheel, a.deps)
     src = Source(a.wheel)
     if a.command == "routes":
@@ -460,8 +476,7 @@ def main() -> None:
         ans = check_argv(req)
     else:
         ans = check_env(req)
-    with open(a.answer, "w") if a.answer else contextlib.nullcontext(sys.stdout) as out:
-        json.dump(ans, out)
+    write_answer(a, ans)
 
 
 if __name__ == "__main__":
