@@ -355,6 +355,11 @@ def _schema() -> DictConfig:
     return OmegaConf.structured(ExperimentConfig)
 
 
+@functools.cache
+def _schema_pickle() -> bytes:
+    return pickle.dumps(_schema())
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
                 applied: dict | None = None) -> ExperimentConfig:
     """Load, merge, interpolate and validate an experiment; raise ConfigError on any mistake.
@@ -426,11 +431,6 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
         # Roles may run elsewhere (another cwd, a cluster node): pin local paths down now.
         obj.experiment.model = str(model.absolute())
     return obj, prov
-
-
-@functools.cache
-def _schema_pickle() -> bytes:
-    return pickle.dumps(_schema())
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:
