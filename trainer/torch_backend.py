@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 import trainer.lora as lora
-from services.protocol import collectives
+from services.protocol import attention_without_cudnn, collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.hf_dir import copy_tokenizer_files
 from trainer.logprobs import token_logprobs
@@ -120,6 +120,7 @@ class TorchBackend(TrainBackend):
         else:
             self.device = torch.device("cpu")
         torch.manual_seed(seed)
+        attention_without_cudnn()   # a graph build per new sequence length (services/protocol/runtime.py)
         attn = packed_attention_implementation() if cfg.packed_forward else "sdpa"
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, attn_implementation=attn)
         # LoRA's settings (trainer/lora.py) when the adapters train instead of the whole model;

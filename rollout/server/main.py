@@ -79,7 +79,10 @@ def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: i
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from services.protocol import attention_without_cudnn
+
     from .engine import Engine
+    attention_without_cudnn()   # a graph build per decode step's new length (services/protocol/runtime.py)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     model.to(device)

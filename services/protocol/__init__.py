@@ -31,7 +31,15 @@ from .control import (
 from .expdir import ExpDir, numbered_dirs, previous_port, publish_service, read_service, write_json_atomic
 from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem, item_row
 from .keys import CurveKeys, generate_keys, load_keys
-from .runtime import MetricsWriter, PhaseTimer, Shutdown, exit_process, read_metrics, setup_role_logging
+from .runtime import (
+    MetricsWriter,
+    PhaseTimer,
+    Shutdown,
+    attention_without_cudnn,
+    exit_process,
+    read_metrics,
+    setup_role_logging,
+)
 from .service_port import serve_at_previous_address
 from .trajectory import Trajectory, TrajectoryReceipt
 from .trajectory_channel import TrajectorySink, TrajectorySource
@@ -49,7 +57,7 @@ __all__ = [
     "RegisterServer", "RetireServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "numbered_dirs", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
-    "MetricsWriter", "PhaseTimer", "Shutdown", "exit_process", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
+    "MetricsWriter", "PhaseTimer", "Shutdown", "attention_without_cudnn", "exit_process", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
     "serve_at_previous_address",
 ]

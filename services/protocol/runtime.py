@@ -1,4 +1,5 @@
-"""Process basics every role shares: its log file, the metrics stream, clean shutdown."""
+"""Process basics every role shares: its log file, the metrics stream, clean shutdown, the
+attention kernels a GPU role may use."""
 from __future__ import annotations
 
 import gc
@@ -41,6 +42,23 @@ def quiet_progress_bars() -> None:
     hf_logging = sys.modules.get("transformers.utils.logging")
     if hf_logging is not None:
         hf_logging.disable_progress_bar()
+
+
+def attention_without_cudnn() -> None:
+    """Turn PyTorch's cuDNN attention backend off in this process; `scaled_dot_product_attention`
+    then takes flash or memory-efficient attention, as on GPUs before Hopper.
+
+    cuDNN attention (PyTorch's pick for bf16 on an H100/H200) builds an execution graph for each
+    new shape, which costs tens to hundreds of milliseconds, and RL's shapes seldom repeat: every
+    decode step attends over one more column, every trained sequence has its own length. On an
+    H200 the embedded server decoded a bf16 model (cuDNN's) at 42 ms a step with one request
+    running against 5.5 ms with nine in float32 (not cuDNN's): 185 tokens/s against 2,732 at 16
+    requests (benchmarks/results/gpu_tier.json), most likely for this reason; not yet re-measured
+    with it off. Called where a model is put on a device: the embedded server's engine and both
+    trainer backends."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def exit_process(code: int) -> NoReturn:

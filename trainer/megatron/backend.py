@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from services.protocol import collectives
+from services.protocol import attention_without_cudnn, collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.lr_schedule import decay_updates, lr_factor
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
@@ -84,6 +84,7 @@ class MegatronBackend(TrainBackend):
         self.model_dir = Path(model_dir)
         self.on_gpu = torch.cuda.is_available()
         tp, pp = cfg.tensor_parallel, cfg.pipeline_parallel
+        attention_without_cudnn()   # a graph build per new sequence length (services/protocol/runtime.py)
         if self.on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             self.device = torch.device("cuda", torch.cuda.current_device())

@@ -125,11 +125,19 @@ def backend(tmp_path_factory):
     from trainer.megatron.backend import MegatronBackend
 
     created_group = not dist.is_initialized()
+    torch.backends.cuda.enable_cudnn_sdp(True)   # test_the_backend_turns_cudnn_attention_off
     be = MegatronBackend(mc.trainer_cfg(tp=1), mc.make_model_dir(tmp_path_factory.mktemp("m")), seed=0)
+    be.cudnn_attention_after_init = torch.backends.cuda.cudnn_sdp_enabled()
     yield be
     be.close()
     if created_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def test_the_backend_turns_cudnn_attention_off(backend):
+    """cuDNN attention builds a graph per new sequence length (services/protocol/runtime.py
+    `attention_without_cudnn`; tests/unit/foundation/test_attention_kernels.py for the others)."""
+    assert backend.cudnn_attention_after_init is False
 
 
 def test_gpu_transformer_config_constructs(backend):
