@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from services.protocol import collectives
 from trainer.backend import TokenOutputs
-from trainer.logprobs import token_logprobs
+from trainer.logprobs import scaled, token_logprobs
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
@@ -103,7 +103,7 @@ def vocab_parallel_rows(rows: torch.Tensor, targets: torch.Tensor, temperature: 
     )
 
     c, v = rows.shape[0], head.shape[0]
-    x = F.linear(copy_to_tensor_model_parallel_region(rows, group), head).to(dt) / temperature
+    x = scaled(F.linear(copy_to_tensor_model_parallel_region(rows, group), head).to(dt), temperature)
     with torch.no_grad():   # log Z = m + log sum exp(x - m) for any m: no gradient through m
         m = x.amax(-1) if v else x.new_full((c,), float("-inf"))
         collectives.all_reduce(m, op=collectives.ReduceOp.MAX, group=group)
