@@ -67,13 +67,16 @@ def read_results(name: str) -> tuple[dict, Path] | None:
 
 
 def machine() -> dict:
+    gpu = None
     try:
         import torch
         torch_version = torch.__version__
+        if torch.cuda.is_available():   # a figure measured on a GPU says which
+            gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     except ImportError:
         torch_version = None
     return {"cpus": os.cpu_count(), "torch": torch_version, "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), **({"gpu": gpu} if gpu else {})}
 
 
 def write_results(name: str, headline: dict) -> Path:

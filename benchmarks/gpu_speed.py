@@ -6,7 +6,10 @@ random weights (`AutoModelForCausalLM.from_config`, saved once per run). Each st
 micro-batches, each one packed row of `pack` tokens made of 1,024-token sequences, through the
 backend's `train_step` with a policy-gradient loss over every token — what the training loop
 runs, log-probs (chunked, trainer.logprob_chunk) and the optimizer step included. One warm-up
-step, then `steps` timed steps (CUDA synchronised). Each configuration runs in its own process
+step, then `steps` timed steps (CUDA synchronised). `--lengths varied` draws each sequence's length
+anew every step, as an RL batch has them: kernels that build a plan per shape (cuDNN attention)
+pay for it there and not with equal lengths. `--profile` adds one step under torch's profiler
+and keeps its busiest operators. Each configuration runs in its own process
 (Megatron's process groups are per process); one that runs out of memory is recorded as such,
 with the device's memory.
 
@@ -58,8 +61,23 @@ def make_model_dir(shape: str, out: Path) -> Path:
     return out
 
 
-def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int) -> dict:
-    """Runs in a fresh process: the backend's train step on two micro-batches of `pack` tokens."""
+def _varied_lengths(pack: int, seq_len: int, gen) -> list[int]:
+    """Sequence lengths as RL makes them, each its own (uniform in [seq_len / 8, 2 seq_len)),
+    filling `pack` tokens exactly: kernels that compile per shape pay here, not with equal ones."""
+    import torch
+
+    lengths: list[int] = []
+    while sum(lengths) < pack:
+        n = int(torch.randint(max(1, seq_len // 8), 2 * seq_len, (1,), generator=gen))
+        lengths.append(min(n, pack - sum(lengths)))
+    return lengths
+
+
+def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, profile: bool = False,
+             varied: bool = False) -> dict:
+    """Runs in a fresh process: the backend's train step on two micro-batches of `pack` tokens
+    (`profile`: then one more step under torch's profiler, its busiest operators kept; `varied`:
+    sequences of different lengths, new ones each step, instead of `seq_len` each)."""
     import torch
 
     from trainer.backend import PackedBatch
@@ -82,7 +100,7 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int) 
 
     def micro_batch() -> PackedBatch:
         n_seq = max(1, pack // seq_len)
-        lengths = [pack // n_seq] * n_seq
+        lengths = [pack // n_seq] * n_seq if not varied else _varied_lengths(pack, seq_len, gen)
         ids = torch.randint(0, vocab, (sum(lengths),), generator=gen)
         pos = torch.cat([torch.arange(n) for n in lengths])
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
@@ -96,7 +114,8 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int) 
         loss = -(mb.fields["adv"] * out.logp * mb.fields["loss_mask"]).sum() / total
         return loss, {"loss": float(loss.detach())}
 
-    record = {"backend": backend, "pack": pack, "tokens_per_step": int(total), "parameters": params,
+    record = {"backend": backend, "pack": pack, "lengths": "varied" if varied else "equal",
+              "tokens_per_step": int(total), "parameters": params,
               "device": torch.cuda.get_device_name() if cuda else "cpu"}
     try:
         be.train_step(mbs, loss_fn, 1.0)             # warm-up: allocations, kernels, optimizer state
@@ -105,6 +124,8 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int) 
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         for _ in range(steps):
+            if varied:   # new lengths each step, as an RL run's batches have
+                mbs = [micro_batch(), micro_batch()]
             be.train_step(mbs, loss_fn, 1.0)
         if cuda:
             torch.cuda.synchronize()
@@ -113,12 +134,36 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int) 
         return {**record, "out_of_memory": True, "error": str(e).splitlines()[0][:300],
                 "device_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None}
     peak = torch.cuda.max_memory_allocated() if cuda else None
-    return {**record, "step_s": seconds, "tokens_per_s": total / seconds, "peak_bytes": peak}
+    out = {**record, "step_s": seconds, "tokens_per_s": total / seconds, "peak_bytes": peak}
+    if profile:   # one more step under the profiler, after the timed ones: where a step's time goes
+        out["top_kernels"] = _profiled_step(lambda: be.train_step(mbs, loss_fn, 1.0), cuda)
+    return out
 
 
-def _run(backend: str, model_dir: Path, pack: int, steps: int, seq_len: int) -> dict:
-    code = ("import json; from benchmarks.gpu_speed import one_case; "
-            f"print('RESULT ' + json.dumps(one_case({backend!r}, {str(model_dir)!r}, {pack}, {steps}, {seq_len})))")
+def _profiled_step(step, cuda: bool, top: int = 15) -> list[dict]:
+    """The operators that took most device time (CPU time on a CPU) in one step: name, calls, ms."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr, 0), reverse=True)
+    busy = sum(getattr(e, attr, 0) for e in events) / 1e3
+    # The first row: the step's wall time (under the profiler) against the time the operators
+    # took; a device busy much less than the wall waits on the host (launches, synchronisation).
+    return [{"op": "(whole step: wall ms, busy ms)", "calls": 1, "ms": round(wall * 1e3, 2), "busy_ms": round(busy, 2)}] + \
+        [{"op": e.key[:80], "calls": e.count, "ms": round(getattr(e, attr, 0) / 1e3, 2)} for e in events[:top]]
+
+
+def _run(backend: str, model_dir: Path, pack: int, steps: int, seq_len: int, profile: bool, varied: bool) -> dict:
+    code = ("import json; from benchmarks.gpu_speed import one_case; print('RESULT ' + json.dumps("
+            f"one_case({backend!r}, {str(model_dir)!r}, {pack}, {steps}, {seq_len}, {profile}, {varied})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -127,7 +172,7 @@ def _run(backend: str, model_dir: Path, pack: int, steps: int, seq_len: int) -> 
 
 
 def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs: tuple[int, ...] = (8192, 32768),
-         steps: int = 3, peak_tflops: float = PEAK_TFLOPS) -> dict:
+         steps: int = 3, peak_tflops: float = PEAK_TFLOPS, profile: bool = False, lengths: str = "equal") -> dict:
     seq_len = SEQ_LEN
     if quick:
         shapes, packs, steps, seq_len = ("tiny",), (256,), 1, 64
@@ -137,7 +182,7 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
             model_dir = make_model_dir(shape, Path(tmp) / shape)
             for pack in packs:
                 for backend in ("torch", "megatron"):
-                    c = {"shape": shape, **_run(backend, model_dir, pack, steps, seq_len)}
+                    c = {"shape": shape, **_run(backend, model_dir, pack, steps, seq_len, profile, lengths == "varied")}
                     if "tokens_per_s" in c:
                         c["mfu"] = 6 * c["parameters"] * c["tokens_per_s"] / (peak_tflops * 1e12)
                     cases.append(c)
@@ -145,11 +190,16 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
                                else f"{c['tokens_per_s']:,.0f}")
                     rows.append([shape, backend, pack, outcome, round(c["mfu"], 4) if "mfu" in c else None,
                                  round(c["peak_bytes"] / 1e9, 1) if c.get("peak_bytes") else None])
-                    print(f"{shape} {backend} pack {pack}: {outcome}", flush=True)
-    print_table(f"train step, bf16, two packed micro-batches of {seq_len}-token sequences "
+                    print(f"{shape} {backend} pack {pack}: {outcome} tokens/s, MFU {c.get('mfu')}, "
+                          f"peak {c.get('peak_bytes')} B" + (f"\n{c['failed']}" if "failed" in c else ""), flush=True)
+                    print("CASE " + json.dumps({k: v for k, v in c.items() if k != "top_kernels"}), flush=True)
+                    for k in c.get("top_kernels", []):
+                        print(f"    {k['ms']:9.2f} ms {k['calls']:6d}x  {k['op']} {k.get('busy_ms', '')}", flush=True)
+    what = f"{seq_len}-token sequences" if lengths == "equal" else f"sequences of {seq_len // 8} to {2 * seq_len - 1} tokens, new each step"
+    print_table(f"train step, bf16, two packed micro-batches of {what} "
                 f"(MFU: 6 x params x tokens/s / {peak_tflops:g} TFLOP/s)",
                 ["shape", "backend", "pack tokens", "tokens/s", "MFU", "peak GB"], rows)
-    headline = {"mfu_formula": f"6 * parameters * tokens_per_s / {peak_tflops:g}e12", "seq_len": seq_len,
+    headline = {"mfu_formula": f"6 * parameters * tokens_per_s / {peak_tflops:g}e12", "seq_len": seq_len, "lengths": lengths,
                 "cases": cases}
     if not quick:
         write_results("gpu_speed", headline)
@@ -161,7 +211,11 @@ def _args(p) -> list[str]:
     p.add_argument("--packs", nargs="+", type=int, default=[8192, 32768], help="tokens per micro-batch")
     p.add_argument("--steps", type=int, default=3, help="timed steps per case (after one warm-up)")
     p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="the device's dense bf16 peak")
-    return ["shapes", "packs", "steps", "peak_tflops"]
+    p.add_argument("--profile", action="store_true", help="one more step per case under torch's profiler: "
+                   "its busiest operators, printed and kept in the results")
+    p.add_argument("--lengths", choices=["equal", "varied"], default="equal",
+                   help="sequences of --seq-len tokens each, or of lengths drawn anew each step (as in RL)")
+    return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths"]
 
 
 if __name__ == "__main__":
