@@ -36,7 +36,15 @@ import torch.distributed as dist
 
 import trainer.lora as lora
 from services.protocol import attention_without_cudnn, collectives
-from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.backend import (
+    LossFn,
+    PackedBatch,
+    StepResult,
+    TokenOutputs,
+    TrainBackend,
+    agreed_nonfinite,
+    packed_sequences,
+)
 from trainer.hf_dir import copy_tokenizer_files
 from trainer.logprobs import token_logprobs
 from trainer.lr_schedule import decay_updates, lr_factor
@@ -57,11 +65,10 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     if cu is None:  # not a packed call (e.g. generation): plain SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    bounds = cu.tolist()
     outs = []
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        out, _ = sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
-                                        dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
+    for q, k, v in zip(*(packed_sequences(x, cu, dim=2) for x in (query, key, value)), strict=True):
+        out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True,
+                                        **kwargs)
         outs.append(out)      # [1, length, heads, dim]
     return torch.cat(outs, dim=1), None
 

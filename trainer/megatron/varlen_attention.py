@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from trainer.backend import packed_sequences
+
 
 class VarlenCoreAttention(DotProductAttention):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -30,13 +32,15 @@ class VarlenCoreAttention(DotProductAttention):
             raise ValueError("VarlenCoreAttention needs packed_seq_params in THD format (trainer/megatron/packing.py)")
         if attention_bias is not None:
             raise ValueError("VarlenCoreAttention takes no attention bias")
-        cu = packed_seq_params.cu_seqlens_q.tolist()
+        cu = packed_seq_params.cu_seqlens_q
         p = self.config.attention_dropout if self.training else 0.0
         gqa = key.size(1) != query.size(1)
         outs = []
-        for a, b in zip(cu[:-1], cu[1:], strict=True):
+        # One split per tensor, not a slice per sequence (trainer/backend.py `packed_sequences`: a
+        # slice's backward is a row-sized zero gradient per sequence).
+        for q, k, v in zip(*(packed_sequences(x, cu, dim=0) for x in (query, key, value)), strict=True):
             # [L, h, d] -> [1, h, L, d], SDPA's layout
-            q, k, v = (x[a:b].transpose(0, 1)[None] for x in (query, key, value))
+            q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=self.softmax_scale,
                                                enable_gqa=gqa)
             outs.append(o[0].transpose(0, 1))                      # [L, h, d]

@@ -109,6 +109,7 @@ def test_varlen_core_attention_equals_megatron_attention_under_the_block_diagona
     the same outputs to float32 rounding, with the config's grouped-query heads."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
+    from op_count import OpCount
 
     from trainer.megatron.varlen_attention import VarlenCoreAttention
 
@@ -118,11 +119,19 @@ def test_varlen_core_attention_equals_megatron_attention_under_the_block_diagona
     cu = torch.tensor([0, 3, 4, 11, 16], dtype=torch.int32)
     heads, groups, d = cfg.num_attention_heads, cfg.num_query_groups or cfg.num_attention_heads, cfg.kv_channels
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(16, n, d, generator=gen) for n in (heads, groups, groups))
-    got = varlen(q, k, v, None, packed_seq_params=thd_packed_seq_params(cu, "cpu"))
-    want = dense(q[:, None], k[:, None], v[:, None], block_diagonal_causal_mask(cu))   # [16, 1, heads * d]
+    base = [torch.randn(16, n, d, generator=gen) for n in (heads, groups, groups)]
+    q, k, v = (t.clone().requires_grad_(True) for t in base)
+    with OpCount() as count:   # the sequences by one split: no row-sized zero gradient per sequence
+        got = varlen(q, k, v, None, packed_seq_params=thd_packed_seq_params(cu, "cpu"))
+        got.square().sum().backward()
+    assert count.ops.get("slice_backward", 0) == 0, count.ops
+    dq, dk, dv = (t.clone().requires_grad_(True) for t in base)
+    want = dense(dq[:, None], dk[:, None], dv[:, None], block_diagonal_causal_mask(cu))   # [16, 1, heads * d]
+    want.square().sum().backward()
     assert got.shape == (16, heads * d)
     torch.testing.assert_close(got, want[:, 0], rtol=1e-5, atol=1e-6)
+    for mine, theirs in ((q, dq), (k, dk), (v, dv)):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="THD"):
         varlen(q, k, v, None)
 

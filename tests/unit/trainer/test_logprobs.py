@@ -147,21 +147,13 @@ def test_the_chunked_output_layer_keeps_nothing_of_a_vocabulary_s_width_for_back
 
 def _divisions(temperature: float) -> tuple[int, torch.Tensor]:
     """The aten.div calls of a chunked pass (forward and backward) at `temperature`, and its log-probs."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket is torch.ops.aten.div:
-                Count.n += 1
-            return func(*args, **(kwargs or {}))
+    from op_count import OpCount
 
     logits, ids, cu = _case(dtype=torch.bfloat16)
-    with Count():
+    with OpCount() as count:
         out = token_logprobs(logits, ids, cu, temperature, False, chunk=8)
         out.logp.sum().backward()
-    return Count.n, out.logp.detach()
+    return count.ops.get("div", 0), out.logp.detach()
 
 
 def test_temperature_one_makes_no_pass_over_the_vocabulary_and_changes_no_bit():
