@@ -40,8 +40,8 @@ def _tandem(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def main(quick: bool = False) -> dict:
-    return measure("math", quick)
+def main(quick: bool = False, overrides: tuple[str, ...] = ()) -> dict:
+    return measure("math", quick, extra=tuple(overrides))
 
 
 def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tuple[str, ...] = (),
@@ -109,12 +109,15 @@ def seed_means(runs: list[dict]) -> dict:
     return out
 
 
-def measure(task: str, quick: bool = False, seeds: tuple[int, ...] = ()) -> dict:
+def measure(task: str, quick: bool = False, seeds: tuple[int, ...] = (), extra: tuple[str, ...] = ()) -> dict:
     """`make train-<task>`, once with the config's seed or once per seed of `seeds`: the headline
-    figures of the first run, every run under `runs` and, for several seeds, the mean gains."""
-    runs = [run_once(task, quick, s) for s in seeds] if seeds else [run_once(task, quick)]
+    figures of the first run, every run under `runs` and, for several seeds, the mean gains
+    (`extra`: overrides, as `ARGS=` adds them)."""
+    runs = [run_once(task, quick, s, extra) for s in seeds] if seeds else [run_once(task, quick, extra=extra)]
+    if extra:
+        print(f"overrides: {' '.join(extra)}")
     means = seed_means(runs) if len(runs) > 1 else {}
-    headline = {**runs[0], **({"runs": runs, **means} if means else {})}
+    headline = {**runs[0], **({"overrides": list(extra)} if extra else {}), **({"runs": runs, **means} if means else {})}
     print_table(f"make train-{task} (configs/{task}-tiny.yaml)", ["seed", "steps", "wall s", "RL s",
                 "held-out before", "held-out after", "n", "trajectories/s"],
                 [[r["seed"], r["steps"], r["wall_s"], r["rl_s"], r["accuracy_before"], r["accuracy_after"],
@@ -133,5 +136,11 @@ def measure(task: str, quick: bool = False, seeds: tuple[int, ...] = ()) -> dict
     return headline
 
 
+def _args(p) -> list[str]:
+    p.add_argument("overrides", nargs="*", help="config overrides, as ARGS= gives them to make train-math "
+                   "(e.g. 'experiment.trackers=[jsonl,tensorboard]' where wandb is not installed)")
+    return ["overrides"]
+
+
 if __name__ == "__main__":
-    cli(main)
+    cli(main, _args)
