@@ -1,6 +1,11 @@
 """Trainer speed on one GPU: tokens/s, MFU and peak memory of both backends' own train step at
 real shapes (issue 37), random weights, bf16, no TransformerEngine or flash-attn needed.
 
+Precision as a run trains: the torch backend with `trainer.compute_dtype: bfloat16` (float32
+weights and AdamW, bf16 products under autocast), Megatron with bf16 parameters and float32 main
+weights (`trainer.megatron.params_dtype`). benchmarks/results/gpu_speed.json's torch figures
+predate that: they were taken with bf16 parameters and AdamW.
+
 Shapes: Qwen2.5-0.5B and Qwen2.5-1.5B, from their published config.json values (below), with
 random weights (`AutoModelForCausalLM.from_config`, saved once per run). Each step trains two
 micro-batches, each one packed row of `pack` tokens made of 1,024-token sequences, through the
@@ -85,10 +90,10 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
 
     cuda = torch.cuda.is_available()
     optim = OptimConfig(lr=1e-6, warmup_steps=1)
-    if backend == "torch":
+    if backend == "torch":   # as a run trains it: float32 weights, bf16 products on a GPU
         from trainer.torch_backend import TorchBackend
-        be = TorchBackend(TrainerConfig(backend="torch", optim=optim), Path(model_dir), seed=0,
-                          dtype=torch.bfloat16 if cuda else torch.float32)
+        be = TorchBackend(TrainerConfig(backend="torch", optim=optim, compute_dtype="bfloat16" if cuda else "float32"),
+                          Path(model_dir), seed=0)
     else:
         from trainer.megatron.backend import MegatronBackend
         from trainer.megatron.config import MegatronConfig

@@ -201,14 +201,19 @@ class TrainerConfig:
     # Run the model on all sequences of a micro-batch at once (block-diagonal attention via
     # per-sequence position ids); false = one forward per sequence (slower, same numbers).
     packed_forward: bool = True
+    # Torch backend: the dtype of the model's matrix products (torch.autocast). bfloat16 runs them
+    # at a GPU's bf16 speed while weights, gradients and AdamW's moments stay float32 (mixed
+    # precision, as TRL and verl's FSDP train); float32 is exact and, on a GPU without TF32, about
+    # a tenth of bf16's speed. The Megatron backend's is trainer.megatron.params_dtype.
+    compute_dtype: str = "float32"
     # Tokens per chunk of the float32 log-softmax over the vocabulary, both backends (0 = the
     # whole micro-batch at once). Each chunk is recomputed in the backward pass, so the float32
     # copies of the logits (about 20 bytes per token per vocabulary entry) exist for one chunk
     # only: 3 GB at 1024 tokens and a 152K vocabulary, instead of 100 GB for a 34K-token pack.
     # Both backends make each chunk's logits from the hidden states (the output layer chunked
     # too; on the Megatron backend vocabulary-parallel over TP, `trainer/megatron/logprob_head.py`):
-    # on an H200, 2.5 GB instead of 70 GB at 32K tokens for the torch backend's path (the
-    # Megatron backend's is checked on CPU; its GPU test has not run yet).
+    # on an H200, 2.5 GB instead of 70 GB at 32K tokens for the torch backend's path, and
+    # 1.4 GB instead of 17.4 GB at 8K tokens for the Megatron backend's (hidden 1,536).
     logprob_chunk: int = 1024
     # Megatron backend: tensor- and pipeline-parallel sizes (data parallel takes the rest).
     tensor_parallel: int = 1
@@ -247,6 +252,11 @@ class TrainerConfig:
             out.append(("max_tokens_per_mb", f"must be >= 16, got {self.max_tokens_per_mb}"))
         if self.temperature <= 0:
             out.append(("temperature", "must be > 0"))
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            out.append(("compute_dtype", f"must be float32 or bfloat16, got {self.compute_dtype!r}"))
+        elif self.compute_dtype != "float32" and self.backend != "torch":
+            out.append(("compute_dtype", f"applies to the torch backend; trainer.backend: {self.backend} takes "
+                                         f"trainer.megatron.params_dtype"))
         if self.logprob_chunk < 0:
             out.append(("logprob_chunk", f"must be >= 0 (0 = the whole micro-batch), got {self.logprob_chunk}"))
         if self.max_staleness < 0:

@@ -146,6 +146,16 @@ class TorchBackend(TrainBackend):
 
     # ---- forward ------------------------------------------------------------------------------
     def _forward(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None) -> TokenOutputs:
+        """Every forward (training, proximal, reference) under trainer.compute_dtype: with bfloat16
+        the matrix products run in bf16 under torch.autocast (the backward pass follows the dtypes
+        the forward recorded, and the log-prob chunks' recomputation re-enters the same autocast),
+        while the parameters, their gradients and AdamW stay in the model's dtype."""
+        bf16 = self.cfg.compute_dtype == "bfloat16"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+            return self._forward_in_dtype(mb, temperature, with_entropy, model)
+
+    def _forward_in_dtype(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None
+                          ) -> TokenOutputs:
         model = model if model is not None else self.model
         ids = mb.input_ids.to(self.device)
         if mb.n_tokens == 0:

@@ -30,7 +30,9 @@ s = bytes per parameter of `trainer.megatron.params_dtype`, N = `trainer.max_tok
   chunk; with c = 0 the same per-token terms for the whole micro-batch. With pipeline parallelism
   each earlier micro-batch keeps its hidden states (s * h per token, chunked) or its float32
   log-softmax (4 * V) until its backward.
-The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P), no recompute.
+The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P), no recompute; its
+activations and logits are float32, or bf16 with `trainer.compute_dtype: bfloat16` (the same terms
+with 2 bytes).
 
 Generation server GPU (SGLang): the weights over `gen.tp_size`, and the KV-cache pool SGLang
 makes of the rest of `gen.mem_fraction_static`; it must hold at least one longest sequence
@@ -52,7 +54,8 @@ GB = 1e9
 # Share of each GPU left for the CUDA context, NCCL, allocator fragmentation (an assumption).
 RESERVED_FRACTION = 0.10
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# Float32 bytes per logit of the log-softmax pass (copy, scaled copy, log-softmax, entropy's two).
+# Float32 bytes per logit of the log-softmax pass (copy, scaled copy, log-softmax, entropy's two;
+# at temperature 1 no scaled copy is made, trainer/logprobs.py `scaled`: counted, on the safe side).
 LOGSOFTMAX_BYTES = 20
 # Output-layer weight gradients alive at the peak of a chunked backward (each chunk's share is
 # added out of place): 3-4 measured by the live-bytes meter of
@@ -119,6 +122,9 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     tp, pp = (t.tensor_parallel, t.pipeline_parallel) if megatron else (1, 1)
     mc = t.megatron
     s = DTYPE_BYTES[mc.params_dtype] if megatron else 4
+    # bytes of an activation: the parameters' dtype on Megatron; on the torch backend float32, or
+    # bf16 under trainer.compute_dtype: bfloat16 (autocast: float32 weights, bf16 products)
+    a = s if megatron else DTYPE_BYTES[t.compute_dtype]
     vocab = _padded(m.vocab, mc.vocab_multiple, tp) if megatron else m.vocab
     layers = m.layers // pp
     body = layers * m.layer_params / tp
@@ -137,24 +143,26 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     if t.kl_coef > 0:
         parts["reference model"] = s * params
     n = t.max_tokens_per_mb
-    per_layer = _layer_activation_bytes(m, tp, s)
+    per_layer = _layer_activation_bytes(m, tp, a)
     recompute = megatron and mc.recompute
     chunked = t.logprob_chunk > 0
     chunk = min(n, t.logprob_chunk) if chunked else n
-    act = n * (layers * s * m.hidden + per_layer) if recompute else n * layers * per_layer
+    act = n * (layers * a * m.hidden + per_layer) if recompute else n * layers * per_layer
     v = m.vocab / tp   # each rank's share of the vocabulary (the padding rows are cut off)
-    logits = chunk * v * (2 * s + LOGSOFTMAX_BYTES) + (HEAD_GRAD_COPIES * s * v * m.hidden if chunked else 0)
+    logits = chunk * v * (2 * a + LOGSOFTMAX_BYTES) + (HEAD_GRAD_COPIES * s * v * m.hidden if chunked else 0)
     if pp > 1:
         earlier = _alive_micro_batches(cfg, train_dp) - 1
         act += earlier * n * layers * (s * m.hidden if recompute else per_layer)
         # what an earlier micro-batch's graph keeps: its hidden states (the chunks' checkpointed
         # inputs), or its float32 log-softmax when not chunked
-        logits += earlier * n * (s * m.hidden if chunked else 4 * v)
+        logits += earlier * n * (a * m.hidden if chunked else 4 * v)
         notes.append(f"pipeline_parallel={pp}: {earlier + 1} micro-batches of a minibatch alive at once "
                      f"(GPipe), from simulate.prompt_tokens + simulate.output_median")
     parts["activations"], parts["logits"] = act, logits
-    where = f"TP {tp} x PP {pp}, DP {train_dp}" if megatron else "torch backend, float32 replica"
+    where = f"TP {tp} x PP {pp}, DP {train_dp}" if megatron else \
+        f"torch backend, float32 replica, {t.compute_dtype} products"
     unset = [k for k, on in (("trainer.megatron.recompute: true", mc.recompute or not megatron),
+                             ("trainer.compute_dtype: bfloat16", megatron or t.compute_dtype == "bfloat16"),
                              ("trainer.logprob_chunk: 1024", t.logprob_chunk)) if not on]
     advice = (f"set {' and '.join(unset)}, " if unset else "") + \
         ("lower trainer.pipeline_parallel (this schedule keeps a minibatch's micro-batches), " if pp > 1 else "") + \

@@ -124,3 +124,17 @@ def test_a_micro_batch_smaller_than_the_longest_sample_is_refused_naming_both_ke
     text = str(e.value)
     assert "trainer.max_tokens_per_mb" in text and "rollout.max_prompt_tokens" in text
     assert "rollout.max_new_tokens" in text and f"= {need}" in text
+
+
+def test_bf16_products_halve_the_torch_backends_activations_not_its_float32_state():
+    """trainer.compute_dtype: bfloat16 (autocast) keeps the torch backend's weights, gradients and
+    AdamW in float32 and its activations in bf16; the estimate says so term by term, and a torch
+    backend in float32 that does not fit is told to set it."""
+    path = CONFIGS[[p.name for p in CONFIGS].index("math-r1-1.5b.yaml")]
+    fp32, bf16 = (_est(load_config(path, ["trainer.backend=torch", f"trainer.compute_dtype={d}"])).roles[0]
+                  for d in ("float32", "bfloat16"))
+    for k in ("weights", "gradients", "optimizer"):
+        assert bf16.parts[k] == fp32.parts[k]
+    assert bf16.parts["activations"] == pytest.approx(fp32.parts["activations"] / 2, rel=1e-12)
+    assert bf16.parts["logits"] < fp32.parts["logits"]
+    assert "set trainer.compute_dtype: bfloat16" in fp32.advice and "compute_dtype" not in bf16.advice

@@ -160,3 +160,48 @@ def test_train_step_changes_weights_and_state_dict_round_trips(small_model_dir, 
 def test_unknown_backend_is_a_clear_error(small_model_dir):
     with pytest.raises(ValueError, match="unknown backend 'jax'"):
         build_backend(cfg(backend="jax"), small_model_dir, 0)
+
+
+def test_bf16_compute_multiplies_in_bf16_and_keeps_weights_gradients_and_adam_in_float32(small_model_dir, traj):
+    """trainer.compute_dtype: bfloat16 (mixed precision): every matrix product of the forward and
+    backward passes takes bf16 operands, while the parameters, their gradients and AdamW's moments
+    stay float32; the log-probs are float32 and within bf16 rounding of the float32 backend's."""
+    from op_count import OpCount
+
+    class MatmulDtypes(OpCount):
+        def __init__(self):
+            super().__init__()
+            self.dtypes: set[torch.dtype] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("mm", "addmm", "bmm", "linear"):
+                self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    batch = StepBatch.from_groups(_groups(traj))
+    mp = plan_step(batch, 1, 10_000, 1, 0, True, True).minibatches[0]
+
+    def loss_fn(mb, out):
+        f = mb.fields
+        return ppo_token_loss(out.logp, f["behav_logp"], None, f["advantages"], f["loss_mask"],
+                              PPOSettings(0.2, False, None), mp.n_valid)
+
+    mixed = TorchBackend(cfg(compute_dtype="bfloat16"), small_model_dir, 0)
+    exact = TorchBackend(cfg(), small_model_dir, 0)
+    with MatmulDtypes() as seen:
+        res = mixed.train_step(mp.micro_batches, loss_fn, 1.0)
+    assert res.applied and seen.dtypes == {torch.bfloat16}, seen.dtypes
+    assert {p.dtype for p in mixed.model.parameters()} == {torch.float32}
+    assert {p.grad.dtype for p in mixed.model.parameters()} == {torch.float32}
+    assert {v.dtype for st in mixed.optimizer.state.values() for k, v in st.items() if k != "step"} == {torch.float32}
+    mb = pack(seqs())
+    fresh = TorchBackend(cfg(compute_dtype="bfloat16"), small_model_dir, 0)
+    exact_lp, mixed_lp = exact.forward_logprobs(mb, 1.0).logp, fresh.forward_logprobs(mb, 1.0).logp
+    assert mixed_lp.dtype == torch.float32 and not torch.equal(exact_lp, mixed_lp)   # bf16 products
+    assert float((exact_lp - mixed_lp).abs().mean()) < 0.05 * float(exact_lp.abs().mean())
+
+
+def test_compute_dtype_is_checked_where_it_is_set():
+    assert ("compute_dtype", "must be float32 or bfloat16, got 'fp16'") in cfg(compute_dtype="fp16").problems()
+    assert any(k == "compute_dtype" and "trainer.megatron.params_dtype" in m
+               for k, m in cfg(backend="megatron", compute_dtype="bfloat16").problems())
