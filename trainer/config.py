@@ -206,6 +206,11 @@ class TrainerConfig:
     # precision, as TRL and verl's FSDP train); float32 is exact and, on a GPU without TF32, about
     # a tenth of bf16's speed. The Megatron backend's is trainer.megatron.params_dtype.
     compute_dtype: str = "float32"
+    # Torch backend: activation recompute, one decoder layer per unit (transformers' gradient
+    # checkpointing): a layer keeps only its input and recomputes the rest in the backward pass,
+    # about a third more compute for a fraction of the activation memory. The Megatron backend's
+    # is trainer.megatron.recompute.
+    recompute: bool = False
     # Tokens per chunk of the float32 log-softmax over the vocabulary, both backends (0 = the
     # whole micro-batch at once). Each chunk is recomputed in the backward pass, so the float32
     # copies of the logits (about 20 bytes per token per vocabulary entry) exist for one chunk
@@ -257,6 +262,9 @@ class TrainerConfig:
         elif self.compute_dtype != "float32" and self.backend != "torch":
             out.append(("compute_dtype", f"applies to the torch backend; trainer.backend: {self.backend} takes "
                                          f"trainer.megatron.params_dtype"))
+        if self.recompute and self.backend != "torch":
+            out.append(("recompute", f"applies to the torch backend; trainer.backend: {self.backend} takes "
+                                     f"trainer.megatron.recompute"))
         if self.logprob_chunk < 0:
             out.append(("logprob_chunk", f"must be >= 0 (0 = the whole micro-batch), got {self.logprob_chunk}"))
         if self.max_staleness < 0:

@@ -73,6 +73,21 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     return torch.cat(outs, dim=1), None
 
 
+def recompute_layers(model) -> None:
+    """trainer.recompute: transformers' activation checkpointing, one decoder layer per unit.
+    Its layers checkpoint only in training mode, and the backend keeps the model in eval mode (no
+    dropout: the proximal and the first update's log-probs are the same numbers), so only the
+    modules that carry the checkpointing flag are put in training mode, not their children."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):     # transformers >= 5.24
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module.training = True
+
+
 def _register_varlen_attention() -> None:
     from transformers import AttentionInterface
     AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention)
@@ -137,6 +152,8 @@ class TorchBackend(TrainBackend):
             model = lora.wrap(model, self.lora, seed)
         self.model = model.to(self.device)
         self.model.eval()
+        if cfg.recompute:
+            recompute_layers(self.model)
         o = cfg.optim
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2),

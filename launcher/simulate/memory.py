@@ -30,9 +30,9 @@ s = bytes per parameter of `trainer.megatron.params_dtype`, N = `trainer.max_tok
   chunk; with c = 0 the same per-token terms for the whole micro-batch. With pipeline parallelism
   each earlier micro-batch keeps its hidden states (s * h per token, chunked) or its float32
   log-softmax (4 * V) until its backward.
-The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P), no recompute; its
-activations and logits are float32, or bf16 with `trainer.compute_dtype: bfloat16` (the same terms
-with 2 bytes).
+The torch backend holds float32 replicas (weights 4P, gradients 4P, AdamW 8P); its activations and
+logits are float32, or bf16 with `trainer.compute_dtype: bfloat16` (the same terms with 2 bytes),
+and `trainer.recompute` keeps a layer's input only, as Megatron's does.
 
 Generation server GPU (SGLang): the weights over `gen.tp_size`, and the KV-cache pool SGLang
 makes of the rest of `gen.mem_fraction_static`; it must hold at least one longest sequence
@@ -144,7 +144,7 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
         parts["reference model"] = s * params
     n = t.max_tokens_per_mb
     per_layer = _layer_activation_bytes(m, tp, a)
-    recompute = megatron and mc.recompute
+    recompute = mc.recompute if megatron else t.recompute
     chunked = t.logprob_chunk > 0
     chunk = min(n, t.logprob_chunk) if chunked else n
     act = n * (layers * a * m.hidden + per_layer) if recompute else n * layers * per_layer
@@ -162,6 +162,7 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     where = f"TP {tp} x PP {pp}, DP {train_dp}" if megatron else \
         f"torch backend, float32 replica, {t.compute_dtype} products"
     unset = [k for k, on in (("trainer.megatron.recompute: true", mc.recompute or not megatron),
+                             ("trainer.recompute: true", t.recompute or megatron),
                              ("trainer.compute_dtype: bfloat16", megatron or t.compute_dtype == "bfloat16"),
                              ("trainer.logprob_chunk: 1024", t.logprob_chunk)) if not on]
     advice = (f"set {' and '.join(unset)}, " if unset else "") + \

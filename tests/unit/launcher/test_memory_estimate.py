@@ -137,4 +137,16 @@ def test_bf16_products_halve_the_torch_backends_activations_not_its_float32_stat
         assert bf16.parts[k] == fp32.parts[k]
     assert bf16.parts["activations"] == pytest.approx(fp32.parts["activations"] / 2, rel=1e-12)
     assert bf16.parts["logits"] < fp32.parts["logits"]
-    assert "set trainer.compute_dtype: bfloat16" in fp32.advice and "compute_dtype" not in bf16.advice
+    assert "trainer.compute_dtype: bfloat16" in fp32.advice and "compute_dtype" not in bf16.advice
+
+
+def test_the_torch_backends_recompute_keeps_a_layers_input_as_megatrons_does():
+    """trainer.recompute on the torch backend: per token, every layer's input plus one whole layer,
+    the formula of trainer.megatron.recompute; a torch backend without it is told to set it."""
+    path = CONFIGS[[p.name for p in CONFIGS].index("math-r1-1.5b.yaml")]
+    base = ["trainer.backend=torch", "trainer.compute_dtype=bfloat16"]
+    off, on = (_est(load_config(path, [*base, f"trainer.recompute={r}"])).roles[0] for r in ("false", "true"))
+    mega = _est(load_config(path)).roles[0]     # Megatron bf16 with recompute, TP 1: the same activations
+    assert on.parts["activations"] == pytest.approx(mega.parts["activations"], rel=1e-12)
+    assert on.parts["activations"] < off.parts["activations"] / 10
+    assert "set trainer.recompute: true" in off.advice and "trainer.recompute" not in on.advice

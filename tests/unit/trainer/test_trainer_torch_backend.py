@@ -205,3 +205,39 @@ def test_compute_dtype_is_checked_where_it_is_set():
     assert ("compute_dtype", "must be float32 or bfloat16, got 'fp16'") in cfg(compute_dtype="fp16").problems()
     assert any(k == "compute_dtype" and "trainer.megatron.params_dtype" in m
                for k, m in cfg(backend="megatron", compute_dtype="bfloat16").problems())
+
+
+def test_recompute_keeps_layer_inputs_only_and_changes_no_gradient(small_model_dir):
+    """trainer.recompute: each decoder layer runs again in the backward pass (more matrix
+    products), the forward keeps less alive at once (LiveBytesPeak: the CPU stand-in for a GPU's
+    peak memory, tests/support/logprob_head_case.py), and the step's gradients and updated weights
+    are the same numbers; forwards without gradients (the proximal pass) run each layer once."""
+    from logprob_head_case import LiveBytesPeak
+    from op_count import OpCount
+
+    mb = pack(seqs(12, seed=5))
+
+    def loss_fn(_, out):
+        loss = -out.logp.sum() / mb.n_tokens
+        return loss, {"loss": float(loss.detach())}
+
+    runs = {}
+    for on in (False, True):
+        be = TorchBackend(cfg(recompute=on, logprob_chunk=0), small_model_dir, 0)
+        with OpCount() as count, LiveBytesPeak() as live:
+            res = be.train_step([mb], loss_fn, 1.0)
+        with OpCount() as no_grad:
+            be.forward_logprobs(mb, 1.0)
+        runs[on] = (count.ops.get("mm", 0) + count.ops.get("addmm", 0), live.peak, res.grad_norm,
+                    {n: p.detach().clone() for n, p in be.model.named_parameters()},
+                    no_grad.ops.get("mm", 0) + no_grad.ops.get("addmm", 0))
+    (mm_off, peak_off, gn_off, w_off, fwd_off), (mm_on, peak_on, gn_on, w_on, fwd_on) = runs[False], runs[True]
+    assert mm_on > mm_off and peak_on < peak_off and fwd_on == fwd_off, (mm_off, mm_on, peak_off, peak_on)
+    assert gn_on == gn_off
+    for n, w in w_off.items():
+        assert torch.equal(w, w_on[n]), n
+
+
+def test_recompute_is_the_torch_backends_option():
+    assert any(k == "recompute" and "trainer.megatron.recompute" in m
+               for k, m in cfg(backend="megatron", recompute=True).problems())
