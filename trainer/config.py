@@ -203,8 +203,8 @@ class TrainerConfig:
     packed_forward: bool = True
     # Torch backend: the dtype of the model's matrix products (torch.autocast). bfloat16 runs them
     # at a GPU's bf16 speed while weights, gradients and AdamW's moments stay float32 (mixed
-    # precision, as TRL and verl's FSDP train); float32 is exact and, on a GPU without TF32, about
-    # a tenth of bf16's speed. The Megatron backend's is trainer.megatron.params_dtype.
+    # precision, as TRL and verl's FSDP train); float32 multiplies without a GPU's bf16 tensor
+    # cores. The Megatron backend's is trainer.megatron.params_dtype.
     compute_dtype: str = "float32"
     # Torch backend: activation recompute, one decoder layer per unit (transformers' gradient
     # checkpointing): a layer keeps only its input and recomputes the rest in the backward pass,

@@ -79,7 +79,7 @@ def recompute_layers(model) -> None:
     dropout: the proximal and the first update's log-probs are the same numbers), so only the
     modules that carry the checkpointing flag are put in training mode, not their children."""
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):     # transformers >= 5.24
+    if hasattr(model, "activation_checkpointing_enable"):   # its newer name (5.24 deprecates the older)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -152,7 +152,7 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     logits = chunk * v * (2 * a + LOGSOFTMAX_BYTES) + (HEAD_GRAD_COPIES * s * v * m.hidden if chunked else 0)
     if pp > 1:
         earlier = _alive_micro_batches(cfg, train_dp) - 1
-        act += earlier * n * layers * (s * m.hidden if recompute else per_layer)
+        act += earlier * n * layers * (a * m.hidden if recompute else per_layer)
         # what an earlier micro-batch's graph keeps: its hidden states (the chunks' checkpointed
         # inputs), or its float32 log-softmax when not chunked
         logits += earlier * n * (a * m.hidden if chunked else 4 * v)
