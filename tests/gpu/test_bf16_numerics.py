@@ -53,3 +53,21 @@ def test_packed_and_per_sequence_forward_agree_in_bf16(runs):
         assert err.max() <= max_tol, (backend, name, float(err.max()))
     # fp32: the two forwards are the same function to fp32 rounding.
     assert (ref["logp"][0] - ref["per_seq"][0]).abs().max() <= 1e-4
+
+
+def test_the_torch_backend_as_runs_train_it_matches_the_fp32_reference(case_model, tmp_path):
+    """`trainer.compute_dtype: bfloat16` with `trainer.recompute: true`, the torch backend's GPU
+    setting for runs (docs/trainer.md, "Precision"): float32 weights, gradients and AdamW, bf16
+    products under autocast, every decoder layer recomputed in the backward pass. Held to the
+    bounds of a bf16 forward against the fp32 reference on the same device."""
+    common = ("--backend", "torch", "--dtype", "float32", "--model", case_model, "--steps", "1")
+    mixed = run_worker(tmp_path / "mixed.pt", *common, "--compute-dtype", "bfloat16", "--recompute", "1")
+    ref = run_worker(tmp_path / "fp32.pt", *common)
+    assert mixed["param_dtypes"] == ["torch.float32"], mixed["param_dtypes"]
+    mean_tol, max_tol = tol.logp_bounds(LAYERS, tol.logits_rms(case_model, mc.micro_batches(seed=0)))
+    err = (mixed["logp"][0] - ref["logp"][0]).abs()
+    assert 0 < err.mean() <= mean_tol and err.max() <= max_tol, (float(err.mean()), float(err.max()), mean_tol, max_tol)
+    g, g_ref = mixed["grad_norms"][0], ref["grad_norms"][0]
+    assert mixed["applied"][0] and abs(g - g_ref) <= tol.grad_norm_rtol(LAYERS) * g_ref, (g, g_ref)
+    effect, effect_ref = mixed["logp"][1] - mixed["logp"][0], ref["logp"][1] - ref["logp"][0]
+    assert tol.cosine(effect, effect_ref) >= tol.MIN_COSINE, tol.cosine(effect, effect_ref)
