@@ -219,7 +219,7 @@ def _args(p) -> list[str]:
     p.add_argument("--profile", action="store_true", help="one more step per case under torch's profiler: "
                    "its busiest operators, printed and kept in the results")
     p.add_argument("--lengths", choices=["equal", "varied"], default="equal",
-                   help="sequences of --seq-len tokens each, or of lengths drawn anew each step (as in RL)")
+                   help=f"sequences of {SEQ_LEN} tokens each, or of lengths drawn anew each step (as in RL)")
     return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths"]
 
 

@@ -128,16 +128,21 @@ def test_model_gradient_matches_a_float64_per_sequence_reference(small_model_dir
         assert torch.allclose(got[n], p.grad, rtol=1e-9, atol=1e-12), (n, (got[n] - p.grad).abs().max(), p.grad.abs().max())
 
 
-def test_train_step_changes_weights_and_state_dict_round_trips(small_model_dir, traj, tmp_path):
-    batch = StepBatch.from_groups(_groups(traj))
-    be = build_backend(cfg(), small_model_dir, 0)
-    mp = plan_step(batch, 1, 10_000, 1, 0, True, True).minibatches[0]
-    before = {n: p.detach().clone() for n, p in be.model.named_parameters()}
+def _one_minibatch(traj):
+    """The groups of `traj` as one minibatch, and a clipped PPO loss over it."""
+    mp = plan_step(StepBatch.from_groups(_groups(traj)), 1, 10_000, 1, 0, True, True).minibatches[0]
 
     def loss_fn(mb, out):
         f = mb.fields
         return ppo_token_loss(out.logp, f["behav_logp"], None, f["advantages"], f["loss_mask"],
                               PPOSettings(0.2, False, None), mp.n_valid)
+    return mp, loss_fn
+
+
+def test_train_step_changes_weights_and_state_dict_round_trips(small_model_dir, traj, tmp_path):
+    be = build_backend(cfg(), small_model_dir, 0)
+    mp, loss_fn = _one_minibatch(traj)
+    before = {n: p.detach().clone() for n, p in be.model.named_parameters()}
     res = be.train_step(mp.micro_batches, loss_fn, 1.0)
     assert res.applied and res.grad_norm > 0 and res.stats["valid"] == mp.n_valid
     assert any(not torch.equal(before[n], p) for n, p in be.model.named_parameters())
@@ -178,25 +183,17 @@ def test_bf16_compute_multiplies_in_bf16_and_keeps_weights_gradients_and_adam_in
                 self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    batch = StepBatch.from_groups(_groups(traj))
-    mp = plan_step(batch, 1, 10_000, 1, 0, True, True).minibatches[0]
-
-    def loss_fn(mb, out):
-        f = mb.fields
-        return ppo_token_loss(out.logp, f["behav_logp"], None, f["advantages"], f["loss_mask"],
-                              PPOSettings(0.2, False, None), mp.n_valid)
-
+    mp, loss_fn = _one_minibatch(traj)
     mixed = TorchBackend(cfg(compute_dtype="bfloat16"), small_model_dir, 0)
     exact = TorchBackend(cfg(), small_model_dir, 0)
+    mb = pack(seqs())
+    exact_lp, mixed_lp = exact.forward_logprobs(mb, 1.0).logp, mixed.forward_logprobs(mb, 1.0).logp   # same weights
     with MatmulDtypes() as seen:
         res = mixed.train_step(mp.micro_batches, loss_fn, 1.0)
     assert res.applied and seen.dtypes == {torch.bfloat16}, seen.dtypes
     assert {p.dtype for p in mixed.model.parameters()} == {torch.float32}
     assert {p.grad.dtype for p in mixed.model.parameters()} == {torch.float32}
     assert {v.dtype for st in mixed.optimizer.state.values() for k, v in st.items() if k != "step"} == {torch.float32}
-    mb = pack(seqs())
-    fresh = TorchBackend(cfg(compute_dtype="bfloat16"), small_model_dir, 0)
-    exact_lp, mixed_lp = exact.forward_logprobs(mb, 1.0).logp, fresh.forward_logprobs(mb, 1.0).logp
     assert mixed_lp.dtype == torch.float32 and not torch.equal(exact_lp, mixed_lp)   # bf16 products
     assert float((exact_lp - mixed_lp).abs().mean()) < 0.05 * float(exact_lp.abs().mean())
 
