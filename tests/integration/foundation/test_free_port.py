@@ -16,10 +16,24 @@ def test_the_port_is_free_and_below_the_kernels_ephemeral_range():
             s.bind(("127.0.0.1", port))
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def test_a_port_in_use_is_never_given(monkeypatch):
+    # Both candidates come from below the ephemeral range, where only free_port's own random
+    # picks land: a port from the kernel's range (a bind to 0) had a neighbour any socket of the
+    # busy suite could take meanwhile, and the test then saw the fallback's ports (CI, stop 54).
+    low = transport._ephemeral_low()
+    taken = next(p for p in (transport.free_port() for _ in range(100))
+                 if p + 1 < low and _bindable(p + 1))
     with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        taken = held.getsockname()[1]
+        held.bind(("127.0.0.1", taken))
         held.listen()
         monkeypatch.setattr(transport, "PORTS_FROM", taken)
         monkeypatch.setattr(transport, "_ephemeral_low", lambda: taken + 2)   # two candidates, one taken
