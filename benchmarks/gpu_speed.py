@@ -13,7 +13,9 @@ backend's `train_step` with a policy-gradient loss over every token — what the
 runs, log-probs (chunked, trainer.logprob_chunk) and the optimizer step included. One warm-up
 step, then `steps` timed steps (CUDA synchronised). `--lengths varied` draws each sequence's length
 anew every step, as an RL batch has them: kernels that build a plan per shape (cuDNN attention)
-pay for it there and not with equal lengths. `--profile` adds one step under torch's profiler
+pay for it there and not with equal lengths. `--compile` adds a third row per case, the torch
+backend with `trainer.compile: true` (Inductor, trainer/compiled.py), beside the eager one; its
+`warmup_s` includes the compilation. `--profile` adds one step under torch's profiler
 and keeps its busiest operators. Each configuration runs in its own process
 (Megatron's process groups are per process); one that runs out of memory is recorded as such,
 with the device's memory.
@@ -90,17 +92,17 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
 
     cuda = torch.cuda.is_available()
     optim = OptimConfig(lr=1e-6, warmup_steps=1)
-    if backend == "torch":   # as a run trains it: float32 weights, bf16 products on a GPU
+    if backend in ("torch", "torch+compile"):   # as a run trains it: float32 weights, bf16 products on a GPU
         from trainer.torch_backend import TorchBackend
-        be = TorchBackend(TrainerConfig(backend="torch", optim=optim, compute_dtype="bfloat16" if cuda else "float32"),
-                          Path(model_dir), seed=0)
+        be = TorchBackend(TrainerConfig(backend="torch", optim=optim, compute_dtype="bfloat16" if cuda else "float32",
+                                        compile=backend == "torch+compile"), Path(model_dir), seed=0)
     else:
         from trainer.megatron.backend import MegatronBackend
         from trainer.megatron.config import MegatronConfig
         be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim), Path(model_dir), seed=0,
                              mcfg=MegatronConfig(params_dtype="bfloat16"))
     params = sum(p.numel() for p in be.model.parameters())
-    vocab = be.model.config.vocab_size if backend == "torch" else be.shape.vocab_size
+    vocab = be.shape.vocab_size if backend == "megatron" else be.model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
     def micro_batch() -> PackedBatch:
@@ -123,10 +125,12 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
               "tokens_per_step": int(total), "parameters": params,
               "device": torch.cuda.get_device_name() if cuda else "cpu"}
     try:
+        t0 = time.perf_counter()
         be.train_step(mbs, loss_fn, 1.0)             # warm-up: allocations, kernels, optimizer state
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        record["warmup_s"] = time.perf_counter() - t0   # torch+compile: the compilation's too
         t0 = time.perf_counter()
         for _ in range(steps):
             if varied:   # new lengths each step, as an RL run's batches have
@@ -177,7 +181,8 @@ def _run(backend: str, model_dir: Path, pack: int, steps: int, seq_len: int, pro
 
 
 def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs: tuple[int, ...] = (8192, 32768),
-         steps: int = 3, peak_tflops: float = PEAK_TFLOPS, profile: bool = False, lengths: str = "equal") -> dict:
+         steps: int = 3, peak_tflops: float = PEAK_TFLOPS, profile: bool = False, lengths: str = "equal",
+         compile: bool = False) -> dict:
     seq_len = SEQ_LEN
     if quick:
         shapes, packs, steps, seq_len = ("tiny",), (256,), 1, 64
@@ -186,7 +191,7 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
         for shape in shapes:
             model_dir = make_model_dir(shape, Path(tmp) / shape)
             for pack in packs:
-                for backend in ("torch", "megatron"):
+                for backend in ("torch", "torch+compile", "megatron") if compile else ("torch", "megatron"):
                     c = {"shape": shape, **_run(backend, model_dir, pack, steps, seq_len, profile, lengths == "varied")}
                     if "tokens_per_s" in c:
                         c["mfu"] = 6 * c["parameters"] * c["tokens_per_s"] / (peak_tflops * 1e12)
@@ -220,7 +225,8 @@ def _args(p) -> list[str]:
                    "its busiest operators, printed and kept in the results")
     p.add_argument("--lengths", choices=["equal", "varied"], default="equal",
                    help=f"sequences of {SEQ_LEN} tokens each, or of lengths drawn anew each step (as in RL)")
-    return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths"]
+    p.add_argument("--compile", action="store_true", help="also the torch backend with trainer.compile: true")
+    return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths", "compile"]
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import trainer.compiled as compiled
 import trainer.lora as lora
 from services.protocol import attention_without_cudnn, collectives
 from trainer.backend import (
@@ -90,7 +91,9 @@ def recompute_layers(model) -> None:
 
 def _register_varlen_attention() -> None:
     from transformers import AttentionInterface
-    AttentionInterface.register(VARLEN_ATTENTION, varlen_sdpa_attention)
+    # Eager inside a compiled layer (trainer.compile): it splits the pack at sizes only the data
+    # knows, which would end the compiled graph at an unplanned place (trainer/compiled.py).
+    AttentionInterface.register(VARLEN_ATTENTION, torch.compiler.disable(varlen_sdpa_attention))
 
 
 def packed_attention_implementation() -> str:
@@ -154,6 +157,10 @@ class TorchBackend(TrainBackend):
         self.model.eval()
         if cfg.recompute:
             recompute_layers(self.model)
+        self.chunk_fn = None   # trainer/logprobs.py's own
+        if cfg.compile:
+            log.info("trainer.compile: %d decoder layers compiled", compiled.compile_layers(self.model))
+            self.chunk_fn = compiled.compiled_chunk_fn()
         o = cfg.optim
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2),
@@ -200,9 +207,11 @@ class TorchBackend(TrainBackend):
         head = plain_output_weight(model) if chunk > 0 else None
         if head is None:
             logits = model(input_ids=ids[None], use_cache=False, **inputs).logits[0]
-            return token_logprobs(logits, ids, cu_seqlens, temperature, with_entropy, grad, chunk)
+            return token_logprobs(logits, ids, cu_seqlens, temperature, with_entropy, grad, chunk,
+                                  chunk_fn=self.chunk_fn)
         hidden = model.get_decoder()(input_ids=ids[None], use_cache=False, **inputs).last_hidden_state[0]
-        return token_logprobs(hidden, ids, cu_seqlens, temperature, with_entropy, grad, chunk, head=head)
+        return token_logprobs(hidden, ids, cu_seqlens, temperature, with_entropy, grad, chunk, head=head,
+                              chunk_fn=self.chunk_fn)
 
     @torch.no_grad()
     def forward_logprobs(self, mb: PackedBatch, temperature: float, *, with_entropy: bool = False

@@ -9,7 +9,7 @@ save_checkpoint, export_hf).
 
     python tests/gpu/step_worker.py --backend megatron --dtype bfloat16 --model DIR --steps 2 --out R.pt \
         [--dist-opt 0|1] [--load CKPT --start-step 1] [--save-after 1 CKPT] [--export-after 1 DIR]
-        [--lora-rank R] [--compute-dtype bfloat16 --recompute 1]
+        [--lora-rank R] [--compute-dtype bfloat16 --recompute 1 --compile 1]
 
 Step k (1-based, counting the `--start-step` steps a loaded checkpoint already trained) trains on
 `micro_batches(seed=k)`, so a resumed run sees the batch the uninterrupted one saw; log-probs are always measured on the fixed
@@ -42,13 +42,13 @@ NO_CLIP = 1e6
 
 
 def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_rank: int = 0,
-                 compute_dtype: str = "float32", recompute: bool = False):
+                 compute_dtype: str = "float32", recompute: bool = False, compile: bool = False):
     optim = OptimConfig(lr=LR, grad_clip=NO_CLIP, warmup_steps=1)
     if backend == "torch":
         from trainer.torch_backend import TorchBackend
 
         cfg = TrainerConfig(backend="torch", optim=optim, lora=LoraConfig(rank=lora_rank, sync="merged"),
-                            compute_dtype=compute_dtype, recompute=recompute)
+                            compute_dtype=compute_dtype, recompute=recompute, compile=compile)
         return TorchBackend(cfg, model, seed=0, dtype=DTYPES[dtype])
     from trainer.megatron.backend import MegatronBackend
 
@@ -93,12 +93,14 @@ def main() -> int:
     ap.add_argument("--compute-dtype", choices=tuple(DTYPES), default="float32",
                     help="torch backend: trainer.compute_dtype (bfloat16: autocast over float32 weights)")
     ap.add_argument("--recompute", type=int, default=0, help="torch backend: trainer.recompute")
+    ap.add_argument("--compile", type=int, default=0, help="torch backend: trainer.compile")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     # The fp32 reference must be fp32: no TF32 matrix products (10-bit mantissas) behind its back.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    be = make_backend(a.backend, a.dtype, bool(a.dist_opt), a.model, a.lora_rank, a.compute_dtype, bool(a.recompute))
+    be = make_backend(a.backend, a.dtype, bool(a.dist_opt), a.model, a.lora_rank, a.compute_dtype,
+                      bool(a.recompute), bool(a.compile))
     if a.load:
         load(be, a.backend, a.load)
     evals = mc.micro_batches(seed=0)

@@ -61,15 +61,18 @@ def test_packed_and_per_sequence_forward_agree_in_bf16(runs):
     assert (ref["logp"][0] - ref["per_seq"][0]).abs().max() <= 1e-4
 
 
-def test_the_torch_backend_as_runs_train_it_matches_the_fp32_reference(case_model, tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_torch_backend_as_runs_train_it_matches_the_fp32_reference(case_model, tmp_path, compiled):
     """`trainer.compute_dtype: bfloat16` with `trainer.recompute: true`, the torch backend's GPU
     setting for runs (docs/trainer.md, "Precision"): float32 weights, gradients and AdamW, bf16
-    products under autocast, every decoder layer recomputed in the backward pass. Held to the
-    bounds of a bf16 forward against the fp32 reference on the same device."""
+    products under autocast, every decoder layer recomputed in the backward pass; and the same
+    with `trainer.compile: true` (Inductor's Triton kernels). Held to the bounds of a bf16 forward
+    against the fp32 reference on the same device."""
     common = ("--backend", "torch", "--dtype", "float32", "--model", case_model, "--steps", "1")
-    mixed = run_worker(tmp_path / "mixed.pt", *common, "--compute-dtype", "bfloat16", "--recompute", "1")
+    mixed = run_worker(tmp_path / "mixed.pt", *common, "--compute-dtype", "bfloat16", "--recompute", "1",
+                       "--compile", str(int(compiled)))
     ref = run_worker(tmp_path / "fp32.pt", *common)
     assert mixed["param_dtypes"] == ["torch.float32"], mixed["param_dtypes"]
     assert (mixed["logp"][0] - ref["logp"][0]).abs().mean() > 0    # the products really are bf16
-    assert_within_bf16_bounds("torch, compute_dtype bfloat16", mixed, ref,
+    assert_within_bf16_bounds(f"torch, compute_dtype bfloat16, compile {compiled}", mixed, ref,
                               tol.logits_rms(case_model, mc.micro_batches(seed=0)))
