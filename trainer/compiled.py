@@ -26,6 +26,12 @@ import torch
 # Inductor is PyTorch's own code generator (Triton kernels on a GPU, C++ on a CPU). A test may
 # set another torch.compile backend here ("aot_eager" traces without generating code).
 BACKEND = "inductor"
+# Graphs one compiled function may keep (torch._dynamo's recompile_limit, 8 by default), past
+# which it runs eagerly from then on, with only a log line to say so. Each combination of what a
+# step asks of a layer is a graph of its own: with and without gradients, with and without the
+# entropy, LoRA's reference pass with the adapters off, and a pack past a size Dynamo first
+# bounded; a LoRA run with a KL penalty made 6 of one function here (the tiny model, the CPU).
+RECOMPILE_LIMIT = 32
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -44,6 +50,7 @@ def compile_layers(model) -> int:
     if not layers:
         raise ValueError(f"trainer.compile: {type(model).__name__} has no transformers decoder layers "
                          f"(GradientCheckpointingLayer) to compile; set trainer.compile: false")
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     for layer in layers:
         layer.compile(backend=BACKEND, dynamic=True)
     return len(layers)

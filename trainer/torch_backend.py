@@ -159,7 +159,8 @@ class TorchBackend(TrainBackend):
             recompute_layers(self.model)
         self.chunk_fn = None   # trainer/logprobs.py's own
         if cfg.compile:
-            log.info("trainer.compile: %d decoder layers compiled", compiled.compile_layers(self.model))
+            log.info("trainer.compile: %d decoder layers compile on their first forward (the first steps "
+                     "take longer, once per kind of pass)", compiled.compile_layers(self.model))
             self.chunk_fn = compiled.compiled_chunk_fn()
         o = cfg.optim
         trainable = [p for p in self.model.parameters() if p.requires_grad]

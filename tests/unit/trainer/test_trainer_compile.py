@@ -47,7 +47,8 @@ def recorder(monkeypatch):
     rec = Recorder()
     torch._dynamo.reset()
     monkeypatch.setattr(compiled, "BACKEND", rec)
-    yield rec
+    with torch._dynamo.config.patch(recompile_limit=8):   # PyTorch's default, restored after
+        yield rec
     torch._dynamo.reset()
 
 
@@ -77,6 +78,8 @@ def test_compiled_layers_leave_attention_out_reuse_their_graphs_and_give_the_eag
     assert {"linear", "log_softmax"} <= calls, calls
     assert not any("attention" in c for c in calls), calls
     seen = len(recorder.graphs)
+    # Room for every kind of pass: past the limit a layer would run eagerly, with a log line only.
+    assert torch._dynamo.config.recompile_limit == compiled.RECOMPILE_LIMIT
     with torch._dynamo.config.patch(error_on_recompile=True):
         for seed, counts in ((1, (7, 2)), (2, (4, 6))):
             _step(comp, packs(seed, *counts))
