@@ -68,11 +68,13 @@ test-gpu:
 # An offline install bundle for GPU nodes, built here (needs a package index): the project's wheel
 # and its dependencies for the node's Python and platform, without torch and without what the
 # node lists in NODE_HAS (a file of names, e.g. its `pip freeze`). Into WHEELHOUSE (.wheelhouse/).
+# EXTRAS: the project's extras to bundle and install too (EXTRAS=trackers: TensorBoard and W&B,
+# which the shipped tiny configs name).
 PYTHON_VERSION ?= 3.12
 PLATFORM ?= manylinux_2_28_x86_64
 wheelhouse: install
 	$(PY) slurm/wheelhouse.py build --out $(or $(WHEELHOUSE),.wheelhouse) --python-version $(PYTHON_VERSION) \
-	  --platform $(PLATFORM) $(if $(NODE_HAS),--node-has $(NODE_HAS))
+	  --platform $(PLATFORM) $(if $(NODE_HAS),--node-has $(NODE_HAS)) $(if $(EXTRAS),--extras $(EXTRAS))
 
 # Results go to benchmarks/runs/<time>/ (not committed); BENCH_ARGS="--record" rewrites the
 # committed benchmarks/results/ the docs cite, BENCH_ARGS="--quick protocol" checks one runs.

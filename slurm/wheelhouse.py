@@ -6,7 +6,7 @@ own wheel and the wheels of its dependency closure for the node's Python and pla
 torch with everything only torch needs, minus what the node is declared to have:
 
     python slurm/wheelhouse.py build --out DIR --python-version 3.12 --platform manylinux_2_28_x86_64 \
-        [--node-has FILE] [--extras gpu]
+        [--node-has FILE] [--extras trackers]
     python slurm/wheelhouse.py install --wheelhouse DIR [--python PY]     # on the node, no network
 
 Resolution is pip's own (`pip install --dry-run --report` for the target's tags, `--only-binary`),
@@ -181,9 +181,20 @@ def build(out: Path, python_version: str, platform: str, node_has: Path | None =
     return manifest
 
 
-def install(wheelhouse: Path, python: str = sys.executable, extras: str = "") -> None:
+def bundled_extras(wheelhouse: Path) -> str:
+    """The project's extras the bundle was built with (`[trackers]`, or "" for none), from its
+    manifest: installing the bare project from a bundle built with `--extras` would leave the
+    extras' wheels unused in the directory."""
+    path = Path(wheelhouse) / MANIFEST
+    reqs = json.loads(path.read_text()).get("requirements", []) if path.exists() else []
+    return next((r[len(PROJECT):] for r in reqs if r.startswith(f"{PROJECT}[")), "")
+
+
+def install(wheelhouse: Path, python: str = sys.executable, extras: str | None = None) -> None:
     """Install the project from the bundle with the index switched off (no network at all): pip
-    resolves against what `python`'s environment already holds plus the bundle."""
+    resolves against what `python`'s environment already holds plus the bundle. `extras`: the
+    bundle's own (its manifest) unless given."""
+    extras = bundled_extras(wheelhouse) if extras is None else extras
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
     cmd = [python, "-m", "pip", "install", "--no-index", "--find-links", str(wheelhouse), "--only-binary=:all:",
@@ -214,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(left out: {', '.join(m['left_out']) or 'nothing'})")
     else:
         install(args.wheelhouse, args.python)
-        print(f"installed {PROJECT} from {args.wheelhouse} (no index)")
+        print(f"installed {PROJECT}{bundled_extras(args.wheelhouse)} from {args.wheelhouse} (no index)")
     return 0
 
 

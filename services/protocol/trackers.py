@@ -75,7 +75,8 @@ def tracker_problems(trackers: list[str], wandb: WandbConfig) -> list[tuple[str,
         if name not in TRACKERS:
             out.append((f"trackers[{i}]", f"unknown tracker {name!r}; choose from {', '.join(TRACKERS)}"))
         elif any(importlib.util.find_spec(pkg) is None for pkg in TRACKER_PACKAGES.get(name, ())):
-            out.append((f"trackers[{i}]", f"{name} is not installed: pip install 'tandem[trackers]'"))
+            out.append((f"trackers[{i}]", f"{name} is not installed: pip install 'tandem[trackers]' (offline: "
+                                          f"`make wheelhouse EXTRAS=trackers`), or leave {name} out of the list"))
     if "wandb" in trackers:
         out += [(f"wandb.{k}", m) for k, m in wandb.problems()]
     return out

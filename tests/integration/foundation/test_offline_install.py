@@ -118,3 +118,24 @@ def test_a_bundle_built_here_installs_and_imports_with_no_index(tmp_path):
     cli = subprocess.run([node / "bin" / "tandem", "--help"], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=120)
     assert cli.returncode == 0 and "run" in cli.stdout, cli.stderr[-2000:]
+
+
+def test_install_asks_pip_for_the_extras_the_bundle_was_built_with(tmp_path):
+    """`slurm/wheelhouse.py install` on a bundle built with `--extras trackers` (its manifest says
+    so) installs `tandem[trackers]`, with the index off. pip is played by a script that records its
+    command line and environment: the real install of a bundle is the test above, and a bundle
+    with the trackers' wheels (TensorBoard, W&B and their closure) is tens of MiB to download."""
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "wheelhouse.json").write_text(json.dumps({"requirements": ["msgpack==1.1.0", "tandem[trackers]"]}))
+    seen = tmp_path / "seen.json"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    f"json.dump({{'argv': sys.argv[1:], 'no_index': os.environ.get('PIP_NO_INDEX')}}, open({str(seen)!r}, 'w'))\n")
+    fake.chmod(0o755)
+    out = subprocess.run([sys.executable, str(WHEELHOUSE), "install", "--wheelhouse", str(wh), "--python", str(fake)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "installed tandem[trackers]" in out.stdout, out.stdout + out.stderr
+    call = json.loads(seen.read_text())
+    assert call["argv"][:2] == ["-m", "pip"] and call["argv"][-1] == "tandem[trackers]" and call["no_index"] == "1", call
+    assert "--no-index" in call["argv"] and str(wh) in call["argv"], call

@@ -205,7 +205,8 @@ def test_config_names_a_bad_tracker_and_a_missing_package(tmp_path, monkeypatch)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"experiment\.trackers\[0\]: wandb is not installed: "
-                                          r"pip install 'tandem\[trackers\]'"):
+                                          r"pip install 'tandem\[trackers\]' \(offline: `make wheelhouse "
+                                          r"EXTRAS=trackers`\), or leave wandb out of the list"):
         load_config(path, ["experiment.trackers=[wandb]"])
     assert load_config(path).experiment.trackers == ["jsonl"]
 

@@ -34,3 +34,14 @@ def test_the_node_version_an_applicable_requirement_refuses_is_bundled():
                item("transformers", "5.24.0"), item("peft", "0.17.1"))
     keep, _ = wheelhouse.needed(r, ["lora"], ENV, {"transformers": "4.40.0", "peft": "0.10.0"})
     assert set(keep) == {"tandem", "transformers", "peft"}   # peft via the project's own extra
+
+
+def test_the_bundles_extras_come_from_its_manifest(tmp_path):
+    """`install` installs the project with the extras the bundle was built with (EXTRAS=trackers),
+    read from wheelhouse.json; a bundle without extras, or without a manifest, installs it bare."""
+    assert wheelhouse.bundled_extras(tmp_path) == ""
+    manifest = tmp_path / wheelhouse.MANIFEST
+    manifest.write_text('{"requirements": ["omegaconf==2.3.0", "tandem[trackers]", "tandem-extra==1.0"]}')
+    assert wheelhouse.bundled_extras(tmp_path) == "[trackers]"
+    manifest.write_text('{"requirements": ["omegaconf==2.3.0", "tandem"]}')
+    assert wheelhouse.bundled_extras(tmp_path) == ""
