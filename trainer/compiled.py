@@ -3,7 +3,7 @@
 Why: an H200's profiles of the torch backend (benchmarks/results/gpu_speed.json) spend most of a
 step's device time outside the matrix products, in thousands of small elementwise kernels of the
 eager model (RMSNorm's float32 round trip, rotary embeddings, SiLU x gate, residual adds), and
-the GPU waits on the host that launches them. Inductor fuses each run of them into one kernel.
+the GPU waits on the host that launches them. Inductor generates kernels that fuse runs of them.
 
 Regional compilation, as PyTorch's recipe for repeated blocks has it: each decoder layer is
 compiled, not the whole model, so the layers share one compiled graph (compile time is one
