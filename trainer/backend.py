@@ -91,17 +91,22 @@ class StepResult:
     nonfinite: dict[str, int] = field(default_factory=dict)
 
 
-def packed_sequences(x: torch.Tensor, cu_seqlens: torch.Tensor, dim: int) -> tuple[torch.Tensor, ...]:
-    """The packed sequences of `x` along `dim` (bounds `cu_seqlens`, from 0 to the row's end),
-    by one `split`: its backward writes each sequence's gradient into one tensor of the row's
-    size. Slicing each sequence instead (`x[a:b]`) makes a row-sized zero gradient per sequence
-    and adds them all up, work in the number of sequences times the row's length: on an H200, at
-    0.5B and 32K-token packs of 1K-token sequences, most of the step's 5,167 `fill_` and 5,830
-    `add_` kernels, 50 and 112 ms of its 1,244 ms (benchmarks/results/gpu_speed.json)."""
+def packed_sequences(cu_seqlens: torch.Tensor, dim: int, *tensors: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Each packed sequence's part of every tensor along `dim` (bounds `cu_seqlens`, from 0 to the
+    row's end), as one tuple per sequence. The bounds are read to the host once for all tensors
+    (on a GPU each read waits for the device), and each tensor is taken apart by one `split`: its
+    backward writes each sequence's gradient into one tensor of the row's size. Slicing each
+    sequence instead (`x[a:b]`) makes a row-sized zero gradient per sequence and adds them all
+    up, work in the number of sequences times the row's length: on an H200, at 0.5B and 32K-token
+    packs of 1K-token sequences, most of the step's 5,167 `fill_` and 5,830 `add_` kernels, 50
+    and 112 ms of its 1,244 ms (benchmarks/results/gpu_speed.json)."""
     bounds = cu_seqlens.tolist()
-    if bounds[0] != 0 or bounds[-1] != x.size(dim):
-        raise ValueError(f"cu_seqlens {bounds[:3]}...{bounds[-1:]} does not cover the packed row of {x.size(dim)} tokens")
-    return x.split([b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)], dim=dim)
+    for x in tensors:
+        if bounds[0] != 0 or bounds[-1] != x.size(dim):
+            raise ValueError(f"cu_seqlens {bounds[:3]}...{bounds[-1:]} does not cover the packed row of "
+                             f"{x.size(dim)} tokens")
+    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return list(zip(*(x.split(sizes, dim=dim) for x in tensors), strict=True))
 
 
 def agreed_nonfinite(stats: dict[str, float]) -> dict[str, int]:

@@ -67,7 +67,7 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     outs = []
-    for q, k, v in zip(*(packed_sequences(x, cu, dim=2) for x in (query, key, value)), strict=True):
+    for q, k, v in packed_sequences(cu, 2, query, key, value):
         out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True,
                                         **kwargs)
         outs.append(out)      # [1, length, heads, dim]

@@ -38,7 +38,7 @@ class VarlenCoreAttention(DotProductAttention):
         outs = []
         # One split per tensor, not a slice per sequence (trainer/backend.py `packed_sequences`: a
         # slice's backward is a row-sized zero gradient per sequence).
-        for q, k, v in zip(*(packed_sequences(x, cu, dim=0) for x in (query, key, value)), strict=True):
+        for q, k, v in packed_sequences(cu, 0, query, key, value):
             # [L, h, d] -> [1, h, L, d], SDPA's layout
             q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=self.softmax_scale,

@@ -17,10 +17,10 @@ from trainer.backend import packed_sequences
 
 def test_the_parts_are_the_sequences_and_a_row_they_do_not_cover_is_refused():
     x = torch.arange(20.0).reshape(2, 10)
-    parts = packed_sequences(x, torch.tensor([0, 3, 4, 10], dtype=torch.int32), dim=1)
+    parts = [p for (p,) in packed_sequences(torch.tensor([0, 3, 4, 10], dtype=torch.int32), 1, x)]
     assert [p.tolist() for p in parts] == [x[:, 0:3].tolist(), x[:, 3:4].tolist(), x[:, 4:10].tolist()]
     with pytest.raises(ValueError, match="does not cover the packed row of 10 tokens"):
-        packed_sequences(x, torch.tensor([0, 3, 8]), dim=1)
+        packed_sequences(torch.tensor([0, 3, 8]), 1, x)
 
 
 def test_the_torch_backends_packed_attention_slices_nothing_and_equals_per_sequence_sdpa():
