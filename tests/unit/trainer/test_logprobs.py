@@ -114,8 +114,10 @@ def test_the_output_layer_in_chunks_equals_logits_made_whole(chunk, entropy_grad
     def grads(out):
         loss = (weights * out.logp).sum() + (out.entropy.sum() if entropy_grad else 0.0)
         return torch.autograd.grad(loss, (h, w))
+    # W's gradient sums per-chunk products: with one-row chunks, 23 rounded terms instead of one
+    # matrix product's (2e-6 apart on an AVX-512 CPU at a gradient of 0.1)
     for g, g_ref in zip(grads(got), grads(ref), strict=True):
-        torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-5)
 
 
 def _largest_saved_storage(h, w, ids, chunk: int, head: bool) -> int:
