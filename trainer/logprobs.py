@@ -85,8 +85,10 @@ def token_logprobs(rows: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torc
         logps.append(lp)
         ents.append(ent)
     zero = torch.zeros(1, dtype=dt, device=device)
-    starts = cu_seqlens[:-1].long().to(device)
-    starts = starts[starts < n]
+    # Filtered where the bounds are (the host, from the packer): a boolean index of a device
+    # tensor has a size only the device knows, so the host would wait for it.
+    starts = cu_seqlens[:-1].long()
+    starts = starts[starts < n].to(device)
     # Shift row j's prediction to position j + 1; a sequence start is nothing's prediction.
     logp = torch.cat([zero, *logps])[:n].index_fill(0, starts, 0.0)
     entropy = None

@@ -147,6 +147,10 @@ class TorchBackend(TrainBackend):
         torch.manual_seed(seed)
         attention_without_cudnn()   # a graph build per new sequence length (services/protocol/runtime.py)
         attn = packed_attention_implementation() if cfg.packed_forward else "sdpa"
+        # Where a pack's bounds go: flash-attn's kernels read them on the device; the per-sequence
+        # SDPA splits the pack on the host, and reading a device copy there would wait for the
+        # GPU in every layer (tests/unit/trainer/test_host_reads.py).
+        self.bounds_device = self.device if attn == "flash_attention_2" else torch.device("cpu")
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype, attn_implementation=attn)
         # LoRA's settings (trainer/lora.py) when the adapters train instead of the whole model;
         # wrapped on the CPU, so the adapters' initial values are the same on every device.
@@ -187,7 +191,7 @@ class TorchBackend(TrainBackend):
             z = torch.zeros(0, device=self.device)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
         if self.cfg.packed_forward:
-            cu = mb.cu_seqlens.to(self.device, torch.int32)
+            cu = mb.cu_seqlens.to(self.bounds_device, torch.int32)
             longest = max(mb.seqlens())
             return self._token_outputs(model, ids, mb.cu_seqlens, temperature, with_entropy,
                                        position_ids=mb.position_ids.to(self.device)[None], cu_seq_lens_q=cu,

@@ -40,6 +40,7 @@ from trainer.megatron.config import MegatronConfig
 from trainer.megatron.export import write_hf_dir
 from trainer.megatron.logprob_head import hidden_logprobs
 from trainer.megatron.model import (
+    bounds_device,
     build_gpt_model,
     check_parallel_fits,
     init_parallel,
@@ -91,6 +92,7 @@ class MegatronBackend(TrainBackend):
         else:
             cpu_compat.apply()
             self.device = torch.device("cpu")
+        self.bounds_device = bounds_device(self.on_gpu, self.device)   # where cu_seqlens go
         self.shape = decoder_shape(self.model_dir)
         check_parallel_fits(self.shape, tp, pp)
         init_parallel(tp, pp)
@@ -181,7 +183,7 @@ class MegatronBackend(TrainBackend):
         # THD on both specs: TE's fused attention, or the local spec's VarlenCoreAttention; rotary
         # positions restart per sequence from cu_seqlens.
         forward = gpu.forward_thd if logits else gpu.forward_thd_hidden
-        return forward(model, ids, pos, mb.cu_seqlens, self.device)
+        return forward(model, ids, pos, mb.cu_seqlens, self.bounds_device)
 
     def _logits(self, mb: PackedBatch) -> torch.Tensor:
         """[N, vocab] logits (padding rows cut off). Single-stage models only (tests, tools)."""

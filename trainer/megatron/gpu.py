@@ -66,16 +66,16 @@ def wrap_model_and_optimizer(model: GPTModel, config, mcfg, optim, dtype: torch.
 
 
 def forward_thd(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                cu_seqlens: torch.Tensor, device) -> torch.Tensor:
-    """Packed forward in THD format (no mask; TE's attention or VarlenCoreAttention). `model` is
-    the DDP wrapper at run time, which hands its arguments to the wrapped GPTModel unchanged:
-    GPTModel.forward's signature is the contract."""
+                cu_seqlens: torch.Tensor, bounds_device) -> torch.Tensor:
+    """Packed forward in THD format (no mask; TE's attention or VarlenCoreAttention), the bounds
+    on `bounds_device` (model.bounds_device). `model` is the DDP wrapper at run time, which hands
+    its arguments to the wrapped GPTModel unchanged: GPTModel.forward's signature is the contract."""
     return model(input_ids, position_ids, None,
-                 packed_seq_params=thd_packed_seq_params(cu_seqlens, device))
+                 packed_seq_params=thd_packed_seq_params(cu_seqlens, bounds_device))
 
 
 def forward_thd_hidden(model: GPTModel, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                       cu_seqlens: torch.Tensor, device) -> torch.Tensor:
+                       cu_seqlens: torch.Tensor, bounds_device) -> torch.Tensor:
     """forward_thd, but the last stage returns its final hidden states [N, 1, hidden] (after the
     final norm) instead of logits, for the chunked log-prob step (logprob_head.py).
 
@@ -86,7 +86,7 @@ def forward_thd_hidden(model: GPTModel, input_ids: torch.Tensor, position_ids: t
     `post_process`, read at construction only), with either layer spec. So the flag is
     cleared for this one call and restored, and the output layer is not run."""
     with _without_output_layer(getattr(model, "module", model)):   # the GPTModel under DDP
-        return forward_thd(model, input_ids, position_ids, cu_seqlens, device)
+        return forward_thd(model, input_ids, position_ids, cu_seqlens, bounds_device)
 
 
 @contextlib.contextmanager

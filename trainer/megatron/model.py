@@ -106,7 +106,7 @@ def layer_spec(on_gpu: bool, qk_norm: bool = False):
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    if on_gpu and has_transformer_engine():
+    if uses_transformer_engine(on_gpu):
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
     from trainer.megatron.varlen_attention import VarlenCoreAttention
 
@@ -114,6 +114,20 @@ def layer_spec(on_gpu: bool, qk_norm: bool = False):
     # padding-free attention without TE: one causal SDPA per packed sequence (varlen_attention.py)
     spec.submodules.self_attention.submodules.core_attention = VarlenCoreAttention
     return spec
+
+
+def uses_transformer_engine(on_gpu: bool) -> bool:
+    """Whether `layer_spec` builds the TransformerEngine spec."""
+    return on_gpu and has_transformer_engine()
+
+
+def bounds_device(on_gpu: bool, device: torch.device) -> torch.device:
+    """Where a pack's bounds (`cu_seqlens`) go. TE's kernels read them on the device. Without TE
+    everything that reads them reads them on the host: megatron-core 0.16.1's unfused THD rotary
+    embedding (`rope_utils._apply_rotary_pos_emb_thd`: `.tolist()` of the lengths, and a tensor
+    tested in an `if`, for q and k) and VarlenCoreAttention's split. From a device copy each read
+    waits for the GPU, about four times per layer per forward (tests/unit/trainer/test_host_reads.py)."""
+    return device if uses_transformer_engine(on_gpu) else torch.device("cpu")
 
 
 def has_transformer_engine() -> bool:

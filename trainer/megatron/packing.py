@@ -29,7 +29,8 @@ def thd_packed_seq_params(cu_seqlens: torch.Tensor, device):
     """`PackedSeqParams` of a packed row (THD format: TE's attention or VarlenCoreAttention)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    # the longest sequence from the packer's host copy: read from a device copy, it would wait
+    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
     cu = cu_seqlens.to(device=device, dtype=torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                            max_seqlen_q=max_len, max_seqlen_kv=max_len)

@@ -1,0 +1,91 @@
+"""The packed forward and backward pass read nothing back from the device (issue 37).
+
+On a GPU, each host read of a device tensor (`.tolist()`, `.item()`, a tensor in an `if`, a
+boolean index) waits for every queued kernel: the host stops running ahead, and the GPU idles
+while it launches the next ones. Stop 55 found megatron-core 0.16.1's THD rotary embedding reading
+a pack's bounds twice for q and twice for k in every layer when they were on the device (96 waits
+per forward at 0.5B), and the per-sequence attention splits reading them once per layer in both
+backends. The bounds now stay on the host where nothing on the device reads them
+(`bounds_device` in both backends).
+
+The CPU stand-in for "reading the device waits": the model and its inputs on the meta device,
+whose tensors hold no values, so any host read raises. The bounds come from the packer on the
+host, as in a run. Checked to fail: with the bounds on the device (`bounds_device` = the model's),
+both backends raise from inside the model (the last test keeps that check).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import megatron_case as mc
+import pytest
+import torch
+
+from trainer.config import TrainerConfig
+from trainer.torch_backend import VARLEN_ATTENTION, TorchBackend
+
+META = torch.device("meta")
+
+
+def _torch_on_meta(model_dir, **cfg) -> TorchBackend:
+    be = TorchBackend(TrainerConfig(packed_forward=True, **cfg), model_dir, seed=0)
+    assert be.model.config._attn_implementation == VARLEN_ATTENTION   # the path without flash-attn
+    be.model.to(META)
+    be.device = META
+    return be
+
+
+def _forward_backward(forward) -> torch.Tensor:
+    out = forward()
+    assert out.logp.device == META and out.entropy is not None
+    (out.logp.sum() + out.entropy.sum()).backward()
+    return out.logp
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_torch_backends_packed_step_reads_nothing_from_the_device(small_model_dir, recompute):
+    be = _torch_on_meta(small_model_dir, recompute=recompute, logprob_chunk=5)
+    mb = mc.micro_batches()[0]
+    logp = _forward_backward(lambda: be._forward_in_dtype(mb, 1.0, True))
+    assert logp.shape == (mb.n_tokens,)
+    assert all(p.grad is not None for p in be.model.parameters())
+
+
+@contextlib.contextmanager
+def _megatron_on_meta(tmp_path):
+    gen = mc.in_process_backend(mc.make_model_dir(tmp_path / "qwen2"))
+    be = next(gen)
+    try:
+        model = be._module()
+        model.to(META)
+        # megatron-core keeps the rotary frequencies in a plain attribute, not a buffer, made on
+        # the current CUDA device (here the CPU): `.to()` does not move it
+        model.rotary_pos_emb.inv_freq = model.rotary_pos_emb.inv_freq.to(META)
+        be.device = META
+        yield be
+    finally:
+        gen.close()
+
+
+def test_the_megatron_backends_packed_step_reads_nothing_from_the_device(tmp_path):
+    with _megatron_on_meta(tmp_path) as be:
+        assert be.bounds_device == torch.device("cpu")   # the local spec, as on a GPU without TE
+        mb = mc.micro_batches()[0]
+        logp = _forward_backward(lambda: be._outputs(mb, be._stage_forward(mb), 1.0, True))
+        assert logp.shape == (mb.n_tokens,)
+        assert all(p.grad is not None for p in be._module().parameters())
+
+
+def test_bounds_on_the_device_are_read_inside_the_model(small_model_dir, tmp_path):
+    """The stand-in can fail: the same steps with the bounds where the model is raise at the
+    first host read: in the torch backend's attention split, in megatron-core's rotary embedding."""
+    be = _torch_on_meta(small_model_dir)
+    be.bounds_device = META
+    with pytest.raises(NotImplementedError, match="meta tensor") as torch_read:
+        be._forward_in_dtype(mc.micro_batches()[0], 1.0, True)
+    assert torch_read.traceback[-1].name == "packed_sequences"
+    with _megatron_on_meta(tmp_path) as be:
+        be.bounds_device = META
+        with pytest.raises(NotImplementedError, match="meta tensor") as megatron_read:
+            be._stage_forward(mc.micro_batches()[0])
+    assert megatron_read.traceback[-1].name == "_apply_rotary_pos_emb_thd"
