@@ -9,7 +9,7 @@ save_checkpoint, export_hf).
 
     python tests/gpu/step_worker.py --backend megatron --dtype bfloat16 --model DIR --steps 2 --out R.pt \
         [--dist-opt 0|1] [--load CKPT --start-step 1] [--save-after 1 CKPT] [--export-after 1 DIR]
-        [--lora-rank R] [--compute-dtype bfloat16 --recompute 1 --compile 1]
+        [--lora-rank R] [--compute-dtype bfloat16 --recompute 1 --compile 1] [--host-syncs 1]
 
 Step k (1-based, counting the `--start-step` steps a loaded checkpoint already trained) trains on
 `micro_batches(seed=k)`, so a resumed run sees the batch the uninterrupted one saw; log-probs are always measured on the fixed
@@ -52,7 +52,7 @@ def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_ran
         return TorchBackend(cfg, model, seed=0, dtype=DTYPES[dtype])
     from trainer.megatron.backend import MegatronBackend
 
-    mcfg = MegatronConfig(params_dtype=dtype, use_distributed_optimizer=dist_opt)
+    mcfg = MegatronConfig(params_dtype=dtype, use_distributed_optimizer=dist_opt, recompute=recompute)
     return MegatronBackend(TrainerConfig(backend="megatron", optim=optim), model, seed=0, mcfg=mcfg)
 
 
@@ -61,6 +61,39 @@ def measure(be, mbs: list[PackedBatch]) -> tuple[torch.Tensor, torch.Tensor]:
     per_seq = torch.cat([be.forward_logprobs(mc.one_sequence(mb, s), 1.0).logp.float()
                          for mb in mbs for s in range(mb.n_seqs)])
     return packed, per_seq
+
+
+def host_syncs(be) -> str | None:
+    """None if the packed forward (the log-probs and entropies from the last stage) and its
+    backward ran with CUDA's sync debug mode at `error`, else the first synchronizing call's
+    error and traceback. The micro-batch's tokens and positions are put on the device first, as
+    the backends would, its bounds left on the host where the packer makes them; one warm-up pass
+    first (lazy initialisation may synchronise once). On the CPU (the rehearsal) the pass just runs."""
+    import traceback
+
+    mb = mc.micro_batches(seed=0)[0]
+    mb = PackedBatch(mb.input_ids.to(be.device), mb.position_ids.to(be.device), mb.cu_seqlens, mb.fields)
+
+    def forward_backward():
+        if hasattr(be, "_stage_forward"):   # Megatron
+            out = be._outputs(mb, be._stage_forward(mb), 1.0, True)
+        else:
+            out = be._forward(mb, 1.0, True)
+        (out.logp.float().sum() + out.entropy.float().sum()).backward()
+
+    forward_backward()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        forward_backward()
+    except RuntimeError:
+        return traceback.format_exc()[-4000:]
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+    return None
 
 
 def save(be, backend: str, ckpt: Path) -> None:
@@ -92,7 +125,10 @@ def main() -> int:
     ap.add_argument("--lora-rank", type=int, default=0, help="torch backend: train LoRA adapters of this rank")
     ap.add_argument("--compute-dtype", choices=tuple(DTYPES), default="float32",
                     help="torch backend: trainer.compute_dtype (bfloat16: autocast over float32 weights)")
-    ap.add_argument("--recompute", type=int, default=0, help="torch backend: trainer.recompute")
+    ap.add_argument("--recompute", type=int, default=0,
+                    help="trainer.recompute (torch backend), trainer.megatron.recompute (Megatron)")
+    ap.add_argument("--host-syncs", type=int, default=0,
+                    help="only check that the packed forward and backward never synchronise (host_syncs)")
     ap.add_argument("--compile", type=int, default=0, help="torch backend: trainer.compile")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
@@ -101,6 +137,11 @@ def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
     be = make_backend(a.backend, a.dtype, bool(a.dist_opt), a.model, a.lora_rank, a.compute_dtype,
                       bool(a.recompute), bool(a.compile))
+    if a.host_syncs:
+        torch.save({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                    "host_syncs": host_syncs(be)}, a.out)
+        be.close()
+        return 0
     if a.load:
         load(be, a.backend, a.load)
     evals = mc.micro_batches(seed=0)
