@@ -13,9 +13,9 @@ backend's `train_step` with a policy-gradient loss over every token — what the
 runs, log-probs (chunked, trainer.logprob_chunk) and the optimizer step included. One warm-up
 step, then `steps` timed steps (CUDA synchronised). `--lengths varied` draws each sequence's length
 anew every step, as an RL batch has them: kernels that build a plan per shape (cuDNN attention)
-pay for it there and not with equal lengths. `--compile` adds a third row per case, the torch
-backend with `trainer.compile: true` (Inductor, trainer/compiled.py), beside the eager one; its
-`warmup_s` includes the compilation. `--profile` adds one step under torch's profiler
+pay for it there and not with equal lengths. `--compile` adds each backend with
+`trainer.compile: true` (trainer/compiled.py) beside its eager row ("torch+compile",
+"megatron+compile"); their `warmup_s` includes the compilation. `--profile` adds one step under torch's profiler
 and keeps its busiest operators. Each configuration runs in its own process
 (Megatron's process groups are per process); one that runs out of memory is recorded as such,
 with the device's memory.
@@ -99,10 +99,11 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
     else:
         from trainer.megatron.backend import MegatronBackend
         from trainer.megatron.config import MegatronConfig
-        be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim), Path(model_dir), seed=0,
+        be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim, compile=backend == "megatron+compile"),
+                             Path(model_dir), seed=0,
                              mcfg=MegatronConfig(params_dtype="bfloat16"))
     params = sum(p.numel() for p in be.model.parameters())
-    vocab = be.shape.vocab_size if backend == "megatron" else be.model.config.vocab_size
+    vocab = be.shape.vocab_size if backend.startswith("megatron") else be.model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
 
     def micro_batch() -> PackedBatch:
@@ -191,7 +192,8 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
         for shape in shapes:
             model_dir = make_model_dir(shape, Path(tmp) / shape)
             for pack in packs:
-                for backend in ("torch", "torch+compile", "megatron") if compile else ("torch", "megatron"):
+                for backend in (("torch", "torch+compile", "megatron", "megatron+compile") if compile
+                                else ("torch", "megatron")):
                     c = {"shape": shape, **_run(backend, model_dir, pack, steps, seq_len, profile, lengths == "varied")}
                     if "tokens_per_s" in c:
                         c["mfu"] = 6 * c["parameters"] * c["tokens_per_s"] / (peak_tflops * 1e12)
@@ -225,7 +227,7 @@ def _args(p) -> list[str]:
                    "its busiest operators, printed and kept in the results")
     p.add_argument("--lengths", choices=["equal", "varied"], default="equal",
                    help=f"sequences of {SEQ_LEN} tokens each, or of lengths drawn anew each step (as in RL)")
-    p.add_argument("--compile", action="store_true", help="also the torch backend with trainer.compile: true")
+    p.add_argument("--compile", action="store_true", help="also each backend with trainer.compile: true")
     return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths", "compile"]
 
 

@@ -1,4 +1,4 @@
-"""trainer.compile: the torch backend's decoder layers and log-prob chunks under torch.compile.
+"""trainer.compile: the decoder's elementwise work and the log-prob chunks under torch.compile.
 
 Why: an H200's profiles of the torch backend (benchmarks/results/gpu_speed.json) spend most of a
 step's device time outside the matrix products, in thousands of small elementwise kernels of the
@@ -14,6 +14,11 @@ data knows, which would otherwise end the graph at an unplanned place and recomp
 Shapes are compiled dynamic, so a new pack length or sequence count reuses the graph (RL batches
 change both every step); the log-prob chunk function (trainer/logprobs.py `_rows`) is compiled
 the same way, fusing the float32 cast, the log-softmax, the gather and the entropy.
+
+The Megatron backend's layers do not compile whole: megatron-core 0.16.1 breaks the graph in
+three places of its own (docs/megatron.md, "Packed sequences"). There trainer.compile turns on
+megatron-core's own fused SwiGLU (`bias_activation_fusion`, whose kernels its `jit_fuser` puts
+under torch.compile) and, with one tensor-parallel rank, compiles the log-prob chunks as here.
 
 Values agree with the eager model within float32 rounding, not bit for bit (fused kernels
 reorder sums): tests/integration/trainer/test_compiled_backend.py. The first step of a process
@@ -50,7 +55,7 @@ def compile_layers(model) -> int:
     if not layers:
         raise ValueError(f"trainer.compile: {type(model).__name__} has no transformers decoder layers "
                          f"(GradientCheckpointingLayer) to compile; set trainer.compile: false")
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    _raise_recompile_limit()
     for layer in layers:
         layer.compile(backend=BACKEND, dynamic=True)
     return len(layers)
@@ -60,4 +65,9 @@ def compiled_chunk_fn():
     """trainer/logprobs.py's per-chunk function, compiled (dynamic shapes)."""
     from trainer.logprobs import _rows
 
+    _raise_recompile_limit()
     return torch.compile(_rows, backend=BACKEND, dynamic=True)
+
+
+def _raise_recompile_limit() -> None:
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)

@@ -211,9 +211,11 @@ class TrainerConfig:
     # about a third more compute for a fraction of the activation memory. The Megatron backend's
     # is trainer.megatron.recompute.
     recompute: bool = False
-    # Torch backend: torch.compile each decoder layer and the log-prob chunks (Inductor fuses
-    # the eager model's elementwise kernels; trainer/compiled.py). The first step of each trainer
-    # process compiles (seconds to a minute); values agree with eager within float32 rounding.
+    # torch.compile where it fuses the eager model's elementwise kernels (trainer/compiled.py).
+    # Torch backend: each decoder layer and the log-prob chunks. Megatron backend: megatron-core's
+    # fused SwiGLU (its kernels under torch.compile) and, with tensor_parallel 1, the log-prob
+    # chunks. The first step of each trainer process compiles (seconds to a minute); values
+    # agree with eager within float32 rounding.
     compile: bool = False
     # Tokens per chunk of the float32 log-softmax over the vocabulary, both backends (0 = the
     # whole micro-batch at once). Each chunk is recomputed in the backward pass, so the float32
@@ -269,8 +271,6 @@ class TrainerConfig:
         if self.recompute and self.backend != "torch":
             out.append(("recompute", f"applies to the torch backend; trainer.backend: {self.backend} takes "
                                      f"trainer.megatron.recompute"))
-        if self.compile and self.backend != "torch":
-            out.append(("compile", f"applies to the torch backend, not trainer.backend: {self.backend}"))
         if self.logprob_chunk < 0:
             out.append(("logprob_chunk", f"must be >= 0 (0 = the whole micro-batch), got {self.logprob_chunk}"))
         if self.max_staleness < 0:

@@ -53,7 +53,7 @@ def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_ran
     from trainer.megatron.backend import MegatronBackend
 
     mcfg = MegatronConfig(params_dtype=dtype, use_distributed_optimizer=dist_opt, recompute=recompute)
-    return MegatronBackend(TrainerConfig(backend="megatron", optim=optim), model, seed=0, mcfg=mcfg)
+    return MegatronBackend(TrainerConfig(backend="megatron", optim=optim, compile=compile), model, seed=0, mcfg=mcfg)
 
 
 def measure(be, mbs: list[PackedBatch]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +129,7 @@ def main() -> int:
                     help="trainer.recompute (torch backend), trainer.megatron.recompute (Megatron)")
     ap.add_argument("--host-syncs", type=int, default=0,
                     help="only check that the packed forward and backward never synchronise (host_syncs)")
-    ap.add_argument("--compile", type=int, default=0, help="torch backend: trainer.compile")
+    ap.add_argument("--compile", type=int, default=0, help="trainer.compile")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     # The fp32 reference must be fp32: no TF32 matrix products (10-bit mantissas) behind its back.

@@ -76,3 +76,13 @@ def test_the_torch_backend_as_runs_train_it_matches_the_fp32_reference(case_mode
     assert (mixed["logp"][0] - ref["logp"][0]).abs().mean() > 0    # the products really are bf16
     assert_within_bf16_bounds(f"torch, compute_dtype bfloat16, compile {compiled}", mixed, ref,
                               tol.logits_rms(case_model, mc.micro_batches(seed=0)))
+
+
+def test_megatron_with_compile_matches_the_fp32_reference(case_model, tmp_path):
+    """`trainer.compile: true` on the Megatron backend (megatron-core's fused SwiGLU under
+    torch.compile, the compiled log-prob chunks: Triton kernels here), bf16 parameters, held to
+    the bounds of a bf16 forward against the fp32 reference on the same device."""
+    common = ("--backend", "megatron", "--model", case_model, "--steps", "1")
+    fused = run_worker(tmp_path / "compiled.pt", *common, "--dtype", "bfloat16", "--compile", "1")
+    ref = run_worker(tmp_path / "fp32.pt", *common, "--dtype", "float32")
+    assert_within_bf16_bounds("megatron, compile", fused, ref, tol.logits_rms(case_model, mc.micro_batches(seed=0)))

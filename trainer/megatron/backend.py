@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import trainer.compiled as compiled
 from services.protocol import attention_without_cudnn, collectives
 from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
 from trainer.lr_schedule import decay_updates, lr_factor
@@ -106,7 +107,11 @@ class MegatronBackend(TrainBackend):
         self.padded_vocab = padded_vocab_size(self.shape.vocab_size, self.mcfg.vocab_multiple, tp)
         dtype = _DTYPES[self.mcfg.params_dtype] if self.on_gpu else torch.float32
         self.dtype = dtype
-        self.config = transformer_config(self.shape, dtype, self.on_gpu, recompute=self.mcfg.recompute)
+        self.config = transformer_config(self.shape, dtype, self.on_gpu, recompute=self.mcfg.recompute,
+                                         fused_activation=cfg.compile)
+        # trainer.compile: the log-prob chunks compiled too (the one-rank output layer's; with TP
+        # the vocabulary-parallel chunks, which all-reduce, stay eager)
+        self.chunk_fn = compiled.compiled_chunk_fn() if cfg.compile and tp == 1 else None
         with cpu_compat.model_construction():
             model = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu, self.shape.qk_norm),
                                     self.padded_vocab)
@@ -196,7 +201,7 @@ class MegatronBackend(TrainBackend):
         entropy_grad = self.entropy_grad and torch.is_grad_enabled()
         return hidden_logprobs(model if model is not None else self._module(), hidden,
                                mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy,
-                               entropy_grad, self.cfg.logprob_chunk, self.shape.vocab_size)
+                               entropy_grad, self.cfg.logprob_chunk, self.shape.vocab_size, self.chunk_fn)
 
     def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool, model=None) -> list:
         module = model if model is not None else self._module()

@@ -58,12 +58,13 @@ def output_weight(model: GPTModel) -> torch.Tensor:
 
 def hidden_logprobs(model: GPTModel, hidden: torch.Tensor, input_ids: torch.Tensor,
                     cu_seqlens: torch.Tensor, temperature: float, with_entropy: bool,
-                    entropy_grad: bool, chunk: int, vocab_size: int) -> TokenOutputs:
+                    entropy_grad: bool, chunk: int, vocab_size: int, chunk_fn=None) -> TokenOutputs:
     """token_logprobs of the logits `hidden @ W.T` (W: `model`'s output weight, all TP shards),
     over the true vocabulary (`vocab_size`), `chunk` tokens at a time (0: in one piece).
 
     `hidden`: the last stage's final hidden states [N, hidden] (or [N, 1, hidden], as Megatron
-    returns them), the same on every TP rank (no sequence parallelism)."""
+    returns them), the same on every TP rank (no sequence parallelism). `chunk_fn`: with one TP
+    rank, what makes a chunk's log-probs (trainer.compile's compiled one; default: token_logprobs')."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.utils import VocabUtility
 
@@ -75,7 +76,7 @@ def hidden_logprobs(model: GPTModel, hidden: torch.Tensor, input_ids: torch.Tens
     tp = ps.get_tensor_model_parallel_world_size()
     if tp == 1:
         return token_logprobs(rows, input_ids, cu_seqlens, temperature, with_entropy, entropy_grad,
-                              chunk, head=_first_rows(weight, vocab_size))
+                              chunk, head=_first_rows(weight, vocab_size), chunk_fn=chunk_fn)
     start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(
         weight.shape[0], ps.get_tensor_model_parallel_rank(), tp)
     valid = max(0, min(end, vocab_size) - start)   # this shard's rows of the true vocabulary

@@ -56,11 +56,16 @@ def init_parallel(tp: int, pp: int) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
 
 
-def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, recompute: bool = False):
+def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, recompute: bool = False,
+                       fused_activation: bool = False):
     """The `TransformerConfig` equivalent of a HF decoder config (no dropout: RL needs r = 1 exactly
     at the start of a step, so proximal and first-update log-probs must be the same numbers).
     `recompute`: full activation recompute, one layer per unit (the layer's input is kept, the
-    rest recomputed in the backward pass: the same numbers, less memory)."""
+    rest recomputed in the backward pass: the same numbers, less memory). `fused_activation`
+    (trainer.compile): megatron-core's SwiGLU autograd function (`bias_activation_fusion`), which
+    keeps only its input for the backward pass and runs its forward and backward under
+    torch.compile (megatron-core 0.16.1's `jit_fuser` on torch >= 2.2): two generated kernels
+    instead of the eager split, SiLU, product and their gradients."""
     from megatron.core import parallel_state as ps
     from megatron.core.transformer import TransformerConfig
 
@@ -83,8 +88,8 @@ def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, re
         # Gradients are summed over data-parallel ranks, not averaged: the loss is already
         # normalised by the global token count (see trainer/backend.py).
         calculate_per_token_loss=True,
-        # Fusions need CUDA kernels (Apex/TE/jit); the unfused paths are exact.
-        persist_layer_norm=False, bias_activation_fusion=False, bias_dropout_fusion=False,
+        # The other fusions need Apex or TE kernels; the unfused paths are exact.
+        persist_layer_norm=False, bias_activation_fusion=fused_activation, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
         **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}

@@ -79,7 +79,7 @@ def test_recompute_and_chunking_leave_log_probs_and_the_update_unchanged(tmp_pat
     assert not torch.equal(plain[4]["embedding.word_embeddings.weight"][: before.shape[0]], before)
 
 
-def test_recompute_is_megatrons_full_layer_recompute():
+def test_recompute_is_megatrons_full_layer_recompute_and_compile_its_fused_swiglu():
     from trainer.megatron.model import transformer_config
     from trainer.megatron.shape import DecoderShape
 
@@ -95,9 +95,11 @@ def test_recompute_is_megatrons_full_layer_recompute():
     try:
         on = transformer_config(shape, torch.float32, False, recompute=True)
         off = transformer_config(shape, torch.float32, False)
+        fused = transformer_config(shape, torch.float32, False, fused_activation=True)   # trainer.compile
     finally:
         ps.destroy_model_parallel()
         if created:
             dist.destroy_process_group()
     assert (on.recompute_granularity, on.recompute_method, on.recompute_num_layers) == ("full", "uniform", 1)
     assert off.recompute_granularity is None
+    assert fused.bias_activation_fusion and not on.bias_activation_fusion and not off.bias_activation_fusion
