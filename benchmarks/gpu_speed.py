@@ -120,7 +120,7 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
 
     def loss_fn(mb, out):
         loss = -(mb.fields["adv"] * out.logp * mb.fields["loss_mask"]).sum() / total
-        return loss, {"loss": float(loss.detach())}
+        return loss, {"loss": loss.detach()}   # read once per step, as the training loop's are
 
     record = {"backend": backend, "pack": pack, "lengths": "varied" if varied else "equal",
               "tokens_per_step": int(total), "parameters": params,

@@ -77,7 +77,7 @@ def worker(tp: int, pp: int, model_dir: Path, steps: int, out: Path) -> int:
     def loss_fn(mb, o):
         mask = mb.fields["loss_mask"]
         loss = -(mb.fields["adv"] * o.logp * mask).sum() / valid
-        return loss, {"loss": float(loss.detach())}
+        return loss, {"loss": loss.detach()}   # read once per step, as the training loop's are
 
     def barrier() -> None:
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -71,8 +71,10 @@ class TokenOutputs:
     entropy: torch.Tensor | None = None
 
 
-# loss_fn(micro_batch, outputs) -> (scalar loss with grad, {stat name: float summed over tokens}).
-LossFn = Callable[[PackedBatch, TokenOutputs], tuple[torch.Tensor, dict[str, float]]]
+# loss_fn(micro_batch, outputs) -> (scalar loss with grad, {stat name: sum over tokens}), each stat a
+# float or a 0-d tensor left on the device: the backend reads them all once per step (add_stats,
+# stats_on_host), so no micro-batch makes the host wait for the GPU.
+LossFn = Callable[[PackedBatch, TokenOutputs], tuple[torch.Tensor, dict[str, "float | torch.Tensor"]]]
 
 
 @dataclass
@@ -107,6 +109,44 @@ def packed_sequences(cu_seqlens: torch.Tensor, dim: int, *tensors: torch.Tensor)
                              f"{x.size(dim)} tokens")
     sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return list(zip(*(x.split(sizes, dim=dim) for x in tensors), strict=True))
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`. To a GPU from the host through pinned memory without blocking: a plain
+    copy from pageable memory synchronises the GPU's stream first (PyTorch waits for it), so every
+    micro-batch's tensors would make the host wait for the previous micro-batch's kernels."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def add_stats(total: dict, stats: dict) -> None:
+    """Adds one micro-batch's loss statistics into the step's, in place: sums, the maximum for the
+    `*_max` keys. Device tensors stay on the device (float64 from the first micro-batch on, as
+    Python floats summed before) until `stats_on_host` reads them all at once."""
+    for k, v in stats.items():
+        if isinstance(v, torch.Tensor):
+            v = v.detach().to(torch.float64)
+        if k not in total:
+            total[k] = v
+        elif not k.endswith("_max"):
+            total[k] = total[k] + v
+        elif isinstance(v, torch.Tensor) or isinstance(total[k], torch.Tensor):
+            total[k] = torch.maximum(torch.as_tensor(total[k], dtype=torch.float64), torch.as_tensor(v))
+        else:
+            total[k] = max(total[k], v)
+
+
+def stats_on_host(stats: dict) -> dict[str, float]:
+    """The step's statistics as Python floats: the device tensors among them read in one transfer,
+    the step's one wait for the GPU on their account."""
+    on_device = {k: v for k, v in stats.items() if isinstance(v, torch.Tensor)}
+    read = {}
+    if on_device:
+        first = next(iter(on_device.values()))
+        values = torch.stack([v.reshape(()).to(first.device, torch.float64) for v in on_device.values()])
+        read = dict(zip(on_device, values.tolist(), strict=True))
+    return {k: read[k] if k in read else float(v) for k, v in stats.items()}
 
 
 def agreed_nonfinite(stats: dict[str, float]) -> dict[str, int]:

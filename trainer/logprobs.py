@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer.backend import TokenOutputs
+from trainer.backend import TokenOutputs, to_device
 
 
 def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -86,12 +86,9 @@ def token_logprobs(rows: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torc
         ents.append(ent)
     zero = torch.zeros(1, dtype=dt, device=device)
     # Filtered where the bounds are (the host, from the packer): a boolean index of a device
-    # tensor has a size only the device knows, so the host would wait for it. Copied from pinned
-    # memory without blocking: a plain copy to a GPU synchronises its stream first.
+    # tensor has a size only the device knows, so the host would wait for it.
     starts = cu_seqlens[:-1].long()
-    starts = starts[starts < n]
-    starts = (starts.pin_memory().to(device, non_blocking=True) if device.type == "cuda"
-              and not starts.is_cuda else starts.to(device))
+    starts = to_device(starts[starts < n], device)
     # Shift row j's prediction to position j + 1; a sequence start is nothing's prediction.
     logp = torch.cat([zero, *logps])[:n].index_fill(0, starts, 0.0)
     entropy = None

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import objectives as obj
+from trainer.backend import to_device
 from trainer.objectives import LOSS_TERMS
 
 
@@ -90,8 +91,9 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
                    n_valid: float, *, cu_seqlens: torch.Tensor | None = None, n_seqs: float = 0,
                    versions: torch.Tensor | None = None, version: int = 0, progress: float = 0.0,
                    ref_logp: torch.Tensor | None = None, entropy: torch.Tensor | None = None,
-                   sample_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """(this micro-batch's share of the minibatch loss, stats summed over its tokens).
+                   sample_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+    """(this micro-batch's share of the minibatch loss, stats summed over its tokens, as 0-d
+    tensors on the loss's device: `trainer.backend.stats_on_host` reads them).
 
     All inputs are aligned 1-D tensors; `loss_mask` (bool) selects the output tokens. `n_valid`
     (valid tokens) and `n_seqs` (sequences) count the whole minibatch over all micro-batches and
@@ -115,7 +117,7 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
     if s.needs_sequences:
         if cu_seqlens is None:
             raise ValueError("these objective settings work per sequence: pass cu_seqlens")
-        seg = obj.segment_ids(cu_seqlens, logp.device)
+        seg = to_device(obj.segment_ids(cu_seqlens), logp.device)
         n_local = int(cu_seqlens.numel()) - 1
     mode = s.proximal_mode
     if mode == "behaviour":
@@ -153,36 +155,36 @@ def ppo_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, prox_logp: torc
         kl = torch.where(in_sample, kl, torch.zeros_like(kl))
         terms["kl"] = s.kl_coef * obj.aggregate(kl, weights, s.loss_agg, n_valid)
         loss = loss + terms["kl"]
-        kl_sum = float(kl.detach().sum())
+        kl_sum = kl.detach().sum()
     if s.entropy_coef:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs the entropy of the training forward")
         ent = torch.where(in_sample, entropy.to(dt), torch.zeros_like(behav))
         terms["entropy"] = -s.entropy_coef * obj.aggregate(ent, weights, s.loss_agg, n_valid)
         loss = loss + terms["entropy"]
-    with torch.no_grad():
-        w_valid = imp_weight[mask]
+    with torch.no_grad():   # 0-d tensors, read once per step (trainer/backend.py stats_on_host)
+        w_valid = torch.where(mask, imp_weight, torch.zeros_like(imp_weight))   # weights are > 0
         stats = {
-            "loss": float(token_loss.sum()),
-            "objective": float(loss.detach()),
-            "clipped": float((keep & clip_won).sum()),
-            "dual_clipped": float((keep & dual_won).sum()),
-            "imp_weight_sum": float(w_valid.sum()),
-            "imp_weight_max": float(w_valid.max()) if w_valid.numel() else 0.0,
-            "capped": float(capped.sum()),
-            "ratio_sum": float(ratio[mask].sum()),
-            "valid": float(mask.sum()),
+            "loss": token_loss.sum(),
+            "objective": loss.detach(),
+            "clipped": (keep & clip_won).sum(),
+            "dual_clipped": (keep & dual_won).sum(),
+            "imp_weight_sum": w_valid.sum(),
+            "imp_weight_max": w_valid.amax() if w_valid.numel() else 0.0,
+            "capped": capped.sum(),
+            "ratio_sum": torch.where(mask, ratio, torch.zeros_like(ratio)).sum(),
+            "valid": mask.sum(),
             "kl_sum": kl_sum,
-            "sample_masked": float(sample_masked.sum()),
+            "sample_masked": sample_masked.sum(),
             **nonfinite_stats(terms),
         }
     return loss, stats
 
 
-def nonfinite_stats(terms: dict[str, torch.Tensor]) -> dict[str, float]:
-    """{`nonfinite_<term>`: 1.0 if that term's value is NaN or inf, else 0.0} for every term of
-    LOSS_TERMS (0.0 for a term this micro-batch does not compute)."""
+def nonfinite_stats(terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | float]:
+    """{`nonfinite_<term>`: 1 if that term's value is NaN or inf, else 0} for every term of
+    LOSS_TERMS (0.0 for a term this micro-batch does not compute), as 0-d tensors."""
     if set(terms) - set(LOSS_TERMS):
         raise ValueError(f"unknown loss terms {sorted(set(terms) - set(LOSS_TERMS))}")
-    return {f"nonfinite_{name}": float(name in terms and not bool(torch.isfinite(terms[name].detach())))
-            for name in LOSS_TERMS}
+    return {f"nonfinite_{name}": (~torch.isfinite(terms[name].detach())).to(torch.float64)
+            if name in terms else 0.0 for name in LOSS_TERMS}

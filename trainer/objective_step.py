@@ -80,7 +80,7 @@ def make_loss_fn(settings: PPOSettings, mp: MinibatchPlan, k: int, n_updates: in
             progress=k / max(n_updates, 1), ref_logp=f.get("ref_logp"),
             entropy=out.entropy if settings.entropy_coef else None, sample_mask=f.get("sample_mask"))
         if out.entropy is not None:
-            stats["entropy_sum"] = float((out.entropy.detach() * f["loss_mask"]).sum())
+            stats["entropy_sum"] = (out.entropy.detach() * f["loss_mask"]).sum()
         start = f.get("prox_logp") if recomputed else (out.logp if k == 0 else None)
         if start is not None and "versions" in f:
             start = start.to(f["behav_logp"].device)

@@ -44,11 +44,12 @@ def bounded_exp(log_ratio: torch.Tensor, bound: float = LOG_RATIO_BOUND) -> torc
     return torch.exp(torch.clamp(log_ratio, -bound, bound))
 
 
-def segment_ids(cu_seqlens: torch.Tensor, device=None) -> torch.Tensor:
-    """seg[t] = s for cu_seqlens[s] <= t < cu_seqlens[s+1] (int64)."""
+def segment_ids(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """seg[t] = s for cu_seqlens[s] <= t < cu_seqlens[s+1] (int64), where cu_seqlens is (the
+    packer's host copy: from a device tensor the output's size would make the host wait)."""
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
-    return torch.repeat_interleave(torch.arange(len(lens)), lens).to(device)
+    return torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
 
 
 def segment_sum(values: torch.Tensor, seg: torch.Tensor, n_seqs: int) -> torch.Tensor:
@@ -249,8 +250,9 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str,
 
 
 def mismatch_sums(trainer_logp: torch.Tensor, behav: torch.Tensor, select: torch.Tensor,
-                  bound: float = LOG_RATIO_BOUND) -> dict[str, float]:
-    """Training-inference mismatch over the selected tokens, as sums (no gradient).
+                  bound: float = LOG_RATIO_BOUND) -> dict[str, torch.Tensor]:
+    """Training-inference mismatch over the selected tokens, as sums (no gradient; 0-d tensors,
+    read once per step with the loss's other statistics).
 
     rho = exp(trainer_logp - behav), the trainer's probability of a token over the generator's,
     both for the same policy version. k3 = rho - 1 - log(rho) estimates KL(generator || trainer)
@@ -261,9 +263,12 @@ def mismatch_sums(trainer_logp: torch.Tensor, behav: torch.Tensor, select: torch
     """
     with torch.no_grad():
         sel = select.bool()
-        log_rho = (trainer_logp.detach().double() - behav.detach().double())[sel].clamp(-bound, bound)
+        # unselected tokens at log rho = 0: rho = 1 and k3 = 0 there, and left out of the sums
+        log_rho = torch.where(sel, (trainer_logp.detach().double() - behav.detach().double()).clamp(-bound, bound),
+                              0.0)
         rho = torch.exp(log_rho)
-        return {"mismatch_tokens": float(sel.sum()),
-                "mismatch_k3_sum": float((rho - 1.0 - log_rho).sum()),
-                "mismatch_ratio_sum": float(rho.sum()),
-                "mismatch_ratio_max": float(rho.max()) if rho.numel() else 0.0}
+        picked = torch.where(sel, rho, 0.0)   # rho > 0: a maximum of 0 means no token selected
+        return {"mismatch_tokens": sel.sum(),
+                "mismatch_k3_sum": (rho - 1.0 - log_rho).sum(),
+                "mismatch_ratio_sum": picked.sum(),
+                "mismatch_ratio_max": picked.amax() if picked.numel() else 0.0}

@@ -43,8 +43,11 @@ from trainer.backend import (
     StepResult,
     TokenOutputs,
     TrainBackend,
+    add_stats,
     agreed_nonfinite,
     packed_sequences,
+    stats_on_host,
+    to_device,
 )
 from trainer.hf_dir import copy_tokenizer_files
 from trainer.logprobs import token_logprobs
@@ -186,7 +189,7 @@ class TorchBackend(TrainBackend):
     def _forward_in_dtype(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None
                           ) -> TokenOutputs:
         model = model if model is not None else self.model
-        ids = mb.input_ids.to(self.device)
+        ids = to_device(mb.input_ids, self.device)
         if mb.n_tokens == 0:
             z = torch.zeros(0, device=self.device)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
@@ -194,7 +197,7 @@ class TorchBackend(TrainBackend):
             cu = mb.cu_seqlens.to(self.bounds_device, torch.int32)
             longest = max(mb.seqlens())
             return self._token_outputs(model, ids, mb.cu_seqlens, temperature, with_entropy,
-                                       position_ids=mb.position_ids.to(self.device)[None], cu_seq_lens_q=cu,
+                                       position_ids=to_device(mb.position_ids, self.device)[None], cu_seq_lens_q=cu,
                                        cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
         cu = mb.cu_seqlens.tolist()
         parts = [self._token_outputs(model, ids[a:b], torch.tensor([0, b - a]), temperature, with_entropy)
@@ -245,17 +248,17 @@ class TorchBackend(TrainBackend):
     def train_step(self, mbs: list[PackedBatch], loss_fn: LossFn, temperature: float) -> StepResult:
         self.optimizer.zero_grad(set_to_none=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        stats: dict[str, float] = {}
+        stats: dict = {}
         for mb in mbs:
             if mb.n_tokens == 0:
                 continue
             out = self._forward(mb, temperature, with_entropy=True)
             moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
-                                {k: v.to(self.device) for k, v in mb.fields.items()}, mb.seq_index)
+                                {k: to_device(v, self.device) for k, v in mb.fields.items()}, mb.seq_index)
             loss, mb_stats = loss_fn(moved, out)
             loss.backward()
-            for k, v in mb_stats.items():
-                stats[k] = max(stats.get(k, v), v) if k.endswith("_max") else stats.get(k, 0.0) + v
+            add_stats(stats, mb_stats)
+        stats = stats_on_host(stats)
         lr = self.optimizer.param_groups[0]["lr"]
         nonfinite = agreed_nonfinite(stats)
         if nonfinite:   # the loop names the terms and stops the step

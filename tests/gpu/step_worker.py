@@ -63,13 +63,18 @@ def measure(be, mbs: list[PackedBatch]) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, per_seq
 
 
-def host_syncs(be) -> str | None:
-    """None if the packed forward (the log-probs and entropies from the last stage) and its
-    backward ran with CUDA's sync debug mode at `error`, else the first synchronizing call's
-    error and traceback. The micro-batch's tokens and positions are put on the device first, as
-    the backends would, its bounds left on the host where the packer makes them; one warm-up pass
-    first (lazy initialisation may synchronise once). On the CPU (the rehearsal) the pass just runs."""
+def host_syncs(be) -> dict:
+    """{"forward": None if the packed forward (the log-probs and entropies from the last stage)
+    and its backward ran with CUDA's sync debug mode at `error`, else the first synchronising
+    call's error and traceback; "step": {micro-batches: synchronising calls} of whole training
+    steps with the loop's loss (megatron_case.ppo_minibatch), counted in the mode's `warn`}.
+    The forward's tokens and positions are put on the device first, its bounds left on the host
+    where the packer makes them; one warm-up pass and step first (lazy initialisation may
+    synchronise once). On the CPU (the rehearsal) the passes just run and count nothing."""
     import traceback
+    import warnings
+
+    from trainer import objective_step
 
     mb = mc.micro_batches(seed=0)[0]
     mb = PackedBatch(mb.input_ids.to(be.device), mb.position_ids.to(be.device), mb.cu_seqlens, mb.fields)
@@ -81,19 +86,35 @@ def host_syncs(be) -> str | None:
             out = be._forward(mb, 1.0, True)
         (out.logp.float().sum() + out.entropy.float().sum()).backward()
 
+    def step(n: int) -> int:
+        mp = mc.ppo_minibatch(n)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            be.train_step(mp.micro_batches, objective_step.make_loss_fn(mc.PPO_SETTINGS, mp, 0, 1, 2), 1.0)
+        return sum("synchroniz" in str(w.message) for w in seen)
+
     forward_backward()
+    step(2)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
     try:
         forward_backward()
+        found = None
     except RuntimeError:
-        return traceback.format_exc()[-4000:]
+        found = traceback.format_exc()[-4000:]
     finally:
         if cuda:
             torch.cuda.set_sync_debug_mode("default")
-    return None
+    if cuda:
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        counts = {n: step(n) for n in (2, 4)}
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+    return {"forward": found, "step": counts}
 
 
 def save(be, backend: str, ckpt: Path) -> None:
@@ -128,7 +149,7 @@ def main() -> int:
     ap.add_argument("--recompute", type=int, default=0,
                     help="trainer.recompute (torch backend), trainer.megatron.recompute (Megatron)")
     ap.add_argument("--host-syncs", type=int, default=0,
-                    help="only check that the packed forward and backward never synchronise (host_syncs)")
+                    help="only count where the packed pass and the training step synchronise (host_syncs)")
     ap.add_argument("--compile", type=int, default=0, help="trainer.compile")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()

@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 from trainer.backend import PackedBatch, TokenOutputs
+from trainer.batch import MinibatchPlan
 from trainer.config import OptimConfig, TrainerConfig
+from trainer.loss import PPOSettings
 
 VOCAB = 61
 
@@ -87,6 +89,27 @@ def micro_batches(seed: int = 0) -> list[PackedBatch]:
                 for _ in range(3)]
         out.append(packed(seqs, seed * 10 + m))
     return out
+
+
+# The training loop's loss (trainer/objective_step.make_loss_fn) with sequence-level weights, a dual
+# clip, a KL penalty and the mismatch sums: every statistic it has.
+PPO_SETTINGS = PPOSettings(0.2, True, 2.0, behav_weight="truncate", behav_weight_level="seq-mean", dual_clip_c=3.0,
+                           kl_coef=0.05, loss_agg="seq-mean-token-mean")
+
+
+def ppo_minibatch(n: int = 3) -> MinibatchPlan:
+    """`n` micro-batches with the fields PPO_SETTINGS's loss reads (behaviour, proximal and
+    reference log-probs, advantages, versions 1..3)."""
+    mbs = []
+    for seed in range(n):
+        mb = micro_batches(seed)[0]
+        k, gen = mb.n_tokens, torch.Generator().manual_seed(seed)
+        behav = -3 * torch.rand(k, generator=gen)
+        fields = {"behav_logp": behav, "prox_logp": behav + 0.1 * torch.randn(k, generator=gen),
+                  "ref_logp": behav - 0.05, "advantages": torch.randn(k, generator=gen),
+                  "loss_mask": mb.fields["loss_mask"], "versions": torch.randint(1, 4, (k,), generator=gen)}
+        mbs.append(PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens, fields))
+    return MinibatchPlan(mbs, int(n_valid(mbs)), sum(mb.n_seqs for mb in mbs))
 
 
 def n_valid(mbs: list[PackedBatch]) -> float:

@@ -34,7 +34,17 @@ import torch.distributed as dist
 
 import trainer.compiled as compiled
 from services.protocol import attention_without_cudnn, collectives
-from trainer.backend import LossFn, PackedBatch, StepResult, TokenOutputs, TrainBackend, agreed_nonfinite
+from trainer.backend import (
+    LossFn,
+    PackedBatch,
+    StepResult,
+    TokenOutputs,
+    TrainBackend,
+    add_stats,
+    agreed_nonfinite,
+    stats_on_host,
+    to_device,
+)
 from trainer.lr_schedule import decay_updates, lr_factor
 from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
 from trainer.megatron.config import MegatronConfig
@@ -183,8 +193,8 @@ class MegatronBackend(TrainBackend):
         norm), of the policy or of `model` (the reference); with `logits`, the last stage's
         gathered logits [1, N, V] instead."""
         model = model if model is not None else self.model
-        ids = mb.input_ids.to(self.device)[None]
-        pos = mb.position_ids.to(self.device)[None]
+        ids = to_device(mb.input_ids, self.device)[None]
+        pos = to_device(mb.position_ids, self.device)[None]
         # THD on both specs: TE's fused attention, or the local spec's VarlenCoreAttention; rotary
         # positions restart per sequence from cu_seqlens.
         forward = gpu.forward_thd if logits else gpu.forward_thd_hidden
@@ -200,7 +210,7 @@ class MegatronBackend(TrainBackend):
         with TP) applied `trainer.logprob_chunk` tokens at a time: logprob_head.py."""
         entropy_grad = self.entropy_grad and torch.is_grad_enabled()
         return hidden_logprobs(model if model is not None else self._module(), hidden,
-                               mb.input_ids.to(self.device), mb.cu_seqlens, temperature, with_entropy,
+                               to_device(mb.input_ids, self.device), mb.cu_seqlens, temperature, with_entropy,
                                entropy_grad, self.cfg.logprob_chunk, self.shape.vocab_size, self.chunk_fn)
 
     def _run(self, mbs: list[PackedBatch], on_last, forward_only: bool, model=None) -> list:
@@ -256,15 +266,14 @@ class MegatronBackend(TrainBackend):
             gpu.zero_grad(self.model, self.optimizer)
         else:
             self.optimizer.zero_grad()
-        stats: dict[str, float] = {}
+        stats: dict = {}
 
         def on_last(mb: PackedBatch, hidden: torch.Tensor):
             out = self._outputs(mb, hidden, temperature, with_entropy=True)
             moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
-                                {k: v.to(self.device) for k, v in mb.fields.items()}, mb.seq_index)
+                                {k: to_device(v, self.device) for k, v in mb.fields.items()}, mb.seq_index)
             loss, mb_stats = loss_fn(moved, out)
-            for k, v in mb_stats.items():
-                stats[k] = max(stats.get(k, v), v) if k.endswith("_max") else stats.get(k, 0.0) + v
+            add_stats(stats, mb_stats)
             return loss, None
 
         # Megatron recomputes only in a block whose `training` flag is set; the layers themselves
@@ -279,7 +288,7 @@ class MegatronBackend(TrainBackend):
             self._sum_shared_embedding_grads()
         if self.tp_size > 1 and self.shape.qk_norm and not self.on_gpu:
             self._sum_qk_norm_grads_over_tp()
-        stats = self._count_once(stats)
+        stats = self._count_once(stats_on_host(stats))
         nonfinite = agreed_nonfinite(stats)
         if nonfinite:   # the loop names the terms and stops the step; no rank steps
             if self.on_gpu:
