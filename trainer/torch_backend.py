@@ -194,7 +194,7 @@ class TorchBackend(TrainBackend):
             z = torch.zeros(0, device=self.device)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
         if self.cfg.packed_forward:
-            cu = mb.cu_seqlens.to(self.bounds_device, torch.int32)
+            cu = to_device(mb.cu_seqlens.to(torch.int32), self.bounds_device)
             longest = max(mb.seqlens())
             return self._token_outputs(model, ids, mb.cu_seqlens, temperature, with_entropy,
                                        position_ids=to_device(mb.position_ids, self.device)[None], cu_seq_lens_q=cu,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from trainer.backend import to_device
+
 
 def block_diagonal_causal_mask(cu_seqlens: torch.Tensor, device=None) -> torch.Tensor:
     """Boolean `[1, 1, N, N]`, True where attention is NOT allowed (Megatron's convention)."""
@@ -31,6 +33,6 @@ def thd_packed_seq_params(cu_seqlens: torch.Tensor, device):
 
     # the longest sequence from the packer's host copy: read from a device copy, it would wait
     max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
-    cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    cu = to_device(cu_seqlens.to(torch.int32), torch.device(device))
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                            max_seqlen_q=max_len, max_seqlen_kv=max_len)
