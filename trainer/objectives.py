@@ -45,8 +45,9 @@ def bounded_exp(log_ratio: torch.Tensor, bound: float = LOG_RATIO_BOUND) -> torc
 
 
 def segment_ids(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """seg[t] = s for cu_seqlens[s] <= t < cu_seqlens[s+1] (int64), where cu_seqlens is (the
-    packer's host copy: from a device tensor the output's size would make the host wait)."""
+    """seg[t] = s for cu_seqlens[s] <= t < cu_seqlens[s+1] (int64), on cu_seqlens's device. Give
+    it the packer's host copy and move the result: from a device copy the output's size, which
+    only the data knows, would make the host wait for the GPU."""
     cu = cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
     return torch.repeat_interleave(torch.arange(len(lens), device=cu.device), lens)
