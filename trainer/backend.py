@@ -61,6 +61,12 @@ class PackedBatch:
     def seqlens(self) -> list[int]:
         return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
 
+    def on(self, device: torch.device) -> PackedBatch:
+        """This micro-batch with its tokens, positions and fields on `device` (`to_device`), its
+        bounds left where the packer made them, on the host (model.bounds_device says why)."""
+        return PackedBatch(to_device(self.input_ids, device), to_device(self.position_ids, device), self.cu_seqlens,
+                           {k: to_device(v, device) for k, v in self.fields.items()}, self.seq_index)
+
 
 @dataclass
 class TokenOutputs:
@@ -126,9 +132,9 @@ def add_stats(total: dict, stats: dict) -> None:
     Python floats summed before) until `stats_on_host` reads them all at once."""
     for k, v in stats.items():
         if isinstance(v, torch.Tensor):
-            v = v.detach().to(torch.float64)
-        if k not in total:
-            total[k] = v
+            v = v.detach()
+        if k not in total:   # later micro-batches' values promote to the total's float64
+            total[k] = v.to(torch.float64) if isinstance(v, torch.Tensor) else v
         elif not k.endswith("_max"):
             total[k] = total[k] + v
         elif isinstance(v, torch.Tensor) or isinstance(total[k], torch.Tensor):

@@ -252,10 +252,9 @@ class TorchBackend(TrainBackend):
         for mb in mbs:
             if mb.n_tokens == 0:
                 continue
+            mb = mb.on(self.device)
             out = self._forward(mb, temperature, with_entropy=True)
-            moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
-                                {k: to_device(v, self.device) for k, v in mb.fields.items()}, mb.seq_index)
-            loss, mb_stats = loss_fn(moved, out)
+            loss, mb_stats = loss_fn(mb, out)
             loss.backward()
             add_stats(stats, mb_stats)
         stats = stats_on_host(stats)

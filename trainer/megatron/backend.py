@@ -270,9 +270,7 @@ class MegatronBackend(TrainBackend):
 
         def on_last(mb: PackedBatch, hidden: torch.Tensor):
             out = self._outputs(mb, hidden, temperature, with_entropy=True)
-            moved = PackedBatch(mb.input_ids, mb.position_ids, mb.cu_seqlens,
-                                {k: to_device(v, self.device) for k, v in mb.fields.items()}, mb.seq_index)
-            loss, mb_stats = loss_fn(moved, out)
+            loss, mb_stats = loss_fn(mb, out)
             add_stats(stats, mb_stats)
             return loss, None
 
@@ -281,7 +279,8 @@ class MegatronBackend(TrainBackend):
         block = self._module().decoder
         block.training = self.mcfg.recompute
         try:
-            self._run([mb for mb in mbs if mb.n_tokens], on_last, forward_only=False)
+            # each micro-batch on the device once: the first stage's forward and the last's loss read it
+            self._run([mb.on(self.device) for mb in mbs if mb.n_tokens], on_last, forward_only=False)
         finally:
             block.training = False
         if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
