@@ -71,13 +71,13 @@ def host_syncs(be) -> dict:
     The forward's tokens and positions are put on the device first, its bounds left on the host
     where the packer makes them; one warm-up pass and step first (lazy initialisation may
     synchronise once). On the CPU (the rehearsal) the passes just run and count nothing."""
+    import contextlib
     import traceback
     import warnings
 
     from trainer import objective_step
 
-    mb = mc.micro_batches(seed=0)[0]
-    mb = PackedBatch(mb.input_ids.to(be.device), mb.position_ids.to(be.device), mb.cu_seqlens, mb.fields)
+    mb = mc.micro_batches(seed=0)[0].on(be.device)
 
     def forward_backward():
         if hasattr(be, "_stage_forward"):   # Megatron
@@ -93,27 +93,27 @@ def host_syncs(be) -> dict:
             be.train_step(mp.micro_batches, objective_step.make_loss_fn(mc.PPO_SETTINGS, mp, 0, 1, 2), 1.0)
         return sum("synchroniz" in str(w.message) for w in seen)
 
+    @contextlib.contextmanager
+    def sync_debug(mode: str):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode(mode)
+        try:
+            yield
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode("default")
+
     forward_backward()
     step(2)
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        forward_backward()
-        found = None
-    except RuntimeError:
-        found = traceback.format_exc()[-4000:]
-    finally:
-        if cuda:
-            torch.cuda.set_sync_debug_mode("default")
-    if cuda:
-        torch.cuda.set_sync_debug_mode("warn")
-    try:
+    found = None
+    with sync_debug("error"):
+        try:
+            forward_backward()
+        except RuntimeError:
+            found = traceback.format_exc()[-4000:]
+    with sync_debug("warn"):
         counts = {n: step(n) for n in (2, 4)}
-    finally:
-        if cuda:
-            torch.cuda.set_sync_debug_mode("default")
     return {"forward": found, "step": counts}
 
 
