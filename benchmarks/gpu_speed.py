@@ -15,7 +15,7 @@ step, then `steps` timed steps (CUDA synchronised). `--lengths varied` draws eac
 anew every step, as an RL batch has them: kernels that build a plan per shape (cuDNN attention)
 pay for it there and not with equal lengths. `--compile` adds each backend with
 `trainer.compile: true` (trainer/compiled.py) beside its eager row ("torch+compile",
-"megatron+compile"); their `warmup_s` includes the compilation. `--profile` adds one step under torch's profiler
+"megatron+compile"); their `warmup_s` includes the compilation; `--backends` keeps only the rows named. `--profile` adds one step under torch's profiler
 and keeps its busiest operators. Each configuration runs in its own process
 (Megatron's process groups are per process); one that runs out of memory is recorded as such,
 with the device's memory.
@@ -43,6 +43,7 @@ from pathlib import Path
 from benchmarks.common import cli, print_table, write_results
 
 SEQ_LEN = 1024
+BACKENDS = ("torch", "torch+compile", "megatron", "megatron+compile")
 PEAK_TFLOPS = 989.0
 # Published config.json values (Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B): the shapes, not the weights.
 SHAPES = {
@@ -183,7 +184,7 @@ def _run(backend: str, model_dir: Path, pack: int, steps: int, seq_len: int, pro
 
 def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs: tuple[int, ...] = (8192, 32768),
          steps: int = 3, peak_tflops: float = PEAK_TFLOPS, profile: bool = False, lengths: str = "equal",
-         compile: bool = False) -> dict:
+         compile: bool = False, backends: tuple[str, ...] = ()) -> dict:
     seq_len = SEQ_LEN
     if quick:
         shapes, packs, steps, seq_len = ("tiny",), (256,), 1, 64
@@ -192,8 +193,7 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
         for shape in shapes:
             model_dir = make_model_dir(shape, Path(tmp) / shape)
             for pack in packs:
-                for backend in (("torch", "torch+compile", "megatron", "megatron+compile") if compile
-                                else ("torch", "megatron")):
+                for backend in backends or (BACKENDS if compile else ("torch", "megatron")):
                     c = {"shape": shape, **_run(backend, model_dir, pack, steps, seq_len, profile, lengths == "varied")}
                     if "tokens_per_s" in c:
                         c["mfu"] = 6 * c["parameters"] * c["tokens_per_s"] / (peak_tflops * 1e12)
@@ -228,7 +228,9 @@ def _args(p) -> list[str]:
     p.add_argument("--lengths", choices=["equal", "varied"], default="equal",
                    help=f"sequences of {SEQ_LEN} tokens each, or of lengths drawn anew each step (as in RL)")
     p.add_argument("--compile", action="store_true", help="also each backend with trainer.compile: true")
-    return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths", "compile"]
+    p.add_argument("--backends", nargs="+", default=[], choices=BACKENDS,
+                   help="only these rows (default: torch and megatron, and their +compile rows with --compile)")
+    return ["shapes", "packs", "steps", "peak_tflops", "profile", "lengths", "compile", "backends"]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 # 4. then runs the benchmarks TIER_BENCH names (';'-separated `module args`, e.g.
 #    TIER_BENCH="gpu_speed --shapes 0.5b;logprob_memory --device cuda --tokens 32768"; default
 #    none), each under TIER_BENCH_TIMEOUT_S (300), and copies each one's results JSON to
-#    OUT_DIR/bench-<module>.json: one device call can measure what the tier has just checked.
+#    OUT_DIR/bench-<i>-<module>.json (i: its place in the list, so that a module named twice keeps
+#    both): one device call can measure what the tier has just checked.
 # OUT_DIR defaults to $OUT (the device tool's folder that comes back), else ./gpu-tier-out.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -68,13 +69,16 @@ for f in $files; do
   if [ $(( $(date +%s) - t1 )) -ge "${TIER_TIMEOUT_S:-900}" ]; then echo "tier time limit reached after $f"; break; fi
 done
 IFS=';' read -ra benches <<< "${TIER_BENCH:-}"
+i=0
 for b in "${benches[@]}"; do
+  i=$(( i + 1 ))
   read -ra words <<< "$b"
   [ "${#words[@]}" -gt 0 ] || continue
   name=${words[0]}
   echo "benchmark: $b" | tee -a "$OUT_DIR/pytest.log"
+  touch "$WORK/bench-start"   # only results written after this are this entry's
   timeout -k 10 "${TIER_BENCH_TIMEOUT_S:-300}" $PY -m "benchmarks.$name" "${words[@]:1}" 2>&1 | tee -a "$OUT_DIR/pytest.log"
-  newest=$(ls -t benchmarks/runs/*/"$name".json 2>/dev/null | head -1)
-  if [ -n "$newest" ]; then cp "$newest" "$OUT_DIR/bench-$name.json"; else echo "  $name wrote no results"; fi
+  newest=$(find benchmarks/runs -name "$name.json" -newer "$WORK/bench-start" 2>/dev/null | head -1)
+  if [ -n "$newest" ]; then cp "$newest" "$OUT_DIR/bench-$i-$name.json"; else echo "  $name wrote no results"; fi
 done
 exit "$rc"
