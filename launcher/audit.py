@@ -6,7 +6,10 @@ when the run ended, or returned (the trainer never receipted it, so its prompt i
 again) — never nowhere (lost) and never twice (trained twice). The trainer's step records carry
 the ids they trained and dropped and its last record the ids it still held; the workers'
 `group` records the ids they delivered and `unreceipted` records the ids they returned; their
-data positions the prompts they gave up on. `tandem audit --exp DIR` prints it (a verdict, then
+data positions the prompts they gave up on. A worker killed before it could log `unreceipted`
+(SIGKILL, or past the launcher's grace) still shows what it returned: its restart issues those
+prompts again (rollout/data_position.py), so a group whose worker later delivered the same
+prompt (`prompt_index`, per worker) was returned. `tandem audit --exp DIR` prints it (a verdict, then
 each count with what it means; `--json`: the counts as JSON); the fault suite and
 `benchmarks/faults.py` assert it.
 """
@@ -64,6 +67,7 @@ def audit(exp: ExpDir) -> Audit:
     rollout = [r for r in records if r.get("role") == "rollout"]
     delivered_at = {r["group_id"]: r["time"] for r in rollout if r.get("event") == "group"}
     returned = {gid for r in rollout if r.get("event") == "unreceipted" for gid in r["group_ids"]}
+    returned |= _delivered_again(rollout)
     out = Audit(delivered=len(delivered_at), trained=len(trained), dropped=len(dropped), held_at_end=len(held),
                 returned=len(returned), returned_but_trained=len(returned & set(trained)),
                 steps=len(steps), step_times=[r["time"] for r in steps], delivered_at=delivered_at)
@@ -72,6 +76,20 @@ def audit(exp: ExpDir) -> Audit:
     for path in exp.checkpoints.glob("rollout-*.json"):
         out.prompts_skipped += int(json.loads(path.read_text()).get("skipped", 0))
     return out
+
+
+def _delivered_again(rollout: list[dict]) -> set[str]:
+    """Groups whose worker delivered their prompt again later: each delivery of a prompt but
+    the last (records without `prompt_index`, from before it was logged, say nothing)."""
+    last: dict[tuple, str] = {}
+    earlier: set[str] = set()
+    for r in rollout:
+        if r.get("event") == "group" and r.get("prompt_index") is not None:
+            key = (r.get("rank"), r["prompt_index"])
+            if key in last:
+                earlier.add(last[key])
+            last[key] = r["group_id"]
+    return earlier
 
 
 # What each count means, in the order a reader follows a group: (label, key, meaning).

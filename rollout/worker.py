@@ -17,6 +17,7 @@ import time
 import zlib
 
 from services.protocol import (
+    STOP_GRACE_S,
     AdmitRequest,
     ExpDir,
     GradeRequest,
@@ -39,6 +40,31 @@ from .heldout_curve import HeldOutCurve
 from .workflow import EpisodeContext, RejectGroup, load_workflow
 
 log = logging.getLogger(__name__)
+
+# A shutdown's drain, all of it: inside the launcher's grace before SIGKILL, with room left for
+# closing the trajectory socket. RECEIPTS_S of it is kept for the trainer's receipts.
+DRAIN_S = STOP_GRACE_S - 5.0
+RECEIPTS_S = 3.0
+
+
+async def drain(running: dict[str, asyncio.Task], sink: TrajectorySource, budget_s: float = DRAIN_S) -> list[str]:
+    """Let in-flight groups finish (they were admitted; dropping them would waste them), then wait
+    for the trainer's receipts; returns the delivered groups still without them, whose prompts go
+    out again. Within `budget_s` whatever the groups do: a group can hang (its server left paused
+    by a trainer that died mid-update), and a worker SIGKILLed before it says which groups it
+    returns leaves them unaccounted (`tandem audit`: lost). What is cancelled gives its prompt back."""
+    deadline = time.monotonic() + budget_s
+    if running:
+        log.info("draining %d in-flight groups", len(running))
+        _, pending = await asyncio.wait(list(running.values()), timeout=max(0.0, budget_s - RECEIPTS_S))
+        if pending:
+            log.warning("%d in-flight groups did not finish within the %.0f s drain; cancelled (their prompts "
+                        "go out again)", len(pending), budget_s)
+            for t in pending:
+                t.cancel()
+            # their reports to the controller get part of what is left, not the receipts' share
+            await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic() - RECEIPTS_S / 2))
+    return await sink.wait_receipts(timeout_s=max(0.1, deadline - time.monotonic()))
 
 
 class RolloutWorker:
@@ -134,16 +160,8 @@ class RolloutWorker:
             return await generate(prompt_ids, {**params, "sampling_seed": seed}, sticky_key)
         return seeded
 
-    async def _drain(self, timeout_s: float = 60.0) -> None:
-        """Let in-flight groups finish (they were admitted; dropping them would waste them), then
-        wait for the trainer's receipts: a group without them gives its prompt back."""
-        if self.running:
-            log.info("draining %d in-flight groups", len(self.running))
-            done, pending = await asyncio.wait(list(self.running.values()), timeout=timeout_s)
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        unreceipted = await self.sink.wait_receipts()
+    async def _drain(self) -> None:
+        unreceipted = await drain(self.running, self.sink)
         if unreceipted:
             log.warning("%d delivered groups have no receipt from the trainer (it stopped or died); "
                         "their prompts will be generated again", len(unreceipted))
@@ -166,7 +184,7 @@ class RolloutWorker:
             # The prompt is used up once the trainer holds the whole group (its receipts).
             await self.sink.send_group(trajectories, on_receipted=lambda: self.data.settle(index))
             status = "accepted"
-            self._record_group(ticket, prompt, trajectories, timer.fields(total="seconds"))
+            self._record_group(ticket, index, prompt, trajectories, timer.fields(total="seconds"))
         except RejectGroup as e:
             status, reason = "rejected", str(e)
         except asyncio.CancelledError:
@@ -181,9 +199,11 @@ class RolloutWorker:
                 self.data.settle(index, failed=status == "failed")
             await self._report(GroupDone(self.worker_id, ticket.group_id, status, reason[:500]))
 
-    def _record_group(self, ticket: Ticket, prompt: Prompt, trajectories, timing: dict) -> None:
+    def _record_group(self, ticket: Ticket, index: int, prompt: Prompt, trajectories, timing: dict) -> None:
         rewards = [t.reward for t in trajectories]
-        self.metrics.log(event="group", group_id=ticket.group_id, prompt_id=prompt.id,
+        # prompt_index: the prompt's place in this worker's data; issued again only when it did
+        # not settle, so a later group with it says this one came back (launcher/audit.py)
+        self.metrics.log(event="group", group_id=ticket.group_id, prompt_id=prompt.id, prompt_index=index,
                          admit_version=ticket.admit_version, reward_mean=sum(rewards) / len(rewards),
                          correct=sum(t.timings.get("correct", 0.0) for t in trajectories) / len(rewards),
                          tokens=int(sum(len(t.output_ids) for t in trajectories)),

@@ -178,6 +178,7 @@ class Trainer:
     def record_step(self, record: dict) -> None:
         if self.rank == 0:
             self.metrics.log(event="step", step=self.version, **record, **self._step_ids)
+            self._step_dropped = []   # recorded; drops from now on go in the next record
             log.info("step %d: loss %.4g clip %.3f grad_norm %.3g tokens/s %.0f", self.version, record["loss"],
                      record["clip_fraction"], record["grad_norm"], record["tokens_per_s"])
 
@@ -459,11 +460,12 @@ class Trainer:
     def close(self) -> None:
         self.backend.close()
         if self.rank == 0:
-            # What it still holds (in the last checkpoint, or the log resume replays): delivered,
-            # not lost. What is still on the wire is taken in (and receipted) first.
+            # What it still holds (in the last checkpoint, or the log resume replays), after taking
+            # in (and receipting) what is on the wire, and what it dropped since its last step.
             self.intake.close()
             self._drain(first_timeout_s=0)
-            self.metrics.log(event="exit", version=self.version, held_ids=self.buffer.held_ids())
+            self.metrics.log(event="exit", version=self.version, held_ids=self.buffer.held_ids(),
+                             dropped_ids=self._step_dropped)
             self.intake.wal.close()
             self.controller.close()
             self.metrics.close()
@@ -474,10 +476,7 @@ class Trainer:
 
 
 def _by_reason(refused: dict[str, str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for gid, why in refused.items():
-        out.setdefault(why, []).append(gid)
-    return out
+    return {why: [g for g, w in refused.items() if w == why] for why in dict.fromkeys(refused.values())}
 
 
 def _hist(counter: Counter) -> dict[str, int]:

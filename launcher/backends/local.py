@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.protocol import ExpDir, MetricsWriter, free_port, write_json_atomic
+from services.protocol import STOP_GRACE_S, ExpDir, MetricsWriter, free_port, write_json_atomic
 
 from ..config import ExperimentConfig
 from ..placement import CPUS_ENV, CpuPlacement, format_ranges
@@ -178,7 +178,7 @@ class LocalSupervisor:
                 out.append(Ended(role, ok=code == 0, why=why))
         return out
 
-    def stop(self, names: list[str] | None = None, grace_s: float = 15.0) -> None:
+    def stop(self, names: list[str] | None = None, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM each role's process group, then SIGKILL what is left: nothing stays behind."""
         targets = [self.children[n] for n in (names if names is not None else list(self.children))
                    if n in self.children]

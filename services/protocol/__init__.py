@@ -32,6 +32,7 @@ from .expdir import ExpDir, numbered_dirs, previous_port, publish_service, read_
 from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem, item_row
 from .keys import CurveKeys, generate_keys, load_keys
 from .runtime import (
+    STOP_GRACE_S,
     MetricsWriter,
     PhaseTimer,
     Shutdown,
@@ -57,7 +58,7 @@ __all__ = [
     "RegisterServer", "RetireServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "numbered_dirs", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
-    "MetricsWriter", "PhaseTimer", "Shutdown", "attention_without_cudnn", "exit_process", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
+    "MetricsWriter", "PhaseTimer", "Shutdown", "STOP_GRACE_S", "attention_without_cudnn", "exit_process", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
     "serve_at_previous_address",
 ]

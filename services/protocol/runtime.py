@@ -145,6 +145,12 @@ def read_metrics(exp: ExpDir, role: str | None = None, event: str | None = None)
     return out
 
 
+# How long a launcher gives a role between SIGTERM and SIGKILL (launcher/backends/local.py; on
+# SLURM, the cluster's KillWait, 30 s by default). A role's clean shutdown fits inside it: a
+# rollout worker killed mid-drain never says which groups it returns (rollout/worker.py).
+STOP_GRACE_S = 15.0
+
+
 class Shutdown:
     """Set by SIGTERM/SIGINT; long-running loops poll `requested` and finish cleanly."""
 

@@ -24,6 +24,7 @@ from services.protocol import (
     SyncRequestClient,
     generate_keys,
     load_keys,
+    read_metrics,
     read_service,
 )
 
@@ -74,3 +75,7 @@ def test_a_refused_group_releases_its_admission_slot(tmp_path, small_model_dir, 
             p.terminate()
         for p in procs:
             p.wait(30)
+    # No step was trained: the trainer's exit record alone names the refused group as dropped,
+    # beside the good one it still holds (`tandem audit` would otherwise call it lost).
+    (exit_record,) = read_metrics(exp, "trainer", "exit")
+    assert (exit_record["dropped_ids"], exit_record["held_ids"]) == ([bad], [good])

@@ -62,3 +62,20 @@ def test_audit_json_is_one_object(tmp_path, capsys):
     assert main(["audit", "--exp", str(exp.root), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out == {**audit(exp).as_dict(), "lost_ids": ["g"], "trained_twice_ids": ["a"]}
+
+
+def test_a_prompt_delivered_again_marks_its_earlier_group_returned(tmp_path):
+    """A worker SIGKILLed (or killed past its drain) cannot log `unreceipted`; its restart
+    issuing the same prompt again says the earlier group was never receipted. The prompt index
+    is per worker: worker 1's prompt 5 says nothing about worker 0's."""
+    exp = ExpDir(tmp_path / "exp")
+    w0, w1, trainer = MetricsWriter(exp, "rollout", 0), MetricsWriter(exp, "rollout", 1), MetricsWriter(exp, "trainer")
+    w0.log(event="group", group_id="x", prompt_index=5)     # sent; the worker dies with it unreceipted
+    w1.log(event="group", group_id="z", prompt_index=6)     # sent; never trained
+    w0.log(event="group", group_id="y", prompt_index=5)     # the restarted worker's second try
+    w1.log(event="group", group_id="w", prompt_index=5)
+    w0.log(event="group", group_id="v", prompt_index=6)
+    trainer.log(event="step", step=1, group_ids=["y", "w", "v"], dropped_ids=[])
+    trainer.log(event="exit", version=1, held_ids=[])
+    result = audit(exp)
+    assert result.returned == 1 and result.lost == ["z"] and result.trained == 3
