@@ -164,6 +164,11 @@ class LauncherSection:
     # saving each about 5 CPU-seconds of imports (launcher/backends/role_forks.py says what stays
     # the same). false: each starts as a fresh `python -m launcher.cli`, as on SLURM and GPUs.
     fork_roles: bool = True
+    # Local backend: seconds a stopping trainer (Ctrl-C, another role's failure) gets to finish
+    # its step and write its last checkpoint before it is killed; the other roles get 15 s
+    # (services/protocol STOP_GRACE_S). A real model's checkpoint takes longer than that. On
+    # SLURM the cluster's KillWait decides.
+    trainer_stop_s: float = 300.0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -184,6 +189,8 @@ class LauncherSection:
         if self.elastic_min_gain < 0:
             out.append(("elastic_min_gain", f"must be >= 0 (a fraction: 0.15 = move when 15% faster), "
                                             f"got {self.elastic_min_gain}"))
+        if not self.trainer_stop_s > 0:
+            out.append(("trainer_stop_s", f"must be > 0 (seconds), got {self.trainer_stop_s}"))
         if self.elastic_every_steps < 1:
             out.append(("elastic_every_steps", f"must be >= 1 (training steps between decisions), "
                                                f"got {self.elastic_every_steps}"))

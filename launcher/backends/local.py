@@ -56,6 +56,7 @@ class LocalSupervisor:
         self.exp = exp
         self.placement = placement
         self.children: dict[str, Child] = {}
+        self.hurried = False   # Ctrl-C during a stop: what is left is killed without a grace
         # CPU seconds of every role (its whole process group), for <exp>/role_cpu.json.
         self.cpu = RoleCpuMeter()
         exp.logs.mkdir(parents=True, exist_ok=True)
@@ -185,12 +186,15 @@ class LocalSupervisor:
         self.cpu.sample({c.role.name: c.proc.pid for c in targets}, force=True)
         for child in targets:
             _signal_group(child.proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + (0.0 if self.hurried else grace_s)
         for child in targets:
             try:
                 child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in %.0fs; killing it", child.role.name, grace_s)
+            except KeyboardInterrupt:   # Ctrl-C again: no more waiting, for any role
+                log.warning("interrupted again: killing %s and the rest now", child.role.name)
+                self.hurried, deadline = True, 0.0
             _signal_group(child.proc, signal.SIGKILL)
             child.proc.wait()
             self.children.pop(child.role.name, None)
@@ -229,6 +233,7 @@ class LocalBackend(Backend):
         self.gpu_plan = gpu_layout(cfg) if local else None
         # Trainer ranks (the plan's on GPUs, launcher.cpus.trainer_ranks on the CPU miniature).
         self.trainer_world = local_trainer_world(cfg) if local else 1
+        self.trainer_stop_s = cfg.launcher.trainer_stop_s
         self.trainers: dict[str, TrainerRanks] = {}   # rank's name -> its trainer
 
     def pick_port(self) -> int:
@@ -295,4 +300,12 @@ class LocalBackend(Backend):
         # Rollout workers first, while the services they report to still run: their in-flight
         # groups end and are reported, so nothing waits on a stopped service until SIGKILL.
         self.sup.stop([name for name, c in self.sup.children.items() if c.role.kind == "rollout"])
+        # Then the trainer, the services still up: it finishes its step and writes its last
+        # checkpoint. Only a whole trainer gets the long grace: ranks whose peer is gone can
+        # wait in a collective forever.
+        ranks = [n for n, c in self.sup.children.items() if c.role.kind == "trainer" and c.proc.poll() is None]
+        if ranks and len(ranks) == self.trainer_world:
+            print(f"stopping the trainer: it saves a checkpoint first (up to launcher.trainer_stop_s = "
+                  f"{self.trainer_stop_s:g} s; Ctrl-C again to kill it now) ...", flush=True)
+            self.sup.stop(ranks, grace_s=self.trainer_stop_s)
         self.sup.stop()

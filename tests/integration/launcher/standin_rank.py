@@ -7,7 +7,9 @@ its process group is up, then, by MODE:
   is seen to wait for every rank, not for the first);
 - die: rank 1 exits 3 once rank 0 has announced; the others wait for a signal, as ranks blocked
   in a collective with a dead peer;
-- wait: every rank waits for a signal (Ctrl-C of the launcher).
+- wait: every rank waits for a signal (Ctrl-C of the launcher);
+- save:SECONDS: as wait, but SIGTERM starts a stop that takes SECONDS (the trainer finishing its
+  step and writing its last checkpoint): `saving`, then `saved`.
 Each rank records how it ended in `EXP_DIR/ranks/<RANK>.end`.
 """
 from __future__ import annotations
@@ -32,7 +34,13 @@ def main(exp_root: str, mode: str) -> int:
         (ranks / f"{rank}.end").write_text(how)
         sys.exit(code)
 
-    signal.signal(signal.SIGTERM, lambda *_: end("SIGTERM", 143))
+    def save(seconds: float):
+        (ranks / f"{rank}.end").write_text("saving")
+        time.sleep(seconds)
+        end("saved", 0)
+
+    signal.signal(signal.SIGTERM, (lambda *_: save(float(mode.split(":")[1]))) if mode.startswith("save:")
+                  else (lambda *_: end("SIGTERM", 143)))
     announcement = exp / "services" / "trainer.json"
     if rank == 0:
         announcement.parent.mkdir(parents=True, exist_ok=True)

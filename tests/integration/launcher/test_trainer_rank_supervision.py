@@ -95,24 +95,52 @@ exp = ExpDir(sys.argv[1])
 exp.root.mkdir(parents=True)
 cfg = load_config(None, ["experiment.name=ranks", f"experiment.exp_dir={exp.root}", "experiment.model=/m",
                          "launcher.cpus.pin=false", f"launcher.cpus.trainer_ranks={sys.argv[3]}",
-                         "experiment.trackers=[jsonl]"])
-role = Role("trainer-0", [sys.executable, sys.argv[2], str(exp.root), "wait"], kind="trainer", ready_file="trainer")
+                         "experiment.trackers=[jsonl]", *sys.argv[5:]])
+role = Role("trainer-0", [sys.executable, sys.argv[2], str(exp.root), sys.argv[4]], kind="trainer", ready_file="trainer")
 sys.exit(run_experiment(cfg, exp, False, LocalBackend(cfg, exp), roles=[role], join=None))
 """
 
 
-def test_ctrl_c_of_the_launcher_leaves_no_rank_behind(tmp_path):
-    exp = ExpDir(tmp_path / "exp")
-    launcher = subprocess.Popen([sys.executable, "-c", DRIVER, str(exp.root), str(STANDIN), str(WORLD)], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def _launch_and_interrupt(tmp_path: Path, mode: str, *overrides: str) -> tuple[subprocess.Popen, ExpDir, Path]:
+    """DRIVER's run in its own process; once every rank is up, Ctrl-C (SIGINT) of the launcher."""
+    exp, log = ExpDir(tmp_path / "exp"), tmp_path / "launcher.out"
+    tmp_path.mkdir(exist_ok=True)
+    launcher = subprocess.Popen([sys.executable, "-c", DRIVER, str(exp.root), str(STANDIN), str(WORLD), mode,
+                                 *overrides], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, preexec_fn=as_terminal_foreground)
     deadline = time.monotonic() + 60
     while len(_ranks(exp)) < WORLD or not exp.service_file("trainer").exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()[0]
+        assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
     time.sleep(1.5)   # the run is up (the lifecycle's watch)
     os.kill(launcher.pid, signal.SIGINT)
-    out, _ = launcher.communicate(timeout=60)
-    assert launcher.returncode == 130, out
+    return launcher, exp, log
+
+
+def test_ctrl_c_of_the_launcher_leaves_no_rank_behind(tmp_path):
+    launcher, exp, log = _launch_and_interrupt(tmp_path, "wait")
+    assert launcher.wait(timeout=60) == 130, log.read_text()
     assert _ends(exp) == {r: "SIGTERM" for r in range(WORLD)}
+    assert not any(_alive(v["pid"]) for v in _ranks(exp).values())
+
+
+def test_ctrl_c_gives_the_trainer_time_to_save_and_a_second_one_kills_at_once(tmp_path):
+    """A trainer's stop (its step, its last checkpoint) outlasts the other roles' grace:
+    `launcher.trainer_stop_s` is its own. Ranks that take 3 s to save all save within 60 s, and
+    are killed mid-save with 1 s; ranks that would take ten minutes are killed by a second
+    Ctrl-C, at once, and nothing is left running."""
+    for stop_s, ended in ((60, "saved"), (1, "saving")):
+        launcher, exp, log = _launch_and_interrupt(tmp_path / str(stop_s), "save:3", f"launcher.trainer_stop_s={stop_s}")
+        assert launcher.wait(timeout=60) == 130, log.read_text()
+        assert _ends(exp) == {r: ended for r in range(WORLD)}, log.read_text()
+        assert "stopping the trainer: it saves a checkpoint first" in log.read_text()
+
+    launcher, exp, log = _launch_and_interrupt(tmp_path / "hang", "save:600", "launcher.trainer_stop_s=600")
+    deadline = time.monotonic() + 30
+    while set(_ends(exp).values()) != {"saving"} or len(_ends(exp)) < WORLD:
+        assert time.monotonic() < deadline, (_ends(exp), log.read_text())
+        time.sleep(0.1)
+    os.kill(launcher.pid, signal.SIGINT)
+    assert launcher.wait(timeout=60) == 130, log.read_text()
+    assert _ends(exp) == {r: "saving" for r in range(WORLD)}     # killed mid-save
     assert not any(_alive(v["pid"]) for v in _ranks(exp).values())
