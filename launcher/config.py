@@ -164,11 +164,13 @@ class LauncherSection:
     # saving each about 5 CPU-seconds of imports (launcher/backends/role_forks.py says what stays
     # the same). false: each starts as a fresh `python -m launcher.cli`, as on SLURM and GPUs.
     fork_roles: bool = True
-    # Local backend: seconds a stopping trainer (Ctrl-C, another role's failure) gets to finish
-    # its step and write its last checkpoint before it is killed; the other roles get 15 s
-    # (services/protocol STOP_GRACE_S). A real model's checkpoint takes longer than that. On
-    # SLURM the cluster's KillWait decides.
-    trainer_stop_s: float = 300.0
+    # Seconds a stopping trainer (Ctrl-C, scancel of the launcher, another role's failure) gets
+    # to finish its step and write its last checkpoint before it is killed, after the rollout
+    # workers stop and before the services do; the other roles get 15 s locally
+    # (services/protocol STOP_GRACE_S) and the cluster's KillWait on SLURM, shorter than a real
+    # model's checkpoint takes. slurm/train.sbatch's launcher gets its SIGTERM 5 minutes before
+    # its time limit: this leaves room for the rest of the teardown.
+    trainer_stop_s: float = 180.0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

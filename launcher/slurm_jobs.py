@@ -135,12 +135,13 @@ def query_states(job_ids: list[str]) -> dict[str, JobState]:
     return states
 
 
-def scancel(job_ids: list[str], wait_s: float = 60.0) -> list[str]:
-    """Cancel the jobs and wait until squeue no longer lists them; returns those still listed."""
+def scancel(job_ids: list[str], wait_s: float = 60.0, signal: str | None = None) -> list[str]:
+    """Cancel the jobs and wait until squeue no longer lists them; returns those still listed.
+    `signal` (e.g. TERM): only send it to the jobs' tasks, which end by themselves (or not)."""
     job_ids = [str(j) for j in job_ids]
     if not job_ids:
         return []
-    subprocess.run(["scancel", *job_ids], capture_output=True, text=True)
+    subprocess.run(["scancel", *([f"--signal={signal}"] if signal else []), *job_ids], capture_output=True, text=True)
     deadline = time.monotonic() + wait_s
     while True:
         live = _from_squeue(job_ids)

@@ -166,8 +166,21 @@ class SlurmRun:
                 next_poll = time.monotonic() + min(self.policy.poll_s, 5.0)
             time.sleep(0.2)
 
-    def teardown(self, status: str) -> list[str]:
-        """Cancel every job still queued or running; returns ids SLURM still lists afterwards."""
+    def teardown(self, status: str, trainer_stop_s: float = 0.0) -> list[str]:
+        """Cancel every job still queued or running; returns ids SLURM still lists afterwards.
+        With `trainer_stop_s`: the rollout workers' jobs first, then the trainer's tasks get
+        SIGTERM (through their wrapper, slurm_task.py) and that long to finish the step and write
+        the last checkpoint, the services still up; a plain cancel leaves it the cluster's
+        KillWait (30 s by default). A second Ctrl-C cancels everything at once."""
+        trainer = [s.job_id for s in self.jobs.values() if s.req.role.kind == "trainer"]
+        if trainer_stop_s > 0 and any(st.active for st in query_states(trainer).values()):
+            scancel([s.job_id for s in self.jobs.values() if s.req.role.kind == "rollout"])
+            print(f"stopping the trainer: it saves a checkpoint first (up to launcher.trainer_stop_s = "
+                  f"{trainer_stop_s:g} s; Ctrl-C again to cancel it now) ...", flush=True)
+            try:
+                scancel(trainer, wait_s=trainer_stop_s, signal="TERM")
+            except KeyboardInterrupt:
+                log.warning("interrupted again: cancelling every job now")
         ids = [s.job_id for s in self.jobs.values()]
         left = scancel(ids) if ids else []
         self.save(status)
@@ -265,7 +278,7 @@ class SlurmBackend(Backend):
             return   # nothing submitted (refused before the start): the record on disk stays as it is
         if status == "failed" and self.cancelled():
             status = "cancelled"
-        self.run.teardown(status)
+        self.run.teardown(status, self.cfg.launcher.trainer_stop_s)
 
 
 def live_jobs_of_earlier_launch(exp: ExpDir) -> list[str]:

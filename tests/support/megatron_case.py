@@ -144,7 +144,9 @@ def in_process_backend(model_dir: Path, params_dtype: str = "float32"):
 
     created_group = not dist.is_initialized()
     be = MegatronBackend(trainer_cfg(tp=1, params_dtype=params_dtype), model_dir, seed=0)
-    yield be
-    be.close()
-    if created_group and dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        yield be
+    finally:   # also when the generator is closed rather than run to its end
+        be.close()
+        if created_group and dist.is_initialized():
+            dist.destroy_process_group()

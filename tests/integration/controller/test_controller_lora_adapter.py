@@ -101,7 +101,6 @@ def wait_for(cond, what: str, timeout_s: float = 90.0):
 
 def test_adapter_updates_and_the_catch_up_of_a_restarted_server(exp, controller_proc, tiny_model_dir, tmp_path):
     v0 = write_initial_adapter(lora_settings(LoraConfig(rank=4)), tiny_model_dir, tmp_path / "adapter-v0")
-    v1 = trained_adapter(v0, exp.weights / "v1", 1)
     gen = Gen(tmp_path, tiny_model_dir, v0)
     gen.start()
     (exp.keys / "gen-api").write_text(KEY + "\n")
@@ -113,24 +112,30 @@ def test_adapter_updates_and_the_catch_up_of_a_restarted_server(exp, controller_
         base = generate(gen.url)
         assert base["meta_info"]["weight_version"] == "0"
 
-        in_flight: dict = {}
-        t = threading.Thread(target=lambda: in_flight.update(generate(gen.url, max_new_tokens=400)))
-        t.start()
-        wait_for(lambda: http(gen.url, "/v1/loads")["loads"][0]["num_running_reqs"] > 0, "the long request")
-        ack = client.request(AdapterOnDisk(version=1, path=str(v1)))
-        t.join(120)
-        assert ack.ok and ack.failed_servers == [], ack
-        # aborted by the pause (in_place would have kept it running on the old adapter)
+        # A request still decoding when the pause arrives is aborted (in_place would have kept it
+        # running on the old adapter). On a loaded machine the tiny model can finish its 400
+        # tokens before the controller's pause reaches the server: then the next version tries.
+        for version in range(1, 5):
+            in_flight: dict = {}
+            t = threading.Thread(target=lambda d=in_flight: d.update(generate(gen.url, max_new_tokens=400)))
+            t.start()
+            wait_for(lambda: http(gen.url, "/v1/loads")["loads"][0]["num_running_reqs"] > 0, "the long request")
+            ack = client.request(AdapterOnDisk(version=version, path=str(
+                trained_adapter(v0, exp.weights / f"v{version}", version))))
+            t.join(120)
+            assert ack.ok and ack.failed_servers == [], ack
+            if in_flight["meta_info"]["finish_reason"]["type"] != "length":
+                break
         assert in_flight["meta_info"]["finish_reason"]["type"] == "abort", in_flight["meta_info"]
         after = generate(gen.url)
-        assert after["meta_info"]["weight_version"] == "1" and after["output_ids"] != base["output_ids"]
+        assert after["meta_info"]["weight_version"] == str(version) and after["output_ids"] != base["output_ids"]
 
         gen.stop()                       # the server dies and comes back serving version 0
         gen.start()
-        wait_for(lambda: http(gen.url, "/model_info")["weight_version"] == "1", "the catch-up to v1")
+        wait_for(lambda: http(gen.url, "/model_info")["weight_version"] == str(version), "the catch-up")
         wait_for(lambda: client.request(StatusRequest()).state["servers"][0]["in_rotation"], "back in rotation")
         again = generate(gen.url)
-        assert again["meta_info"]["weight_version"] == "1" and again["output_ids"] == after["output_ids"]
+        assert again["meta_info"]["weight_version"] == str(version) and again["output_ids"] == after["output_ids"]
     except urllib.error.HTTPError as e:
         pytest.fail(f"{e.code}: {e.read()[:500]}")
     finally:

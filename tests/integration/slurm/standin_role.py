@@ -27,6 +27,8 @@ def main() -> int:
     p.add_argument("--all-reduce", action="store_true")
     p.add_argument("--host", default=None, help="recorded as given (the launcher fills in {node})")
     p.add_argument("--graceful", action="store_true", help="exit 0 on SIGTERM, as real roles do")
+    p.add_argument("--stop-s", type=float, default=0.0,
+                   help="with --graceful: SIGTERM takes this long (a trainer writing its checkpoint)")
     a = p.parse_args()
     if a.graceful:
         import signal
@@ -34,6 +36,9 @@ def main() -> int:
 
         def stop(signum, frame):
             print(f"{a.name}: got {signal.Signals(signum).name}; exiting cleanly", flush=True)
+            if a.stop_s:
+                time.sleep(a.stop_s)
+                print(f"{a.name}: saved after {a.stop_s:g} s", flush=True)
             sys.exit(0)
 
         signal.signal(signal.SIGTERM, stop)

@@ -200,6 +200,22 @@ def test_time_limit_warning_becomes_sigterm_and_the_job_does_not_look_completed(
     assert str(wrapper_log) in run.why("trainer-0", state)
 
 
+def test_teardown_gives_the_trainer_its_stop_time_after_the_rollout_workers_stop(shared_exp, slurm_cluster, capfd):
+    """A plain cancel leaves a role the cluster's KillWait (5 s here) before SIGKILL; a trainer
+    that takes 8 s to write its checkpoint is given `launcher.trainer_stop_s`, once the rollout
+    workers' jobs are gone."""
+    cfg = _cfg(shared_exp, slurm_cluster)
+    run = SlurmRun(cfg, shared_exp, FAST)
+    run.submit(job("trainer-0", _standin(shared_exp, "trainer", "--ready", "trainer", "--sleep", "120",
+                                         "--graceful", "--stop-s", "8"), kind="trainer", ready_file="trainer"))
+    run.submit(job("rollout-0", _standin(shared_exp, "rollout-0", "--sleep", "120"), kind="rollout"))
+    run.wait_ready(["trainer-0"])
+    assert run.teardown("test", trainer_stop_s=60) == []
+    assert "trainer: saved after 8 s" in (shared_exp.logs / "trainer-0.console").read_text()
+    assert "stopping the trainer: it saves a checkpoint first" in capfd.readouterr().out
+    assert not _squeue_ids() & set(recorded_job_ids(read_record(shared_exp)))
+
+
 def test_a_role_that_dies_before_it_is_ready_is_reported_and_nothing_else_starts(shared_exp, slurm_cluster, capfd):
     cfg = _cfg(shared_exp, slurm_cluster)
     requests = _stack(shared_exp)
