@@ -53,6 +53,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
+def announce_trainer_stop(seconds: float) -> None:
+    """What a backend prints while a stopping trainer writes its last checkpoint."""
+    print(f"stopping the trainer: it saves a checkpoint first (up to launcher.trainer_stop_s = {seconds:g} s; "
+          f"Ctrl-C again to stop it now) ...", flush=True)
+
+
 class Backend(ABC):
     """One run's roles on some machinery. Every method may raise LaunchError."""
 

@@ -29,7 +29,7 @@ from ..placement import CPUS_ENV, CpuPlacement, format_ranges
 from ..plan import cpu_placement_for, local_trainer_world
 from ..role_cpu import RoleCpuMeter
 from ..roles import Role, gpu_layout
-from .base import Announcement, Backend, Ended, LaunchError
+from .base import Announcement, Backend, Ended, LaunchError, announce_trainer_stop
 from .local_ranks import TrainerRanks, rank_env
 from .role_forks import FORKED_KINDS, ForkedRole, RoleForks, gpu_build_of_torch
 
@@ -305,7 +305,6 @@ class LocalBackend(Backend):
         # wait in a collective forever.
         ranks = [n for n, c in self.sup.children.items() if c.role.kind == "trainer" and c.proc.poll() is None]
         if ranks and len(ranks) == self.trainer_world:
-            print(f"stopping the trainer: it saves a checkpoint first (up to launcher.trainer_stop_s = "
-                  f"{self.trainer_stop_s:g} s; Ctrl-C again to kill it now) ...", flush=True)
+            announce_trainer_stop(self.trainer_stop_s)
             self.sup.stop(ranks, grace_s=self.trainer_stop_s)
         self.sup.stop()

@@ -40,7 +40,7 @@ from ..slurm_jobs import (
     write_record,
 )
 from ..slurm_task import RoleCommand, console_name, tail
-from .base import Announcement, Backend, Ended, LaunchError
+from .base import Announcement, Backend, Ended, LaunchError, announce_trainer_stop
 from .slurm_requests import JobRequest, SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,9 @@ class SlurmRun:
         the last checkpoint, the services still up; a plain cancel leaves it the cluster's
         KillWait (30 s by default). A second Ctrl-C cancels everything at once."""
         trainer = [s.job_id for s in self.jobs.values() if s.req.role.kind == "trainer"]
-        if trainer_stop_s > 0 and any(st.active for st in query_states(trainer).values()):
+        if trainer_stop_s > 0 and any(st.state == "RUNNING" for st in query_states(trainer).values()):
             scancel([s.job_id for s in self.jobs.values() if s.req.role.kind == "rollout"])
-            print(f"stopping the trainer: it saves a checkpoint first (up to launcher.trainer_stop_s = "
-                  f"{trainer_stop_s:g} s; Ctrl-C again to cancel it now) ...", flush=True)
+            announce_trainer_stop(trainer_stop_s)
             try:
                 scancel(trainer, wait_s=trainer_stop_s, signal="TERM")
             except KeyboardInterrupt:
