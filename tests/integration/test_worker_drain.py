@@ -50,6 +50,6 @@ def test_the_drain_fits_the_grace_and_names_what_the_dead_trainer_never_receipte
 
     returned, waited, cancelled = asyncio.run(worker())
     assert returned == ["g2"] and receipted == ["g1"]
-    assert waited < 2.0 + 1.0, waited      # the budget, not the stuck group's ten minutes
+    assert waited < 2.0 + 5.0, waited      # the budget (and a loaded machine's slack), not ten minutes
     assert cancelled == 1
     assert DRAIN_S < STOP_GRACE_S          # a run's drain is inside the launcher's grace
