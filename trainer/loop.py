@@ -476,7 +476,10 @@ class Trainer:
 
 
 def _by_reason(refused: dict[str, str]) -> dict[str, list[str]]:
-    return {why: [g for g, w in refused.items() if w == why] for why in dict.fromkeys(refused.values())}
+    out: dict[str, list[str]] = {}
+    for gid, why in refused.items():
+        out.setdefault(why, []).append(gid)
+    return out
 
 
 def _hist(counter: Counter) -> dict[str, int]:
