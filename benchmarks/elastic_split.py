@@ -161,7 +161,7 @@ def measure(exp: Path, groups_per_step: int) -> dict:
     groups = sorted((r for r in read_metrics(e, "rollout") if r.get("event") == "group"), key=lambda r: r["time"])
     tenth = max(1, len(groups) // 10)
     a = audit(e)
-    clean = (not a.lost and not a.trained_twice and a.returned_but_trained == 0
+    clean = (not a.lost and not a.trained_twice and not a.prompts_trained_twice
              and a.trained == a.steps * groups_per_step)
     moves = read_metrics(e, "launcher", "elastic_move")
     return {"wall_s": summary["wall_s"], "steps": len(steps), "s_per_step": span / max(1, len(steps) - warm - 1),

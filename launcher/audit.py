@@ -3,13 +3,16 @@
 A run that survived faults is only as good as its accounting: a group a worker delivered must
 end trained, dropped (over-stale), refused (invalid), still waiting in the trainer's buffer
 when the run ended, or returned (the trainer never receipted it, so its prompt is generated
-again) — never nowhere (lost) and never twice (trained twice). The trainer's step records carry
-the ids they trained and dropped and its last record the ids it still held; the workers'
+again) — never nowhere (lost) and never twice (trained twice; nor its prompt, under another
+group id). The trainer's step records carry the ids (and prompt keys) they trained and dropped
+and its last record the ids it still held; the workers'
 `group` records the ids they delivered and `unreceipted` records the ids they returned; their
 data positions the prompts they gave up on. A worker killed before it could log `unreceipted`
 (SIGKILL, or past the launcher's grace) still shows what it returned: its restart issues those
 prompts again (rollout/data_position.py), so a group whose worker later delivered the same
-prompt (`prompt_index`, per worker) was returned. `tandem audit --exp DIR` prints it (a verdict, then
+prompt (`prompt_index`, per worker) was returned, unless the trainer had it (its receipts were
+lost, not the group: the trainer refuses the second by its prompt key, trainer/buffer.py).
+`tandem audit --exp DIR` prints it (a verdict, then
 each count with what it means; `--json`: the counts as JSON); the fault suite and
 `benchmarks/faults.py` assert it.
 """
@@ -31,9 +34,9 @@ class Audit:
     dropped: int = 0                    # over-stale or refused, their slots given back
     held_at_end: int = 0                # complete or partial in the trainer's buffer at exit
     returned: int = 0                   # never receipted by the trainer: the prompt goes out again
-    returned_but_trained: int = 0       # receipt lost, not the group: its prompt trains twice
     lost: list[str] = field(default_factory=list)
     trained_twice: list[str] = field(default_factory=list)
+    prompts_trained_twice: list[str] = field(default_factory=list)   # prompt keys, under two group ids
     prompts_skipped: int = 0            # prompts workers gave up on after repeated failures
     steps: int = 0
     step_times: list[float] = field(default_factory=list)
@@ -52,8 +55,8 @@ class Audit:
     def as_dict(self) -> dict:
         return {"steps": self.steps, "delivered": self.delivered, "trained": self.trained,
                 "dropped": self.dropped, "held_at_end": self.held_at_end, "returned": self.returned,
-                "returned_but_trained": self.returned_but_trained, "lost": len(self.lost),
-                "trained_twice": len(self.trained_twice), "prompts_skipped": self.prompts_skipped,
+                "lost": len(self.lost), "trained_twice": len(self.trained_twice),
+                "prompts_trained_twice": len(self.prompts_trained_twice), "prompts_skipped": self.prompts_skipped,
                 "max_step_gap_s": round(self.max_gap_s(), 2)}
 
 
@@ -66,13 +69,16 @@ def audit(exp: ExpDir) -> Audit:
     held = set(exits[-1].get("held_ids", ())) if exits else set()
     rollout = [r for r in records if r.get("role") == "rollout"]
     delivered_at = {r["group_id"]: r["time"] for r in rollout if r.get("event") == "group"}
-    returned = {gid for r in rollout if r.get("event") == "unreceipted" for gid in r["group_ids"]}
-    returned |= _delivered_again(rollout)
+    sent_again = {gid for r in rollout if r.get("event") == "unreceipted" for gid in r["group_ids"]}
+    # what the trainer trained or holds was not returned, whatever its worker thought
+    returned = (sent_again | _delivered_again(rollout)) - set(trained) - held
+    prompts = Counter(key for r in steps for key in r.get("prompt_keys", ()) if key is not None)
     out = Audit(delivered=len(delivered_at), trained=len(trained), dropped=len(dropped), held_at_end=len(held),
-                returned=len(returned), returned_but_trained=len(returned & set(trained)),
-                steps=len(steps), step_times=[r["time"] for r in steps], delivered_at=delivered_at)
+                returned=len(returned), steps=len(steps), step_times=[r["time"] for r in steps],
+                delivered_at=delivered_at)
     out.lost = sorted(set(delivered_at) - set(trained) - dropped - held - returned)
     out.trained_twice = sorted(g for g, n in trained.items() if n > 1)
+    out.prompts_trained_twice = sorted(k for k, n in prompts.items() if n > 1)
     for path in exp.checkpoints.glob("rollout-*.json"):
         out.prompts_skipped += int(json.loads(path.read_text()).get("skipped", 0))
     return out
@@ -98,9 +104,9 @@ ROWS = (("delivered", "delivered", "groups the rollout workers pushed to the tra
         ("dropped", "dropped", "over-stale or refused; their slots given back"),
         ("held at the end", "held_at_end", "in the trainer's buffer when it exited"),
         ("returned", "returned", "never receipted: their prompts are generated again"),
-        ("returned but trained", "returned_but_trained", "the receipt was lost, not the group: its prompt trains again"),
         ("lost", "lost", "delivered, then nowhere"),
         ("trained twice", "trained_twice", ""),
+        ("prompts trained twice", "prompts_trained_twice", "a worker's prompt, under two group ids"),
         ("prompts skipped", "prompts_skipped", "workers gave up on them after repeated failures"))
 
 
@@ -108,7 +114,8 @@ def audit_text(exp: ExpDir, result: Audit) -> str:
     """What `tandem audit` prints: a verdict line, one row per count (with what it means),
     the longest gap between steps, and the ids of lost and twice-trained groups."""
     d = result.as_dict()
-    bad = [f"{d[k]} {label}" for label, k in (("lost", "lost"), ("trained twice", "trained_twice")) if d[k]]
+    bad = [f"{d[k]} {label}" for label, k in (("lost", "lost"), ("trained twice", "trained_twice"),
+                                              ("prompts trained twice", "prompts_trained_twice")) if d[k]]
     verdict = ("PROBLEM: " + ", ".join(bad)) if bad else "OK: every delivered group is accounted for"
     lines = [f"audit of {exp.root} ({result.steps} training steps): {verdict}"]
     width = max(len(label) for label, _, _ in ROWS)
@@ -119,6 +126,8 @@ def audit_text(exp: ExpDir, result: Audit) -> str:
         lines.append(f"lost groups: {' '.join(result.lost[:20])}")
     if result.trained_twice:
         lines.append(f"trained twice: {' '.join(result.trained_twice[:20])}")
+    if result.prompts_trained_twice:
+        lines.append(f"prompts trained twice: {' '.join(result.prompts_trained_twice[:20])}")
     return "\n".join(lines)
 
 
@@ -127,15 +136,16 @@ def cmd_audit(args) -> int:
     result = audit(exp)
     if args.json:
         out = result.as_dict()
-        out.update({k: v[:20] for k, v in (("lost_ids", result.lost), ("trained_twice_ids", result.trained_twice)) if v})
+        out.update({k: v[:20] for k, v in (("lost_ids", result.lost), ("trained_twice_ids", result.trained_twice),
+                                           ("prompts_trained_twice_keys", result.prompts_trained_twice)) if v})
         print(json.dumps(out, indent=1))
     else:
         print(audit_text(exp, result))
-    return 1 if result.lost or result.trained_twice else 0
+    return 1 if result.lost or result.trained_twice or result.prompts_trained_twice else 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("audit", help="every group's fate in a run: lost, trained twice, prompts skipped")
+    p = sub.add_parser("audit", help="every group's fate in a run: lost, trained twice (or its prompt), prompts skipped")
     p.add_argument("--exp", required=True, help="experiment directory")
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     p.set_defaults(func=cmd_audit)

@@ -6,7 +6,8 @@ the only throttle; every ticket ends in exactly one `GroupDone` (accepted, rejec
 so no slot leaks; a heartbeat keeps the worker's leases alive and cancels groups the
 controller revoked. A prompt is used up only when its group settles, and a failed group's
 prompt is tried again (data_position.py): a restarted worker neither skips the prompts that were
-in flight nor repeats the finished ones.
+in flight nor repeats the finished ones (one killed before it saved a group finished sends that
+prompt again, and the trainer refuses it by its `prompt_key`).
 """
 from __future__ import annotations
 
@@ -181,6 +182,8 @@ class RolloutWorker:
             if longest > self.rc.max_prompt_tokens:   # it could not fit trainer.max_tokens_per_mb
                 raise RejectGroup(f"prompt of {longest} tokens is longer than rollout.max_prompt_tokens="
                                   f"{self.rc.max_prompt_tokens}")
+            for t in trajectories:   # one group per prompt is trained (trainer/buffer.py)
+                t.prompt_key = f"{self.rank}:{index}"
             # The prompt is used up once the trainer holds the whole group (its receipts).
             await self.sink.send_group(trajectories, on_receipted=lambda: self.data.settle(index))
             status = "accepted"

@@ -1,7 +1,10 @@
 """The replay buffer on trainer rank 0: trajectories in, whole groups out, oldest first, once.
 
 Samples of a group arrive one by one from many workers, in any order, possibly duplicated (a
-worker retried a push) or after the group was already trained (a slow worker). A group is
+worker retried a push) or after the group was already trained (a slow worker). A prompt can also
+come back as a new group: a worker killed after the trainer receipted a group, but before it
+saved that, issues the prompt again (rollout/data_position.py); the buffer trains one group per
+prompt (`prompt_key`) and refuses the other, so the prompt is trained once and its slot given back. A group is
 usable only once all its n samples are here, since the group baseline needs all of them. The
 step takes the complete groups with the oldest `admit_version` (ties: the group that completed
 first), which keeps staleness bounded exactly as the controller's admission rule assumes.
@@ -31,6 +34,10 @@ class Group:
     # Completion order: the sequence number of the arrival that completed the group.
     arrival: int
     samples: list[Trajectory]
+
+    @property
+    def prompt_key(self) -> str | None:
+        return self.samples[0].prompt_key
 
     def min_output_version(self) -> int:
         mins = [int(t.output_versions.min()) for t in self.samples if len(t.output_versions)]
@@ -84,6 +91,7 @@ class ReplayBuffer:
         self._ready: list[tuple[int, int, str]] = []  # heap of (admit_version, arrival, group_id)
         self._groups: dict[str, Group] = {}
         self._consumed: set[str] = set()    # trained, dropped or refused: never again
+        self._prompts: dict[str, str] = {}   # prompt key -> the complete group that has it
         self.refused: dict[str, str] = {}   # group id -> why, until the trainer reports them
         self._arrivals = 0
         self.counters: Counter[str] = Counter()
@@ -104,10 +112,11 @@ class ReplayBuffer:
         samples = self._partial.setdefault(gid, {})
         first = next(iter(samples.values()), None)
         problem = validate(t)
-        if problem is None and first is not None and (first.group_size != t.group_size
-                                                      or first.admit_version != t.admit_version):
-            problem = (f"group_size/admit_version differ from its group's ({t.group_size}/{t.admit_version} "
-                       f"vs {first.group_size}/{first.admit_version})")
+        if problem is None and first is not None and (first.group_size, first.admit_version, first.prompt_key) \
+                != (t.group_size, t.admit_version, t.prompt_key):
+            problem = (f"group_size/admit_version/prompt_key differ from its group's ({t.group_size}/"
+                       f"{t.admit_version}/{t.prompt_key} vs {first.group_size}/{first.admit_version}/"
+                       f"{first.prompt_key})")
         if problem:
             self._refuse(gid, t.sample_idx, problem)
             return False
@@ -118,17 +127,24 @@ class ReplayBuffer:
         self._arrivals += 1
         self.counters["received"] += 1
         if len(samples) == t.group_size:
+            owner = self._prompts.get(t.prompt_key) if t.prompt_key is not None else None
+            if owner is not None:   # checked when complete: a partial group may never be
+                self._refuse(gid, t.sample_idx, f"duplicate: prompt {t.prompt_key} is group {owner}'s",
+                             counter="refused_duplicate")
+                return False
+            if t.prompt_key is not None:
+                self._prompts[t.prompt_key] = gid
             del self._partial[gid]
             group = Group(gid, t.admit_version, self._arrivals, [samples[i] for i in range(t.group_size)])
             self._groups[gid] = group
             heapq.heappush(self._ready, (group.admit_version, group.arrival, gid))
         return True
 
-    def _refuse(self, gid: str, sample_idx: int, problem: str) -> None:
+    def _refuse(self, gid: str, sample_idx: int, problem: str, counter: str = "rejected_invalid") -> None:
         self._partial.pop(gid, None)
         self._consumed.add(gid)
         self.refused[gid] = problem
-        self.counters["rejected_invalid"] += 1
+        self.counters[counter] += 1
         self.counters["refused_groups"] += 1
         log.warning("refused trajectory %s/%s and its group: %s", gid, sample_idx, problem)
 
@@ -139,6 +155,7 @@ class ReplayBuffer:
         future = {gid for gid, g in self._groups.items() if g.admit_version > version}
         future |= {gid for gid, samples in self._partial.items()
                    if next(iter(samples.values())).admit_version > version}
+        self._prompts = {key: gid for key, gid in self._prompts.items() if gid not in future}
         for gid in future:
             self._groups.pop(gid, None)
             self._partial.pop(gid, None)
@@ -219,7 +236,8 @@ class ReplayBuffer:
                   "samples": [encode(t) for t in g.samples]} for g in self._groups.values()]
         partial = [encode(t) for samples in self._partial.values() for t in samples.values()]
         return {"ready": ready, "partial": partial, "consumed": sorted(self._consumed),
-                "refused": dict(self.refused), "arrivals": self._arrivals, "counters": dict(self.counters)}
+                "refused": dict(self.refused), "prompts": dict(self._prompts), "arrivals": self._arrivals,
+                "counters": dict(self.counters)}
 
     def load_state_dict(self, state: dict) -> None:
         self.__init__()
@@ -233,6 +251,7 @@ class ReplayBuffer:
             self._partial.setdefault(t.group_id, {})[t.sample_idx] = t
         self._consumed = set(state["consumed"])
         self.refused = dict(state.get("refused", {}))
+        self._prompts = dict(state.get("prompts", {}))
         self._arrivals = int(state["arrivals"])
         self.counters = Counter(state["counters"])
 

@@ -6,7 +6,9 @@ answer (it comes back on the same port and re-announces itself in
 `<exp>/services/controller.json`): the client watches the announcement while it waits and sends
 the request again to the new process (a weight announcement lost with the old one would
 otherwise hold the trainer for `ack_timeout_s`); an unreachable controller is retried until the
-deadline. A refusal (an error reply) is
+deadline, or until the trainer is told to stop (a dead controller must not hold its last
+checkpoint for `ack_timeout_s`: a slot released too late is set right by the resume). A refusal
+(an error reply) is
 final: retrying would get the same answer, so it is logged and the trainer carries on.
 """
 from __future__ import annotations
@@ -42,7 +44,8 @@ class ControllerLink:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while (left := deadline - time.monotonic()) > 0:
             try:
-                return self._connect(timeout_s=min(left, 30.0)).request(body, timeout_s=left)
+                return self._connect(timeout_s=min(left, 30.0)).request(
+                    body, timeout_s=left, stop=lambda: self.shutdown.requested)
             except RemoteError as e:
                 log.error("%s refused by the controller: %s", what, e)
                 return None

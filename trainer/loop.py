@@ -213,6 +213,7 @@ class Trainer:
         self.token_staleness.update(self._step_token_staleness)
         # Which groups this step trained and dropped: `tandem audit` follows every group by id.
         self._step_ids = {"group_ids": [g.group_id for g in result.groups], "dropped_ids": self._step_dropped,
+                          "prompt_keys": [g.prompt_key for g in result.groups],
                           # groups rejected by their workflow (dynamic sampling) since the last step
                           "dynamic_filtered_groups": self._rejected_since_last_step(),
                           # answers the reward scored wrong for hedging, or stopped at a limit

@@ -32,6 +32,11 @@ class Trajectory:
     # episode's reward is the only one. The trainer may credit each turn with its own
     # (trainer.turn_credit).
     turn_rewards: np.ndarray | None = None
+    # "<worker rank>:<prompt index>": the prompt's place in its worker's data. A worker issues a
+    # prompt again only when its group did not settle, so a second group with the same key is
+    # the same prompt sent again (its worker died before the receipts were saved): the trainer
+    # trains one group per key (trainer/buffer.py). Absent = no such check.
+    prompt_key: str | None = None
 
 
 @message("trajectory_receipt")

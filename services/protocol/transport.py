@@ -376,7 +376,9 @@ class SyncRequestClient:
     RequestClient does: while a request waits, it looks at the announcement every `WATCH_S` and,
     when the service moved or restarted, reconnects and sends the same request again — a request
     lost with the old process would otherwise wait out its whole timeout (the trainer's weight
-    announcement: `trainer.ack_timeout_s`). A live service never sees it twice."""
+    announcement: `trainer.ack_timeout_s`). A live service never sees it twice. With `stop`, a
+    request is abandoned (TimeoutError) once `stop()` says so: a stopping trainer does not wait
+    out a dead controller's timeout."""
 
     WATCH_S = 0.5
 
@@ -411,13 +413,16 @@ class SyncRequestClient:
         self.address, self._incarnation = address, incarnation
         return moved
 
-    def request(self, body: Any, timeout_s: float | None = None) -> Any:
+    def request(self, body: Any, timeout_s: float | None = None, stop: Callable[[], bool] | None = None) -> Any:
         req_id = next(self._ids)
         payload = encode(body, req_id)
         self.sock.send(payload)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(min(left, self.WATCH_S) * 1000) + 1):
+                if stop is not None and stop():
+                    self._connect()   # as after a timeout: a late reply must not answer the next
+                    raise TimeoutError(f"{type(body).__name__} to {self.address}: abandoned, stopping")
                 if self.resolve is not None and self._changed():
                     log.info("service restarted or moved to %s; sending %s again", self.address,
                              type(body).__name__)

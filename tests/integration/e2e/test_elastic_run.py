@@ -154,6 +154,6 @@ def test_a_run_moves_a_server_to_training_and_back_and_loses_nothing(tmp_path, t
     # Nothing lost, nothing trained twice.
     result = audit(exp)
     assert result.steps == STEPS and result.trained == STEPS * cfg.trainer.groups_per_step
-    assert result.lost == [] and result.trained_twice == [] and result.returned_but_trained == 0, result.as_dict()
+    assert result.lost == [] and result.trained_twice == [] and result.prompts_trained_twice == [], result.as_dict()
     assert json.loads((exp.root / "summary.json").read_text())["steps"] == STEPS
     assert leftovers(exp) == []

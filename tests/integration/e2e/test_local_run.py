@@ -53,6 +53,11 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     assert cal.publish_s > 0 and cal.load_s > 0 and cal.checkpoint_s > 0 and cal.train_world == 1
     assert cal.samples["gen windows"] >= 1 and cal.samples["trainer steps"] == 4
     assert all(len(g["output_tokens"]) == 2 and g["prompt_tokens"] > 0 for g in groups)
+    # Each trained group carries its prompt's key (its worker's rank, the prompt's place in that
+    # worker's data), by which the trainer trains a prompt once.
+    keys = {g["group_id"]: f"{g['rank']}:{g['prompt_index']}" for g in groups}
+    trained_keys = [(keys[gid], key) for r in trained for gid, key in zip(r["group_ids"], r["prompt_keys"], strict=True)]
+    assert len(trained_keys) == 4 * 2 and all(a == b for a, b in trained_keys), trained_keys
     assert (exp.weights / "v4").is_dir()
     assert (exp.report / "report.png").stat().st_size > 10_000 and (exp.report / "report.html").exists()
     if eta:   # rollout worker 0 scored the held-out problems during the run, as versions passed

@@ -39,7 +39,7 @@ def _faulty_run(tmp_path) -> ExpDir:
 def test_every_group_delivered_is_accounted_for_and_the_rest_is_named(tmp_path):
     result = audit(_faulty_run(tmp_path))
     assert result.steps == 3 and result.trained == 4 and result.dropped == 1
-    assert result.returned == 1 and result.returned_but_trained == 0
+    assert result.returned == 1 and result.prompts_trained_twice == []
     assert result.lost == ["g"]                 # delivered, and never trained, dropped, held or returned
     assert result.trained_twice == ["a"]
     assert result.prompts_skipped == 1
@@ -79,3 +79,24 @@ def test_a_prompt_delivered_again_marks_its_earlier_group_returned(tmp_path):
     trainer.log(event="exit", version=1, held_ids=[])
     result = audit(exp)
     assert result.returned == 1 and result.lost == ["z"] and result.trained == 3
+
+
+def test_a_prompt_sent_again_after_its_receipts_were_lost(tmp_path):
+    """The worker was killed after the trainer receipted group x but before it saved that: its
+    restart sends prompt 5 again as y. The trainer refused y by its prompt key (dropped), so x
+    was not returned and the prompt trained once; had it trained y too, the audit says so."""
+    exp = ExpDir(tmp_path / "exp")
+    worker, trainer = MetricsWriter(exp, "rollout", 0), MetricsWriter(exp, "trainer")
+    worker.log(event="group", group_id="x", prompt_index=5)
+    trainer.log(event="step", step=1, group_ids=["x"], prompt_keys=["0:5"], dropped_ids=[])
+    worker.log(event="group", group_id="y", prompt_index=5)
+    worker.log(event="group", group_id="z", prompt_index=6)
+    trainer.log(event="step", step=2, group_ids=["z"], prompt_keys=["0:6"], dropped_ids=["y"])
+    trainer.log(event="exit", version=2, held_ids=[])
+    result = audit(exp)
+    assert (result.returned, result.dropped, result.lost, result.prompts_trained_twice) == (0, 1, [], [])
+
+    trainer.log(event="step", step=3, group_ids=["y"], prompt_keys=["0:5"], dropped_ids=[])
+    result = audit(exp)
+    assert result.prompts_trained_twice == ["0:5"] and result.trained_twice == []
+    assert result.returned == 0 and result.as_dict()["prompts_trained_twice"] == 1

@@ -23,7 +23,7 @@ def _trajectory(prompt_len: int) -> Trajectory:
 
 def _run(prompt_len: int, limit: int):
     w = RolloutWorker.__new__(RolloutWorker)
-    w.rc = SimpleNamespace(max_prompt_tokens=limit)
+    w.rc, w.rank = SimpleNamespace(max_prompt_tokens=limit), 3
     sent, reports, settled = [], [], []
 
     async def workflow(ctx, prompt, ticket):
@@ -55,3 +55,4 @@ def test_a_prompt_longer_than_the_limit_is_rejected_not_sent():
 def test_a_prompt_at_the_limit_is_sent():
     sent, reports, _, counts = _run(prompt_len=8, limit=8)
     assert len(sent) == 1 and counts == {"accepted": 1} and reports[0].status == "accepted"
+    assert [t.prompt_key for t in sent[0]] == ["3:7"]   # worker 3's prompt 7: trained once

@@ -155,3 +155,48 @@ def test_a_resume_discards_groups_admitted_past_its_checkpoint(traj):
     assert buf.peek_order() == ["old"] and buf.n_partial == 0
     assert not buf.add(traj("half-future", 1, group_size=2, admit_version=5))
     assert buf.counters["discarded_future"] == 2
+
+
+def _keyed(traj, gid, k, key, n=2, v=0):
+    t = traj(gid, k, group_size=n, admit_version=v)
+    t.prompt_key = key
+    return t
+
+
+def test_one_group_per_prompt_the_second_is_refused_and_gives_its_slot_back(traj):
+    """A worker killed after the trainer receipted group x, before it saved that, sends the
+    prompt again as group y (rollout/data_position.py): the prompt trains once. Decided when a
+    group completes: an earlier partial group (its worker died mid-push) never blocks a later
+    whole one. Trajectories without a key are never compared; the keys survive a checkpoint and
+    a resume's discard of groups past it frees theirs."""
+    buf = ReplayBuffer()
+    assert buf.add(_keyed(traj, "half", 0, "0:1"))            # its worker died mid-push
+    for k in range(2):
+        buf.add(_keyed(traj, "x", k, "0:1"))
+    assert buf.peek_order() == ["x"]
+    assert buf.add(_keyed(traj, "y", 0, "0:1")) and not buf.add(_keyed(traj, "y", 1, "0:1"))
+    assert not buf.add(_keyed(traj, "half", 1, "0:1"))        # completes after x: refused too
+    assert buf.take_refused() == {"y": "duplicate: prompt 0:1 is group x's",
+                                  "half": "duplicate: prompt 0:1 is group x's"}
+    assert buf.counters["refused_duplicate"] == 2 and buf.n_partial == 0
+    assert [g.prompt_key for g in buf.take(1, 0, 4).groups] == ["0:1"]
+    fill(buf, traj, [("plain", 0, 2), ("plain-again", 0, 2)])  # no key: nothing to compare
+    assert buf.peek_order() == ["plain", "plain-again"]
+
+    restored = ReplayBuffer()
+    restored.load_state_dict(buf.state_dict())
+    for k in range(2):
+        restored.add(_keyed(traj, "z", k, "0:1"))               # after the restart, still refused
+        restored.add(_keyed(traj, "future", k, "0:2", v=5))
+    assert list(restored.take_refused()) == ["z"] and "future" in restored.peek_order()
+    assert restored.discard_future(version=2) == 1
+    for k in range(2):
+        restored.add(_keyed(traj, "again", k, "0:2"))           # its prompt was never trained
+    assert "again" in restored.peek_order()
+
+
+def test_a_group_whose_samples_disagree_on_their_prompt_is_refused(traj):
+    buf = ReplayBuffer()
+    assert buf.add(_keyed(traj, "a", 0, "0:1"))
+    assert not buf.add(_keyed(traj, "a", 1, "0:2"))
+    assert "prompt_key" in buf.take_refused()["a"]
