@@ -171,10 +171,12 @@ class TorchBackend(TrainBackend):
             self.chunk_fn = compiled.compiled_chunk_fn()
         o = cfg.optim
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        # fused on a GPU: one kernel over all the tensors instead of foreach's several passes
-        # (read and write of weights, gradients and both moments: a few ms of a 0.5B step).
+        # Fused: one kernel over all the tensors instead of foreach's several passes (read and
+        # write of weights, gradients and both moments: a few ms of a 0.5B step on a GPU). On the
+        # CPU too, so the CPU tiers run the optimizer a GPU runs, with its rules (one device, and
+        # floating-point parameters only).
         self.optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                           weight_decay=o.weight_decay, fused=self.device.type == "cuda" or None)
+                                           weight_decay=o.weight_decay, fused=True)
         total = decay_updates(cfg)   # warm-up, then constant, linear or cosine (lr_schedule.py)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: lr_factor(o, k, total))
 
