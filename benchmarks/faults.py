@@ -7,8 +7,8 @@ launch (the trainer's death, Ctrl-C) is followed by `--resume`, as a user would.
 table gives the recovery time — from the fault to the first trained step holding a group
 delivered after it, i.e. generation, grading, delivery and training all flowing again — the
 longest gap between steps, and the accounting of `launcher/audit.py` over the whole run: groups
-lost, trained twice, returned (pushed but never receipted, so generated again), prompts skipped,
-stale drops. A last row checks that a non-finite setting is refused before anything starts.
+lost, trained twice (and prompts trained twice), returned (pushed but never receipted, so generated
+again), prompts skipped, stale drops. A last row checks that a non-finite setting is refused before anything starts.
 `tests/integration/test_faults.py` asserts the same; this measures it (faults.json; see benchmarks/common.py for where).
 """
 from __future__ import annotations
@@ -190,18 +190,20 @@ def main(quick: bool = False) -> None:
             results[kind] = {**a, "exits": run["exits"], "recovery_s": fault["recovery_s"],
                              "max_gap_after_s": fault["max_step_gap_s"], "wall_s": round(time.time() - t0, 1)}
             rows.append([kind, " ".join(map(str, run["exits"])), fault["recovery_s"], fault["max_step_gap_s"],
-                         a["lost"], a["trained_twice"], a["returned"], a["prompts_skipped"], a["dropped"], a["steps"]])
+                         a["lost"], a["trained_twice"], a["prompts_trained_twice"], a["returned"], a["prompts_skipped"],
+                         a["dropped"], a["steps"]])
         nan_exit, nan_named = nan_setting_refused(workdir, model)
-    rows.append(["rollout.temperature=nan", nan_exit, None, None, None, None, None, None, None, 0])
+    rows.append(["rollout.temperature=nan", nan_exit, None, None, None, None, None, None, None, None, 0])
     print_table(f"One fault per run at step 5 of {total_steps} (tiny model, local backend; "
                 "SIGKILL unless said otherwise)",
                 ["fault", "exit codes", "recovery s", "max step gap s", "groups lost", "trained twice",
-                 "returned", "prompts skipped", "stale drops", "steps"], rows)
+                 "prompts trained twice", "returned", "prompts skipped", "stale drops", "steps"], rows)
     if not quick:
         write_results("faults", {
             "runs": results,
             "groups_lost_total": sum(r["lost"] for r in results.values()),
             "trained_twice_total": sum(r["trained_twice"] for r in results.values()),
+            "prompts_trained_twice_total": sum(r["prompts_trained_twice"] for r in results.values()),
             "prompts_skipped_total": sum(r["prompts_skipped"] for r in results.values()),
             "max_stall_s": max(r["max_gap_after_s"] for r in results.values()),
             "max_recovery_s": max((r["recovery_s"] or 0) for r in results.values()),

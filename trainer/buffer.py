@@ -4,7 +4,7 @@ Samples of a group arrive one by one from many workers, in any order, possibly d
 worker retried a push) or after the group was already trained (a slow worker). A prompt can also
 come back as a new group: a worker killed after the trainer receipted a group, but before it
 saved that, issues the prompt again (rollout/data_position.py); the buffer trains one group per
-prompt (`prompt_key`) and refuses the other, so the prompt is trained once and its slot given back. A group is
+prompt (`prompt_key`) and refuses the other, whose slot is given back. A group is
 usable only once all its n samples are here, since the group baseline needs all of them. The
 step takes the complete groups with the oldest `admit_version` (ties: the group that completed
 first), which keeps staleness bounded exactly as the controller's admission rule assumes.
