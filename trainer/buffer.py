@@ -55,6 +55,8 @@ class TakeResult:
 
 def validate(t: Trajectory) -> str | None:
     """Why a trajectory cannot be trained on, or None when it can."""
+    if t.prompt_key is not None and "\n" in t.prompt_key:
+        return "prompt_key must be one line"
     if t.group_size < 1:
         return f"group_size {t.group_size} < 1"
     if not (0 <= t.sample_idx < t.group_size):
@@ -104,6 +106,10 @@ class ReplayBuffer:
         already here are discarded, later ones are refused, and the group id waits in
         `refused` for the trainer to give its admission slot back to the controller."""
         gid = t.group_id
+        if not gid or "\n" in gid:   # no admission ticket is named so, so no slot to give back
+            self.counters["rejected_invalid"] += 1
+            log.warning("refused trajectory with group id %r: not one non-empty line", gid[:100])
+            return False
         if gid in self._consumed or gid in self._groups:
             self.counters["rejected_late_duplicate"] += 1
             log.warning("refused trajectory %s/%s: group already complete, trained or refused", gid,
@@ -231,12 +237,16 @@ class ReplayBuffer:
 
     # ---- persistence --------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Plain Python/bytes only (safe for `torch.save(weights_only=True)` and msgpack)."""
+        """Plain Python/bytes only (safe for `torch.save(weights_only=True)` and msgpack). What
+        grows with the run (every group id consumed, every prompt key) is kept as one string of
+        lines: a million ids as a list took 2.9 s to load with `weights_only` and the prompt keys
+        as a dict 6.3 s more; as strings, 0.2 s together (and faster to save)."""
         ready = [{"group_id": g.group_id, "admit_version": g.admit_version, "arrival": g.arrival,
                   "samples": [encode(t) for t in g.samples]} for g in self._groups.values()]
         partial = [encode(t) for samples in self._partial.values() for t in samples.values()]
-        return {"ready": ready, "partial": partial, "consumed": sorted(self._consumed),
-                "refused": dict(self.refused), "prompts": dict(self._prompts), "arrivals": self._arrivals,
+        return {"ready": ready, "partial": partial, "consumed": "\n".join(self._consumed),
+                "refused": dict(self.refused), "prompt_keys": "\n".join(self._prompts),
+                "prompt_groups": "\n".join(self._prompts.values()), "arrivals": self._arrivals,
                 "counters": dict(self.counters)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -249,11 +259,19 @@ class ReplayBuffer:
         for b in state["partial"]:
             t = _decode_trajectory(b)
             self._partial.setdefault(t.group_id, {})[t.sample_idx] = t
-        self._consumed = set(state["consumed"])
+        self._consumed = set(_lines(state["consumed"]))
         self.refused = dict(state.get("refused", {}))
-        self._prompts = dict(state.get("prompts", {}))
+        self._prompts = dict(zip(_lines(state.get("prompt_keys", "")), _lines(state.get("prompt_groups", "")),
+                                 strict=True))
         self._arrivals = int(state["arrivals"])
         self.counters = Counter(state["counters"])
+
+
+def _lines(value: str | list[str]) -> list[str]:
+    """A state_dict string of lines back as a list (checkpoints before it held lists)."""
+    if isinstance(value, list):
+        return value
+    return value.split("\n") if value else []
 
 
 def _decode_trajectory(frame: bytes) -> Trajectory:

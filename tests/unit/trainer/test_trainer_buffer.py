@@ -200,3 +200,22 @@ def test_a_group_whose_samples_disagree_on_their_prompt_is_refused(traj):
     assert buf.add(_keyed(traj, "a", 0, "0:1"))
     assert not buf.add(_keyed(traj, "a", 1, "0:2"))
     assert "prompt_key" in buf.take_refused()["a"]
+
+
+def test_group_ids_are_single_lines_and_older_checkpoints_still_load(traj):
+    """The ids and prompt keys a buffer remembers are saved as strings of lines (a million of
+    them load in a fraction of a second, not seconds), so an id with a line break is refused;
+    checkpoints written before keep their lists and no prompt keys."""
+    buf = ReplayBuffer()
+    assert not buf.add(traj("a\nb", 0, group_size=1))
+    assert not buf.add(_keyed(traj, "c", 0, "0:1\n", n=1))
+    fill(buf, traj, [("d", 0, 1)])
+    buf.take(1, 0, 4)
+    state = buf.state_dict()
+    assert isinstance(state["consumed"], str)
+    assert buf.n_consumed == 2 and buf.counters["rejected_invalid"] == 2   # "a\nb" holds no slot
+    old = {**state, "consumed": ["c", "d"]}
+    del old["prompt_keys"], old["prompt_groups"]
+    restored = ReplayBuffer()
+    restored.load_state_dict(old)
+    assert restored.n_consumed == 2 and not restored.add(traj("d", 0, group_size=1))
