@@ -85,6 +85,9 @@ class ControllerLink:
             out.update({f"ack_{k}": v for k, v in ack.timings.items()})
         elif isinstance(ack, Ok):
             out["ack_ok"] = True
+        elif self.shutdown.requested:
+            log.warning("weights v%d: stopping without the controller's ack", ready.version)
+            out["ack_ok"] = False
         else:
             log.error("weights v%d: no ack from the controller (refused, or nothing within %.0fs); "
                       "continuing", ready.version, self.timeout_s)

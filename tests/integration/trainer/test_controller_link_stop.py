@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from services.protocol import GroupsDropped, Shutdown, free_port, publish_service
+from services.protocol import GroupsDropped, Shutdown, WeightsOnDisk, free_port, publish_service
 from trainer.controller_link import ControllerLink
 
 
@@ -26,3 +26,16 @@ def test_a_request_to_a_dead_controller_ends_when_the_trainer_is_told_to_stop(ex
     link.close()
     assert reply is None
     assert 1.0 <= waited < 10.0, waited     # the stop, not the 600 s ack timeout
+
+
+def test_a_weight_announcement_to_a_dead_controller_is_abandoned_when_stopping(exp, keys, caplog):
+    """The step's publish during a stop: no ack, said as a stop, not as ten minutes of silence."""
+    publish_service(exp, "controller", {"address": f"tcp://127.0.0.1:{free_port()}"})
+    shutdown = Shutdown()
+    shutdown.event.set()
+    link = ControllerLink(exp, keys, shutdown, timeout_s=600.0)
+    t0 = time.monotonic()
+    out = link.weights_ready(WeightsOnDisk(version=3, path="/nowhere"))
+    link.close()
+    assert out["ack_ok"] is False and time.monotonic() - t0 < 10.0
+    assert "weights v3: stopping without the controller's ack" in caplog.text
