@@ -27,15 +27,18 @@ def test_a_prompt_sent_again_after_its_receipts_were_lost_is_refused(tmp_path, t
     position = json.loads(saved.read_text())["position"]
     back = max(0, position - 6)
     saved.write_text(json.dumps({"position": back, "settled_ahead": [], "skipped": 0}))
-    resumed_at = steps(exp)[-1]["time"]
-
     out = finish(tandem("run", cfg, "--resume", "trainer.total_steps=7"))
     assert "step 7/7" in out, out[-3000:]
+    # (not the last step's time: the first launch's worker delivers groups after it)
+    resumed_at = read_metrics(exp, "launcher", "resumed")[-1]["resumed_at"]
     again = [r["group_id"] for r in read_metrics(exp, "rollout", "group")
              if r["time"] > resumed_at and back <= r["prompt_index"] < position]
     assert again, "the resumed worker sent none of the six prompts again"
     dropped = {gid for r in read_metrics(exp, "trainer") for gid in r.get("dropped_ids", ())}
-    assert set(again) <= dropped          # refused, their slots given back
+    trained = {gid for r in steps(exp) for gid in r["group_ids"]}
+    assert not set(again) & trained, again
+    # refused, their slots given back (one still on the wire when the run ends is returned)
+    assert set(again) & dropped, (again, dropped)
     result = audit(exp)
     assert (result.prompts_trained_twice, result.trained_twice, result.lost) == ([], [], []), result.as_dict()
     assert leftovers(exp) == []
