@@ -71,12 +71,13 @@ def audit(exp: ExpDir) -> Audit:
     delivered_at = {r["group_id"]: r["time"] for r in rollout if r.get("event") == "group"}
     sent_again = {gid for r in rollout if r.get("event") == "unreceipted" for gid in r["group_ids"]}
     # what the trainer trained or holds was not returned, whatever its worker thought
-    returned = (sent_again | _delivered_again(rollout)) - set(trained) - held
+    kept = set(trained) | held
+    returned = (sent_again | _delivered_again(rollout)) - kept
     prompts = Counter(key for r in steps for key in r.get("prompt_keys", ()) if key is not None)
     out = Audit(delivered=len(delivered_at), trained=len(trained), dropped=len(dropped), held_at_end=len(held),
                 returned=len(returned), steps=len(steps), step_times=[r["time"] for r in steps],
                 delivered_at=delivered_at)
-    out.lost = sorted(set(delivered_at) - set(trained) - dropped - held - returned)
+    out.lost = sorted(set(delivered_at) - kept - dropped - returned)
     out.trained_twice = sorted(g for g, n in trained.items() if n > 1)
     out.prompts_trained_twice = sorted(k for k, n in prompts.items() if n > 1)
     for path in exp.checkpoints.glob("rollout-*.json"):

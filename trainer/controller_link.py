@@ -50,10 +50,11 @@ class ControllerLink:
                 log.error("%s refused by the controller: %s", what, e)
                 return None
             except (TimeoutError, OSError) as e:  # unreachable or restarting: look again, retry
-                log.warning("%s: %s; retrying", what, e)
                 self.close()
                 if self.shutdown.requested:
+                    log.warning("%s: %s; not retried, stopping", what, e)
                     return None
+                log.warning("%s: %s; retrying", what, e)
                 time.sleep(min(1.0, max(left, 0)))
         return None
 

@@ -192,7 +192,6 @@ class Trainer:
     def _collect(self) -> StepBatch | None:
         """Receive trajectories until B usable groups are ready (rank 0); None on shutdown."""
         t = self.tcfg
-        self._step_dropped = []
         while True:
             self._release_refused()
             result = self.buffer.take(t.groups_per_step, self.version, t.max_staleness, t.stale_policy)
