@@ -204,6 +204,8 @@ class RolloutWorker:
 
     def _record_group(self, ticket: Ticket, index: int, prompt: Prompt, trajectories, timing: dict) -> None:
         rewards = [t.reward for t in trajectories]
+        # the grading's latency (the simulator's `reward_s`, calibrated from these)
+        graded = [t.timings["grade_s"] for t in trajectories if "grade_s" in t.timings]
         # prompt_index: the prompt's place in this worker's data; issued again only when it did
         # not settle, so a later group with it says this one came back (launcher/audit.py)
         self.metrics.log(event="group", group_id=ticket.group_id, prompt_id=prompt.id, prompt_index=index,
@@ -215,7 +217,7 @@ class RolloutWorker:
                          prompt_tokens=len(trajectories[0].prompt_ids) if trajectories else 0,
                          # samples whose tokens came from more than one policy version
                          multi_version=sum(len(set(t.output_versions.tolist())) > 1 for t in trajectories),
-                         **timing)
+                         **({"grade_s": max(graded)} if graded else {}), **timing)
 
     async def _report(self, done: GroupDone) -> None:
         for attempt in range(5):

@@ -35,6 +35,10 @@ import numpy as np
 from launcher.config import ConfigError
 from launcher.simulate.costs import Costs, Layout
 
+# Windows whose prefill calls average within this factor of each other in tokens per call cannot
+# separate a per-call cost from a per-token one (_prefill_costs).
+SAME_LENGTH_SPREAD = 1.5
+
 
 def read_records(path: str | Path) -> list[dict]:
     p = Path(path)
@@ -111,10 +115,24 @@ def _decode_step_s(rec: dict) -> float | None:
     return n / tps if tps and n else None
 
 
-def _prefill_costs(recs: list[dict], marginal_decode: float, notes: list[str]) -> tuple[float, float]:
+def _prefill_costs(recs: list[dict], marginal_decode: float, one_pass: float,
+                   notes: list[str]) -> tuple[float, float]:
     """(seconds per prefill call, seconds per prefilled token) from the servers' windows."""
     rows = [(_num(r, "gen_prefill_s"), _num(r, "gen_prefills"), _num(r, "gen_prefill_tokens")) for r in recs]
     rows = [(s, c, t) for s, c, t in rows if s and c and t and s > 0]
+    per_call = [t / c for _, c, t in rows]
+    if rows and max(per_call) < SAME_LENGTH_SPREAD * min(per_call):
+        # Every call prefilled about as many tokens (a synchronous run prefills its prompts and
+        # nothing else): calls and tokens move together, so a fit splits the cost between them
+        # at random, and a re-prefill of prompt + output (retract, abort, interrupted requests)
+        # is priced from that accident. A call costs at least a forward pass's fixed part (one
+        # row of a decode step); the rest of the mean is priced per token.
+        calls, tokens = sum(c for _, c, _ in rows), sum(t for _, _, t in rows)
+        mean_call = sum(s for s, _, _ in rows) / calls
+        call = min(mean_call, one_pass)
+        notes.append(f"prefill calls all of about {tokens / calls:.0f} tokens: priced {1e3 * call:.2f} ms per call "
+                     f"(at most one forward pass) + the rest of their mean per token")
+        return call, (mean_call - call) * calls / tokens
     if len(rows) >= 3:
         secs = np.array([s for s, _, _ in rows])
         call, tok = _fit(np.array([[c, t] for _, c, t in rows]), secs)
@@ -162,6 +180,9 @@ class Calibration:
     # prices what the run never measured (launcher/simulate/fit_check.py).
     prompt_tokens: int | None = None
     output_lengths: str | None = None
+    # Median seconds from a group's last answer to its grades (the groups' `grade_s`): the
+    # simulator's `reward_s` unless the config sets one; None when the run did not log it.
+    grade_s: float | None = None
 
     def costs(self, layout: Layout, max_running: int, kv_capacity: float = math.inf) -> Costs:
         # Trainer compute scales with its GPU count; fixed costs do not.
@@ -204,6 +225,8 @@ def _provenance(source: str, decode_metrics: str, **counts: int) -> dict[str, st
         src("weight publish", "weight_publish_s", counts["publish"], "free"),
         src("server pause per update", "gen_paused_s or weight_load_s", counts["load"], "free"),
         src("checkpoint", "checkpoint_s", counts["checkpoint"], "free"),
+        src("grading latency (reward_s)", "grade_s of the rollout's group records", counts["grade"],
+            "simulate.reward_s"),
     ])
 
 
@@ -252,7 +275,7 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     world = int(worlds[-1]) if worlds else 1
     if not worlds:
         notes.append("no train_world_size: assuming the run trained on 1 rank")
-    prefill_call, prefill = _prefill_costs(recs, d1, notes)
+    prefill_call, prefill = _prefill_costs(recs, d1, d0 + d1, notes)
     pub = _values(recs, "weight_publish_s") or _values(recs, "weight_sync_s")
     load = _values(recs, "gen_paused_s") or _values(recs, "weight_load_s") or _values(recs, "weight_sync_s")
     if not pub or not load:
@@ -263,6 +286,7 @@ def calibrate(exp_dir: str | Path) -> Calibration:
     request_s = sum(s for s, _ in handled) / sum(n for _, n in handled) if handled else 0.0
     groups = [r for r in recs if r.get("event") == "group" and isinstance(r.get("output_tokens"), list)]
     prompts = [p for r in groups if (p := _num(r, "prompt_tokens"))]
+    grades = [g for r in groups if (g := _num(r, "grade_s")) is not None]
     placements = [r for r in recs if r.get("event") == "cpu_placement"]
     placement = placements[-1] if placements else None
     notes.append(placement_note(placement))
@@ -271,7 +295,7 @@ def calibrate(exp_dir: str | Path) -> Calibration:
                       "gen_decode_s/gen_steps/gen_running/gen_context_tokens")
     provenance = _provenance(str(exp_dir), decode_metrics, gen=len(gen), prefill=prefill_rows,
                              requests=len(handled), train=len(train), publish=len(pub), load=len(load),
-                             checkpoint=len(ckpt))
+                             checkpoint=len(ckpt), grade=len(grades))
     return Calibration(source=str(exp_dir), d0=float(d0), d1=float(d1), d2=float(d2), t0=float(t0),
                        t1=float(t1), train_world=world, prefill_per_token=float(prefill),
                        prefill_per_request=float(prefill_call),
@@ -283,4 +307,5 @@ def calibrate(exp_dir: str | Path) -> Calibration:
                                 "weight syncs": max(len(pub), len(load))},
                        notes=notes, provenance=provenance, placement=placement,
                        prompt_tokens=round(sum(prompts) / len(prompts)) if prompts else None,
-                       output_lengths=f"empirical:{exp_dir}" if any(r["output_tokens"] for r in groups) else None)
+                       output_lengths=f"empirical:{exp_dir}" if any(r["output_tokens"] for r in groups) else None,
+                       grade_s=float(np.median(grades)) if grades else None)

@@ -44,7 +44,7 @@ class SimulateConfig:
     # flushes the cache, so across an update it is prefilled in full. false = every chunk
     # prefills prompt + output in full (no prefix cache, e.g. --disable-radix-cache).
     chunk_prefix_cached: bool = True
-    # Seconds to grade one group (reward service latency).
+    # Seconds to grade one group (reward service latency); 0 with --calibrate: the run's median.
     reward_s: float = 0.0
     # Training steps measured per configuration (rates are averaged over them).
     steps: int = 6

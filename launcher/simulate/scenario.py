@@ -100,9 +100,14 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
     B, n = cfg.trainer.groups_per_step, cfg.rollout.n_samples
     max_new = cfg.rollout.max_new_tokens
     notes = []
+    reward_s = sim.reward_s
     if calibration is not None:
         costs = calibration.costs(layout, max_running=cfg.gen.max_running_requests)
         notes.append(f"costs calibrated from {calibration.source}")
+        if not reward_s and calibration.grade_s:
+            reward_s = calibration.grade_s
+            notes.append(f"grading takes {1e3 * reward_s:.0f} ms per group (the run's median; "
+                         f"simulate.reward_s sets another)")
     else:
         gpu = load_gpu(sim.hardware)
         model = load_model_shape(sim.model_size, cfg.experiment.model)
@@ -136,7 +141,7 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
                      interruptible=cfg.controller.interruptible,
                      resubmit_interrupted=resubmits_interrupted(cfg),
                      reprefill_interrupted=getattr(cfg.controller, "interrupt_mode", "abort") != "in_place",
-                     reward_s=sim.reward_s,
+                     reward_s=reward_s,
                      wait_for_ack=cfg.trainer.wait_for_ack, checkpoint_every=cfg.trainer.checkpoint_every,
                      coalesce_versions=coalesces_versions(cfg.controller.interruptible, cfg.trainer.weight_sync,
                                                           cfg.trainer.wait_for_ack),

@@ -246,7 +246,9 @@ class Engine:
     def _take_commands(self) -> None:
         with self._wake:
             busy = (self.running or self.waiting) and not self.paused
-            if not self._commands and not busy and not self._stop:
+            # Not asleep when an update waits for this idle moment: it runs now, not at the next
+            # wake (up to half a second later, on every drained non-interruptible update).
+            if not self._commands and not busy and self._pending_idle is None and not self._stop:
                 t0 = time.perf_counter()
                 self._wake.wait(timeout=0.5)
                 self.window.idle(time.perf_counter() - t0)

@@ -53,6 +53,8 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     assert cal.publish_s > 0 and cal.load_s > 0 and cal.checkpoint_s > 0 and cal.train_world == 1
     assert cal.samples["gen windows"] >= 1 and cal.samples["trainer steps"] == 4
     assert all(len(g["output_tokens"]) == 2 and g["prompt_tokens"] > 0 for g in groups)
+    # the grading latency the simulator takes as reward_s: within each episode's own time
+    assert all(0 < g["grade_s"] < g["seconds"] for g in groups) and 0 < cal.grade_s
     # Each trained group carries its prompt's key (its worker's rank, the prompt's place in that
     # worker's data), by which the trainer trains a prompt once.
     keys = {g["group_id"]: f"{g['rank']}:{g['prompt_index']}" for g in groups}

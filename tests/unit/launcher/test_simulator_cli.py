@@ -90,6 +90,28 @@ def test_calibration_from_server_windows_recovers_decode_prefill_and_request_cos
     assert (cal.load_s, cal.checkpoint_s) == (0.02, 0.1)
 
 
+@pytest.mark.parametrize("tokens_per_call, want_call", [(12, 0.003 + 5e-5 * 12), (500, 0.004 + 0.0002)])
+def test_prefills_of_one_length_are_priced_per_call_up_to_one_forward_pass(tmp_path, tokens_per_call, want_call):
+    """A synchronous run prefills only its prompts, all of about one length: calls and tokens move
+    together and no fit can split them (the split it made at random priced a 96-token re-prefill
+    about 8x what it costs). The calibration keeps each call's mean cost, priced per call up to one
+    forward pass's fixed part (a decode step's first row), the rest per token."""
+    recs = []
+    for n, steps, calls in [(8, 100, 10), (32, 80, 30), (64, 50, 5), (100, 60, 40)]:
+        decode = steps * (0.004 + 0.0002 * n)
+        recs.append({"role": "gen", "event": "gen_window", "window_s": 5.0, "gen_decode_s": decode,
+                     "gen_steps": steps, "gen_running": n, "gen_context_tokens": 0,
+                     "gen_prefill_s": calls * (0.003 + 5e-5 * tokens_per_call), "gen_prefills": calls,
+                     "gen_prefill_tokens": calls * tokens_per_call})
+    recs.append({"role": "trainer", "train_tokens": 5000, "train_step_s": 1.0})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    cal = calibrate(tmp_path)
+    mean_call = 0.003 + 5e-5 * tokens_per_call
+    assert cal.prefill_per_request == pytest.approx(want_call, rel=1e-6)
+    assert cal.prefill_per_request + cal.prefill_per_token * tokens_per_call == pytest.approx(mean_call, rel=1e-6)
+    assert any(f"all of about {tokens_per_call} tokens" in n for n in cal.notes)
+
+
 def test_calibrated_simulation_uses_the_fitted_costs(small, tmp_path, capsys):
     _synthetic_metrics(tmp_path / "metrics.jsonl")
     cfg = load_config(small)
@@ -101,6 +123,22 @@ def test_calibrated_simulation_uses_the_fitted_costs(small, tmp_path, capsys):
     assert r.steps_per_hour > 0
     assert main(["simulate", str(small), "--calibrate", str(tmp_path)]) == 0
     assert "calibrated from" in capsys.readouterr().out
+
+
+def test_the_runs_grading_latency_is_simulated_unless_the_config_sets_one(small, tmp_path):
+    _synthetic_metrics(tmp_path / "metrics.jsonl")
+    assert calibrate(tmp_path).grade_s is None   # not logged: simulate.reward_s (0) as before
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + "\n" + "".join(   # the median, not the mean a straggler pulls up
+        json.dumps({"role": "rollout", "event": "group", "output_tokens": [300, 400], "grade_s": grade}) + "\n"
+        for grade in (0.03, 0.05, 0.9)))
+    fit = calibrate(tmp_path)
+    assert fit.grade_s == pytest.approx(0.05)
+    assert "grade_s" in fit.provenance["grading latency (reward_s)"]
+    measured, _ = simulate(load_config(small), fit)
+    assert measured.setup.reward_s == pytest.approx(0.05) and any("50 ms per group" in n for n in measured.notes)
+    chosen, _ = simulate(load_config(small, ["simulate.reward_s=2.0"]), fit)
+    assert chosen.setup.reward_s == 2.0
 
 
 def test_embedded_servers_are_simulated_only_from_a_calibration(small, tmp_path, capsys):
