@@ -125,14 +125,17 @@ def _prefill_costs(recs: list[dict], marginal_decode: float, one_pass: float,
         # Every call prefilled about as many tokens (a synchronous run prefills its prompts and
         # nothing else): calls and tokens move together, so a fit splits the cost between them
         # at random, and a re-prefill of prompt + output (retract, abort, interrupted requests)
-        # is priced from that accident. A call costs at least a forward pass's fixed part (one
-        # row of a decode step); the rest of the mean is priced per token.
+        # is priced from that accident. A call costs up to a forward pass's fixed part (one row
+        # of a decode step), a token at most what one more row of a decode step costs (the
+        # decode fit's d0 moves between runs; this bound keeps a long re-prefill from following
+        # it), and a call of the run's length what it measured.
         calls, tokens = sum(c for _, c, _ in rows), sum(t for _, _, t in rows)
         mean_call = sum(s for s, _, _ in rows) / calls
-        call = min(mean_call, one_pass)
+        per_token = min((mean_call - min(mean_call, one_pass)) * calls / tokens, marginal_decode)
+        call = mean_call - per_token * tokens / calls
         notes.append(f"prefill calls all of about {tokens / calls:.0f} tokens: priced {1e3 * call:.2f} ms per call "
-                     f"(at most one forward pass) + the rest of their mean per token")
-        return call, (mean_call - call) * calls / tokens
+                     f"+ {1e6 * per_token:.1f} us per token (the split cannot be fitted)")
+        return call, per_token
     if len(rows) >= 3:
         secs = np.array([s for s, _, _ in rows])
         call, tok = _fit(np.array([[c, t] for _, c, t in rows]), secs)

@@ -90,24 +90,29 @@ def test_calibration_from_server_windows_recovers_decode_prefill_and_request_cos
     assert (cal.load_s, cal.checkpoint_s) == (0.02, 0.1)
 
 
-@pytest.mark.parametrize("tokens_per_call, want_call", [(12, 0.003 + 5e-5 * 12), (500, 0.004 + 0.0002)])
-def test_prefills_of_one_length_are_priced_per_call_up_to_one_forward_pass(tmp_path, tokens_per_call, want_call):
+@pytest.mark.parametrize("tokens_per_call, per_token, want_token", [
+    (12, 5e-5, 0.0),                             # a call cheaper than a forward pass: all per call
+    (500, 5e-5, (0.003 + 5e-5 * 500 - 0.0042) / 500),  # one forward pass per call, the rest per token
+    (12, 5e-4, 0.0002)])                         # a token no dearer than a decode row (d1)
+def test_prefills_of_one_length_are_priced_per_call_up_to_one_forward_pass(tmp_path, tokens_per_call, per_token,
+                                                                           want_token):
     """A synchronous run prefills only its prompts, all of about one length: calls and tokens move
     together and no fit can split them (the split it made at random priced a 96-token re-prefill
     about 8x what it costs). The calibration keeps each call's mean cost, priced per call up to one
-    forward pass's fixed part (a decode step's first row), the rest per token."""
+    forward pass's fixed part (a decode step's first row: d0 + d1 = 0.0042 s here), the rest per
+    token, but a token at most a decode row's cost (d1 = 0.0002 s)."""
     recs = []
     for n, steps, calls in [(8, 100, 10), (32, 80, 30), (64, 50, 5), (100, 60, 40)]:
         decode = steps * (0.004 + 0.0002 * n)
         recs.append({"role": "gen", "event": "gen_window", "window_s": 5.0, "gen_decode_s": decode,
                      "gen_steps": steps, "gen_running": n, "gen_context_tokens": 0,
-                     "gen_prefill_s": calls * (0.003 + 5e-5 * tokens_per_call), "gen_prefills": calls,
+                     "gen_prefill_s": calls * (0.003 + per_token * tokens_per_call), "gen_prefills": calls,
                      "gen_prefill_tokens": calls * tokens_per_call})
     recs.append({"role": "trainer", "train_tokens": 5000, "train_step_s": 1.0})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     cal = calibrate(tmp_path)
-    mean_call = 0.003 + 5e-5 * tokens_per_call
-    assert cal.prefill_per_request == pytest.approx(want_call, rel=1e-6)
+    assert cal.prefill_per_token == pytest.approx(want_token, rel=1e-6, abs=1e-12)
+    mean_call = 0.003 + per_token * tokens_per_call   # what the run measured, kept
     assert cal.prefill_per_request + cal.prefill_per_token * tokens_per_call == pytest.approx(mean_call, rel=1e-6)
     assert any(f"all of about {tokens_per_call} tokens" in n for n in cal.notes)
 
