@@ -92,8 +92,9 @@ def overrides_for(name: str, quick: bool) -> list[str]:
 
 def run_variant(name: str, model: Path, workdir: Path, steps: int, eval_n: int, quick: bool) -> dict:
     exp = workdir / name
-    # No held-out curve (math-tiny.yaml scores 200 problems every 25 versions): it would generate
-    # inside the measured steps of the evaluated variants only. Before and after is outside them.
+    # No held-out curve (math-tiny.yaml scores 200 problems every 25 versions, eval_every_size, so
+    # even with eval_size 0): those answers would be generated inside the measured steps, which
+    # each mode absorbs differently. Before and after (eval_size) is outside them.
     tandem("run", str(CONFIG), f"experiment.model={model}", f"experiment.exp_dir={exp}",
            f"trainer.total_steps={steps}", f"rollout.eval_size={eval_n}", "rollout.eval_every=0",
            *overrides_for(name, quick), timeout=3600)
