@@ -4,7 +4,7 @@ the moment the last request ends.
 The engine thread sleeps (up to half a second) when it has nothing to do; an update registered
 while requests run used to wait for that sleep's timeout after they finished, so every drained
 non-interruptible update cost up to half a second more than the drain (in the async_vs_sync
-benchmark the trainer waited for it at most steps). The test counts the engine's sleeps taken
+benchmark the trainer waited for it at about half the steps). The test counts the engine's sleeps taken
 while such an update is ready to run; the sampler is replaced (it holds the first decode step
 until the update is registered, then emits a fixed token) so the order is certain.
 """
