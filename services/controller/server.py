@@ -298,6 +298,10 @@ class Controller:
         if server.address in self._retiring or self.registry.servers.get(server.address) is not server:
             return   # being retired, or already gone: not to be resumed or caught up
         admin = self._admin(server)
+        # The held version is judged against the version current when the server was asked: an
+        # answer from before a sync, judged after it, would take out and catch up a server the
+        # sync has just brought up to date (and, under a drain, pause it with requests running).
+        asked_at = (self.ledger.version, self.sync_lock.locked())
         try:
             info = await admin.model_info(self.cfg.http_timeout_s)
         except AdminError as e:
@@ -320,8 +324,8 @@ class Controller:
         if server.tp_size < 1:
             await learn_tp_size(server, admin, self.cfg.http_timeout_s)
         held = _version_of(info)
-        if held is None or self.sync_lock.locked():
-            return  # a server that does not say, or versions in flux mid-update: nothing to judge
+        if held is None or self.sync_lock.locked() or asked_at != (self.ledger.version, False):
+            return  # a server that does not say, or versions in flux since it was asked: nothing to judge
         server.weight_version = held
         want = self.ledger.version
         if held == want:

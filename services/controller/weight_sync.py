@@ -58,7 +58,8 @@ class WeightSync:
         """Bring every healthy server to `msg.version` (unhealthy ones are failed, caught up later)."""
         applier = self.applier(msg)
         applier.check(msg)
-        run = self._run(msg, applier)
+        pause = self.interruptible or bool(applier.pause_mode)
+        run = self._run(msg, applier, pause)
         targets = []
         for s in self.registry.servers.values():
             if s.healthy:
@@ -66,7 +67,7 @@ class WeightSync:
             else:
                 run.fail(s, f"unhealthy during the update to v{msg.version}; will be caught up")
         targets = await applier.receivers(run, targets, msg)
-        return await self._sequence(run, applier, targets, msg, pause=self.interruptible or bool(applier.pause_mode))
+        return await self._sequence(run, applier, targets, msg, pause)
 
     async def catch_up(self, server: RegisteredServer, msg) -> SyncResult:
         """Bring one lagging server to `msg.version` (a replayable message: weights on disk).
@@ -76,15 +77,19 @@ class WeightSync:
         if not applier.replayable:
             raise ValueError(f"{msg.OP} cannot be replayed for one server")
         applier.check(msg)
-        run = self._run(msg, applier)
+        run = self._run(msg, applier, pause=True)
         return await self._sequence(run, applier, [server], msg, pause=True)
 
     def _mode(self, applier: WeightApplier) -> str:
         """The pause mode: the method's own where it needs one (adapters: abort), else the config's."""
         return applier.pause_mode or self.interrupt_mode
 
-    def _run(self, msg, applier: WeightApplier) -> SyncRun:
-        keep_kv = self.interruptible and self._mode(applier) == "in_place"
+    def _run(self, msg, applier: WeightApplier, pause: bool) -> SyncRun:
+        """The update flushes the KV cache unless the servers are paused `in_place`, whose running
+        requests keep it (the server refuses the flush then). That follows the pause the sync
+        really makes: a catch-up pauses even with `interruptible: false`, and a flush asked of a
+        server paused in place with requests held would fail every catch-up of it, for good."""
+        keep_kv = pause and self._mode(applier) == "in_place"
         return SyncRun(msg.version, self.admin_for, self.timeout_s, flush_cache=not keep_kv)
 
     async def _sequence(self, run: SyncRun, applier: WeightApplier, servers: list[RegisteredServer], msg,

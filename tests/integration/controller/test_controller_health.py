@@ -115,6 +115,40 @@ def test_a_failed_check_during_a_sync_is_not_counted_but_one_outside_is(exp):
     asyncio.run(main())
 
 
+def test_a_version_read_before_a_sync_is_not_judged_after_it(exp):
+    """A check asks /model_info (v0), a sync to v1 runs while the check waits on its next call,
+    then the check goes on: judging the old answer against the new version took the server just
+    updated out of rotation and caught it up again (in a benchmark run with `interruptible: false`
+    that catch-up paused it with requests running and the run hung). The answer is judged only
+    against the version current, and no sync running, when it was asked."""
+    async def main():
+        (gen,) = await servers(1)
+        c = make_controller(exp, interruptible=False)
+        try:
+            await register(c, [gen])
+            server = c.registry.servers[gen.url]
+            gen.gate["/v1/loads"] = asyncio.Event()          # hold the check after /model_info
+            check = asyncio.ensure_future(c._check(server))
+            while not any(path == "/v1/loads" for path, _ in gen.calls):
+                await asyncio.sleep(0.01)
+            assert (await c.weights_published(WeightsOnDisk(version=1, path="/w/v1"))).ok
+            before = gen.paths()
+            gen.gate["/v1/loads"].set()
+            await check
+            await settle(c)
+            assert gen.paths()[len(before):] == []             # no pause, update, continue: no catch-up
+            assert server.servable and server.weight_version == 1
+            # The next check asks afresh and judges what it hears.
+            gen.weight_version = "0"
+            await c._check(server)
+            await settle(c)
+            assert gen.weight_version == "1" and server.servable
+        finally:
+            await shutdown(c, [gen])
+
+    asyncio.run(main())
+
+
 def test_tp_size_comes_from_registration_or_server_info(exp):
     async def main():
         asked, told = await servers(2, tp_size=4)

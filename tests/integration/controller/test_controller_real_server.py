@@ -5,6 +5,7 @@ version from /model_info, its load from /v1/loads, and runs broadcasts inside a 
 session (the embedded server, like SGLang 0.5.23, refuses a distributed update outside one)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -18,7 +19,10 @@ import torch
 from controller_helpers import write_config
 from process_starts import start
 from safetensors.torch import load_file, save_file
+from sync_support import settle
 
+from services.config import ControllerConfig
+from services.controller.server import Controller
 from services.protocol import (
     RegisterServer,
     StatusRequest,
@@ -277,3 +281,48 @@ def test_non_interruptible_updates_coalesce_while_a_real_server_drains(exp, cont
         assert client.request(StatusRequest()).state["version"] == third
     finally:
         client.close()
+
+
+def test_a_catch_up_with_interruptible_false_keeps_the_request_running(exp, gen_server, tiny_model_dir):
+    """`interruptible: false` with the default `interrupt_mode: in_place`: a lagging server is
+    still paused for its catch-up (it is out of rotation), in place, so the update must not ask
+    for a flush, which the embedded server (like SGLang) refuses with requests held. Asking for
+    one left the server paused and out of rotation, every later update refused the same way: a
+    benchmark run hung so. Here the sample in flight finishes across the catch-up, its tokens split
+    between the two versions, and the server is back in rotation at the controller's version.
+    (An in-process controller, so the test can run the health check that finds the lag.)"""
+    async def main():
+        cfg = ControllerConfig(groups_per_step=2, max_staleness=0, health_interval_s=3600, http_timeout_s=30.0,
+                               update_timeout_s=120.0, interruptible=False)
+        c = Controller(cfg, exp)
+        c.restore()
+        reply: dict = {}
+        sampler = None
+        try:
+            flipped_weights(tiny_model_dir, exp.weights / "v1")
+            want = int(http(gen_server, "/model_info")["weight_version"]) + 1   # the module's server moves on
+            c.register_server(RegisterServer(address=gen_server, api_key_ref="gen-api-key",
+                                             admin_key_ref="gen-admin-api-key"))
+            await settle(c)
+            assert (await c.weights_published(WeightsOnDisk(version=want, path=str(exp.weights / "v1")))).ok
+            # The server falls one version behind (as one restarted from its old weights would).
+            http(gen_server, "/update_weights_from_disk", {"model_path": str(tiny_model_dir),
+                                                           "weight_version": str(want - 1)}, key=ADMIN_KEY)
+            sampler = await asyncio.to_thread(start_long_sample, gen_server, reply, 480)
+            server = c.registry.servers[gen_server]
+            await c._check(server)                        # finds v{want - 1}: out of rotation, caught up
+            await settle(c)
+            assert server.servable and server.weight_version == want, server.reason
+            await asyncio.to_thread(sampler.join, 120)
+        finally:
+            if sampler is not None and sampler.is_alive():   # leave the shared server serving
+                http(gen_server, "/continue_generation", {}, key=ADMIN_KEY)
+            if c._http is not None:
+                await c._http.close()
+        assert "error" not in reply, reply
+        assert reply["meta_info"]["finish_reason"]["type"] == "length" and len(reply["output_ids"]) == 480
+        spans = reply["meta_info"]["weight_versions"]
+        assert [s["version"] for s in spans] == [str(want - 1), str(want)], spans
+        assert http(gen_server, "/model_info")["weight_version"] == str(want)
+
+    asyncio.run(main())
