@@ -20,6 +20,12 @@ Then the simulator's check: `tandem simulate --calibrate` on each workload's syn
 alone predicts every variant of that workload (what a user would do before trying asynchronous
 RL), and on each run's own metrics predicts that run; `sim_costs_from` says which run and which
 metrics every cost came from.
+
+`--repeats N` runs all ten variants N times, one round after another (so a slow hour of the
+machine falls on every variant alike), and reports each figure as the median over the rounds,
+with every round's seconds per step beside it: two single runs of the same code here differ by
+up to 22% on one variant, twice the simulator's 10% target. Each round's simulation uses that
+round's own runs; the held-out accuracy is measured in the first round only.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import contextlib
 import json
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,6 +175,28 @@ def _error(key: str, predicted: float, measured: float) -> float:
     return (1 + predicted) / (1 + measured) - 1
 
 
+FIRST_ROUND_ONLY = ("accuracy_before", "accuracy_after", "eval_n")
+
+
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """One variant's rounds as one result: each figure the median over the rounds where every
+    round has a number, staleness the worst round, the rest (the held-out accuracy and the CPU
+    seconds, measured in the first round only) as the first round gave them."""
+    out = {}
+    for key, first in rounds[0].items():
+        values = [r[key] for r in rounds]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if key in FIRST_ROUND_ONLY or not numeric:
+            out[key] = first
+        else:
+            out[key] = max(values) if key == "staleness_max" else statistics.median(values)
+    if len(rounds) > 1:
+        per_step = [r["s_per_step"] for r in rounds]
+        out["s_per_step_rounds"] = [round(v, 4) for v in per_step]
+        out["s_per_step_spread"] = (max(per_step) - min(per_step)) / statistics.median(per_step)
+    return out
+
+
 @contextlib.contextmanager
 def kept_on_failure(prefix: str):
     """A scratch directory removed after a complete benchmark and kept when anything fails: ten
@@ -178,7 +207,9 @@ def kept_on_failure(prefix: str):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def main(quick: bool = False) -> dict:
+def main(quick: bool = False, repeats: int = 1) -> dict:
+    if repeats < 1:
+        raise SystemExit(f"benchmarks.async_vs_sync: --repeats must be at least 1, got {repeats}")
     require_interrupt_mode()
     # Loaded before the half-hour of runs, so the analysis uses the code the runs used.
     from launcher.simulate.calibrate import calibrate
@@ -195,19 +226,26 @@ def main(quick: bool = False) -> dict:
         else:
             model = ROOT / ".cache" / "tiny-math-sft"
             tandem("sft", "--task", "math", "--out", str(model), timeout=3600)
-        results = {name: run_variant(name, model, work, steps, eval_n if name in evaluated else 0, quick)
-                   for name in VARIANTS}
-        fitted = {name: calibrate(work / name) for name in results}
+        rounds: dict[str, list[dict]] = {name: [] for name in VARIANTS}
         sources = {}
-        for workload, (prefix, _) in WORKLOADS.items():
-            sync = prefix + "eta0"
-            sources[workload] = {"run": sync, **fitted[sync].provenance,
-                                 "placement": fitted[sync].placement, "notes": fitted[sync].notes}
-            for mode in MODES:
-                name = prefix + mode
-                r = results[name]
-                r["sim_s_per_step"] = predict_s_per_step(name, work / name, fitted[name], steps, quick)
-                r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, work / sync, fitted[sync], steps, quick)
+        for i in range(repeats):
+            runs = work / f"round{i}"
+            for name in VARIANTS:
+                r = run_variant(name, model, runs, steps, eval_n if i == 0 and name in evaluated else 0, quick)
+                rounds[name].append(r)
+                print(f"round {i + 1}/{repeats} {name}: {r['s_per_step']:.3f} s/step", flush=True)
+            fitted = {name: calibrate(runs / name) for name in VARIANTS}
+            for workload, (prefix, _) in WORKLOADS.items():
+                sync = prefix + "eta0"
+                if i == 0:
+                    sources[workload] = {"run": sync, **fitted[sync].provenance,
+                                         "placement": fitted[sync].placement, "notes": fitted[sync].notes}
+                for mode in MODES:
+                    name = prefix + mode
+                    r = rounds[name][i]
+                    r["sim_s_per_step"] = predict_s_per_step(name, runs / name, fitted[name], steps, quick)
+                    r["sim_from_eta0_s_per_step"] = predict_s_per_step(name, runs / sync, fitted[sync], steps, quick)
+        results = {name: median_of_rounds(rs) for name, rs in rounds.items()}
     rows = [[name, r["s_per_step"], r["sim_s_per_step"], r["sim_from_eta0_s_per_step"], r["trajectories_per_s"],
              r["staleness_max"], r["accuracy_before"], r["accuracy_after"], r["wall_s"]]
             for name, r in results.items()]
@@ -218,7 +256,11 @@ def main(quick: bool = False) -> dict:
     print_table("each pool's own speed (busy time only; > eta 0 means the pools slow each other)",
                 ["variant", "train us/token", "decode us/token"],
                 [[name, r["train_us_per_token"], r["decode_us_per_token"]] for name, r in results.items()])
-    headline: dict = {"steps": steps, "eval_n": eval_n, "warmup_steps": WARMUP}
+    if repeats > 1:
+        print_table(f"seconds per step in each of {repeats} rounds (the figures above are their medians)",
+                    ["variant", *(f"round {i + 1}" for i in range(repeats)), "spread (max-min)/median"],
+                    [[name, *r["s_per_step_rounds"], r["s_per_step_spread"]] for name, r in results.items()])
+    headline: dict = {"steps": steps, "eval_n": eval_n, "warmup_steps": WARMUP, "rounds": repeats}
     for workload, (prefix, _) in WORKLOADS.items():
         tag = "" if workload == "default" else f"{workload}_"
         measured = _ratios(results, prefix, "s_per_step")
@@ -258,5 +300,11 @@ def main(quick: bool = False) -> dict:
     return headline
 
 
+def add_args(parser) -> list[str]:
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="run all ten variants N times and report medians (about 35 min a round here)")
+    return ["repeats"]
+
+
 if __name__ == "__main__":
-    cli(main)
+    cli(main, add_args)
