@@ -302,7 +302,7 @@ def main(quick: bool = False, repeats: int = 1) -> dict:
 
 def add_args(parser) -> list[str]:
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
-                        help="run all ten variants N times and report medians (about 35 min a round here)")
+                        help="run all ten variants N times and report medians (about 20 min a round here)")
     return ["repeats"]
 
 
