@@ -1,7 +1,8 @@
 """The faults `benchmarks/faults.py` and `tests/integration/test_faults.py` inject into a run.
 
 Each works on a running `tandem run` (local backend) from outside, as a user or a broken peer
-would: SIGKILL of one role; bad input on every port the run has open; Ctrl-C of the launcher.
+would: SIGKILL of one role; bad input on every port the run has open; Ctrl-C of the launcher;
+SIGKILL of the launcher (its roles stop themselves: launcher/launcher_watch.py).
 `inject()` returns whether the fault ended the launch, so the caller continues it with
 `--resume`, as a user would.
 """
@@ -22,7 +23,7 @@ from services.protocol.codec import MAX_FRAME_BYTES
 from services.protocol.keys import make_client
 
 ROLES = ("gen", "controller", "reward", "rollout", "trainer")
-KINDS = ROLES + ("bad-input", "ctrl-c")
+KINDS = ROLES + ("bad-input", "ctrl-c", "launcher")
 
 
 def role_pid(exp_root: Path, role: str) -> int:
@@ -47,6 +48,9 @@ def inject(kind: str, exp_root: Path, launcher_pid: int) -> tuple[bool, dict]:
         return kind == "trainer", {}       # a dead trainer ends the launch; the rest restart
     if kind == "ctrl-c":                   # a terminal sends SIGINT to the whole foreground group
         os.killpg(launcher_pid, signal.SIGINT)
+        return True, {}
+    if kind == "launcher":                 # the launcher alone, with no chance to stop its roles
+        os.kill(launcher_pid, signal.SIGKILL)
         return True, {}
     if kind == "bad-input":
         return False, bad_input_everywhere(ExpDir(exp_root))

@@ -2,8 +2,9 @@
 
 One short `tandem run` of the tiny embedded experiment per fault (local backend, real
 processes): SIGKILL of the generation server, the controller, the reward service, a rollout
-worker, the trainer; bad input on every port; Ctrl-C of the launcher. A fault that ends the
-launch (the trainer's death, Ctrl-C) is followed by `--resume`, as a user would. For each the
+worker, the trainer; bad input on every port; Ctrl-C of the launcher; SIGKILL of the launcher
+(its roles stop by themselves: launcher/launcher_watch.py). A fault that ends the launch (the
+trainer's death, Ctrl-C, the launcher's death) is followed by `--resume`, as a user would. For each the
 table gives the recovery time — from the fault to the first trained step holding a group
 delivered after it, i.e. generation, grading, delivery and training all flowing again — the
 longest gap between steps, and the accounting of `launcher/audit.py` over the whole run: groups
@@ -83,6 +84,17 @@ def leftovers(exp_root: Path) -> list[str]:
     return found
 
 
+def roles_stopped(exp_root: Path, since: float) -> tuple[list[str], float]:
+    """After the launcher's SIGKILL: what is still running once the roles had the time their
+    launcher would have given them (launcher/launcher_watch.py), and seconds until none was."""
+    from launcher.launcher_watch import SERVICES_STOP_AFTER_S
+    from services.protocol import STOP_GRACE_S
+    deadline = since + SERVICES_STOP_AFTER_S + STOP_GRACE_S + 10.0
+    while (left := leftovers(exp_root)) and time.time() < deadline:
+        time.sleep(0.2)
+    return left, round(time.time() - since, 2)
+
+
 def progress(exp_root: Path) -> tuple[list[dict], dict[str, float]]:
     """The trainer's step records so far, and when each group was delivered."""
     from services.protocol import ExpDir, read_metrics
@@ -141,13 +153,16 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
                      f"recovering from {injected[-1]['kind']}")
         if proc.poll() is not None:
             raise RuntimeError(f"{name}: the run ended before {kind} could be injected; make it longer")
-        fault = {"kind": kind, "at_step": len(progress(exp_root)[0]), "time": time.time()}
+        fault = {"kind": kind, "at_step": len(progress(exp_root)[0]), "time": time.time(), "launcher_pid": proc.pid}
         ends_launch, fault["observed"] = inject(kind, exp_root, proc.pid)
         injected.append(fault)
         if ends_launch:   # the launch's teardown leaves nothing running (SIGKILLed trainer, Ctrl-C)
             code, out = finish(proc, max(1.0, deadline - time.monotonic()))
             exits.append(code), outputs.append(out)
-            fault["left_running"] = leftovers(exp_root)
+            if kind == "launcher":   # no teardown ran: the roles stop by themselves, in their grace
+                fault["left_running"], fault["stopped_s"] = roles_stopped(exp_root, fault["time"])
+            else:                    # the launch's teardown ran before it exited
+                fault["left_running"] = leftovers(exp_root)
             fault["resumed_at"] = time.time()
             last = len(injected) == len(faults) and tail_steps is not None
             if last:
@@ -188,16 +203,19 @@ def main(quick: bool = False) -> None:
             run = run_with_faults(workdir, model, f"fault-{kind}", [(5, kind)], total_steps)
             a, (fault,) = run["audit"], run["faults"]
             results[kind] = {**a, "exits": run["exits"], "recovery_s": fault["recovery_s"],
-                             "max_gap_after_s": fault["max_step_gap_s"], "wall_s": round(time.time() - t0, 1)}
+                             "max_gap_after_s": fault["max_step_gap_s"], "wall_s": round(time.time() - t0, 1),
+                             **({"left_running": len(fault["left_running"])} if "left_running" in fault else {}),
+                             **({"roles_stopped_s": fault["stopped_s"]} if "stopped_s" in fault else {})}
             rows.append([kind, " ".join(map(str, run["exits"])), fault["recovery_s"], fault["max_step_gap_s"],
                          a["lost"], a["trained_twice"], a["prompts_trained_twice"], a["returned"], a["prompts_skipped"],
-                         a["dropped"], a["steps"]])
+                         a["dropped"], a["steps"], len(fault["left_running"]) if "left_running" in fault else None])
         nan_exit, nan_named = nan_setting_refused(workdir, model)
-    rows.append(["rollout.temperature=nan", nan_exit, None, None, None, None, None, None, None, None, 0])
+    rows.append(["rollout.temperature=nan", nan_exit, None, None, None, None, None, None, None, None, 0, None])
     print_table(f"One fault per run at step 5 of {total_steps} (tiny model, local backend; "
                 "SIGKILL unless said otherwise)",
                 ["fault", "exit codes", "recovery s", "max step gap s", "groups lost", "trained twice",
-                 "prompts trained twice", "returned", "prompts skipped", "stale drops", "steps"], rows)
+                 "prompts trained twice", "returned", "prompts skipped", "stale drops", "steps",
+                 "left running at the launch's end"], rows)
     if not quick:
         write_results("faults", {
             "runs": results,

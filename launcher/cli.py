@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
+from launcher.launcher_watch import watch_launcher_from_env
 from launcher.placement import pin_from_env
 from services.protocol import exit_process
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # A role started by the local launcher runs on its CPU pool, from before any thread starts.
         pin_from_env()
+        # ... and stops when that launcher is gone, even if it could not stop it (SIGKILL).
+        watch_launcher_from_env()
         if getattr(args, "exp", None):
             args.cfg = load_experiment(args.exp)
         code = args.func(args)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from services.protocol import STOP_GRACE_S, ExpDir, MetricsWriter, free_port, write_json_atomic
 
 from ..config import ExperimentConfig
+from ..launcher_watch import launcher_env
 from ..placement import CPUS_ENV, CpuPlacement, format_ranges
 from ..plan import cpu_placement_for, local_trainer_world
 from ..role_cpu import RoleCpuMeter
@@ -100,7 +101,7 @@ class LocalSupervisor:
         if self.placement is not None:
             cpus = self.placement.cpus_for(role.name)
             threads = self.placement.threads_for(role.name)
-        full_env = {**self._env(threads), **(env or {})}
+        full_env = {**self._env(threads), **launcher_env(role.kind), **(env or {})}
         if cpus:
             full_env[CPUS_ENV] = format_ranges(cpus)
         proc = None
@@ -242,11 +243,13 @@ class LocalBackend(Backend):
 
     def _env(self, role: Role) -> dict[str, str]:
         """On a local GPU machine each server gets its TP group's GPUs and each trainer rank the
-        training GPUs (it picks its own with LOCAL_RANK, as under torchrun and on SLURM)."""
+        training GPUs (it picks its own with LOCAL_RANK, as under torchrun and on SLURM). A
+        trainer rank stopping because this launcher is gone gets the trainer's grace."""
+        env = launcher_env(role.kind, self.trainer_stop_s) if role.kind == "trainer" else {}
         if self.gpu_plan is None or role.kind not in ("gen", "trainer"):
-            return {}
+            return env
         if role.kind == "trainer":
-            return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.trainer_devices(role.index)}
+            return {**env, "CUDA_VISIBLE_DEVICES": self.gpu_plan.trainer_devices(role.index)}
         return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.cuda_visible_devices(role.kind, role.index)}
 
     def _processes(self, role: Role) -> list[tuple[Role, dict[str, str]]]:

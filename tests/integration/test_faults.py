@@ -3,8 +3,9 @@
 One `tandem run` of the tiny experiment (local backend, every role a real process) into which
 are injected, in turn: SIGKILL of the generation server, the controller, the reward service and
 a rollout worker; bad input on every port (peers without keys, garbage and oversized frames,
-garbage and oversized HTTP bodies); SIGKILL of the trainer and Ctrl-C of the launcher, each
-continued with `--resume`, as a user would (each launch's end leaving nothing running). Each fault is injected once the run has recovered
+garbage and oversized HTTP bodies); SIGKILL of the trainer, SIGKILL of the launcher (its roles
+stop by themselves) and Ctrl-C of the launcher, each continued with `--resume`, as a user would
+(each launch's end leaving nothing running). Each fault is injected once the run has recovered
 from the previous one. The accounting comes from the run's own records (`launcher/audit.py`:
 the ids each trainer step trained or dropped, the ids workers delivered and those the trainer
 never receipted, the trainer's buffer at exit, the workers' data positions): every delivered
@@ -35,7 +36,7 @@ STALL_S = 60.0
 # seconds to send): the run is long enough for all of them, with room to spare. The last fault
 # (Ctrl-C) is resumed to TAIL_STEPS past the last step trained, not to STEPS.
 FAULTS = [(2, "gen"), (5, "controller"), (8, "reward"), (11, "rollout"), (14, "bad-input"), (17, "trainer"),
-          (22, "ctrl-c")]
+          (22, "launcher"), (27, "ctrl-c")]
 STEPS = 160
 TAIL_STEPS = 8
 
@@ -46,8 +47,9 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
     a = run["audit"]
     total = run["total_steps"]
     assert total < STEPS, run["faults"]     # resumed short: the faults left room to spare
-    # The trainer's death ends its launch (1); Ctrl-C ends one with 130; the last resume finishes.
-    assert run["exits"] == [1, 130, 0], run["outputs"][-1][-2000:]
+    # The trainer's death ends its launch (1), the launcher's SIGKILL its own (-9), Ctrl-C one
+    # with 130; the last resume finishes.
+    assert run["exits"] == [1, -9, 130, 0], run["outputs"][-1][-2000:]
     assert a["steps"] == total
     # A worker SIGKILLed between the trainer's receipts and its saving them sends that prompt
     # again: the trainer refuses the second group by its prompt key.
@@ -57,9 +59,17 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
     for fault in run["faults"]:
         assert fault["recovery_s"] is not None, fault
         assert fault["stall_s"] < STALL_S, fault
-    # The trainer's death and a terminal's Ctrl-C each end their launch with nothing left running.
+    # The trainer's death and a terminal's Ctrl-C each end their launch with nothing left running;
+    # so does the launcher's SIGKILL, its roles stopping by themselves, the trainer checkpointing.
     assert [(f["kind"], f["left_running"]) for f in run["faults"] if "left_running" in f] == \
-        [("trainer", []), ("ctrl-c", [])], run["faults"]
+        [("trainer", []), ("launcher", []), ("ctrl-c", [])], run["faults"]
+    killed = next(f for f in run["faults"] if f["kind"] == "launcher")
+    exp = ExpDir(tmp_path / "faults")
+    before = max(r["step"] for r in steps(exp) if r["time"] < killed["resumed_at"])
+    after = min(r["step"] for r in steps(exp) if r["time"] > killed["resumed_at"])
+    assert after == before + 1, (before, after)   # its last step saved on the watch's SIGTERM: none redone
+    for role in ("trainer-0", "controller-0", "rollout-0"):
+        assert f"the launcher (pid {killed['launcher_pid']}) is gone" in (exp.logs / f"{role}.log").read_text(), role
     seen = next(f for f in run["faults"] if f["kind"] == "bad-input")["observed"]
     for role in ("controller", "reward", "trainer"):
         assert seen[f"{role}: stranger"] is None, seen      # no keys: nothing gets through
@@ -67,7 +77,6 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
         assert seen[f"{role}: garbage"] == "bad_frame" and seen[f"{role}: wrong shape"] == "bad_envelope", seen
     assert seen["gen http: no key"] == 401 and seen["gen http: garbage JSON"] == 400, seen
     assert seen["gen http: oversized body"] in (413, -1) and seen["gen http: overlong text"] == 400, seen
-    exp = ExpDir(tmp_path / "faults")
     summary = json.loads((exp.root / "summary.json").read_text())
     assert summary["steps"] == total and summary["staleness"]["max"] <= 2
     assert leftovers(exp) == []
@@ -75,11 +84,11 @@ def test_every_fault_in_turn_and_the_run_accounts_for_every_group(tmp_path, tiny
 
 
 def assert_the_user_sees_one_run(run: dict, exp: ExpDir, summary: dict) -> None:
-    """The launches' output and records, as the user reads them, across the two resumes."""
+    """The launches' output and records, as the user reads them, across the three resumes."""
     first, last = run["outputs"][0], run["outputs"][-1]
     assert "gen-0 crashed" in first and "--resume" in first, first[-3000:]
     trained, marks = steps(exp), read_metrics(exp, "launcher", "resumed")
-    assert len(marks) == 2, marks
+    assert len(marks) == 3, marks
     for mark in marks:    # each resume records the highest step trained before it
         assert mark["last_step"] == max(r["step"] for r in trained if r["time"] < mark["resumed_at"]), mark
     # The last launch: steps after its checkpoint may be redone, each version once, the numbering

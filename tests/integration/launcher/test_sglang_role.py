@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.local import LocalBackend
+from launcher.launcher_watch import launcher_env
 from launcher.lifecycle import register_server
 from launcher.roles import GEN_ADMIN_KEY, GEN_API_KEY, experiment_roles
 from launcher.run import prepare
@@ -107,7 +108,9 @@ def test_keys_are_random_private_and_both_referenced(tmp_path):
     assert not any(k in " ".join(argv) for k in keys)
     # The plan's GPUs: server 0 on GPU 0, the (single) trainer rank on GPU 1.
     assert backend._env(specs["gen-0"]) == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert backend._env(specs["trainer-0"]) == {"CUDA_VISIBLE_DEVICES": "1"}
+    # ... and the trainer, stopping because the launcher is gone, its grace (launcher_watch.py).
+    assert backend._env(specs["trainer-0"]) == {"CUDA_VISIBLE_DEVICES": "1",
+                                                **launcher_env("trainer", cfg.launcher.trainer_stop_s)}
     assert backend._env(specs["controller-0"]) == {}
     # The embedded server gets the same two key files.
     cfg.gen.backend = "embedded"
