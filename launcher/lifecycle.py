@@ -43,6 +43,7 @@ from .report import write_report
 from .roles import GEN_ADMIN_KEY, GEN_API_KEY, Role, eval_output, eval_role, experiment_roles, waves
 
 log = logging.getLogger(__name__)
+STOPPING = (signal.SIGTERM, signal.SIGHUP)   # besides Ctrl-C: signals that stop a run cleanly
 
 Join = Callable[[ExpDir, Role, bool], None]   # (exp, role that is up, restarted?)
 
@@ -86,7 +87,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
     or None (default `launcher.elastic.elastic_for`: one when `launcher.elastic` is on; tests
     give one whose decisions they script)."""
     t0 = time.time()
-    previous_term = _sigterm_interrupts()
+    previous_signals = _sigterm_interrupts()
     status = "failed"
     try:
         backend.check_can_start()
@@ -94,7 +95,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
                                                                  backend.pick_port)
     except (LaunchError, PlanError, ConfigError) as e:
         print(f"tandem run: {e}", file=sys.stderr, flush=True)
-        _restore(previous_term)
+        _restore(previous_signals)
         return 2
     if resume:   # where this launch's work starts in the run's stream (summary, report)
         mark_resumed(exp)
@@ -146,7 +147,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         return 1
     finally:
         backend.close(status)
-        _restore(previous_term)
+        _restore(previous_signals)
 
 
 def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress,
@@ -208,17 +209,20 @@ def _join(join: Join | None, exp: ExpDir, role: Role, restarted: bool) -> None:
 
 def _sigterm_interrupts():
     """SIGTERM (scancel of a launcher started by slurm/train.sbatch, a shutdown, a supervisor)
-    becomes a KeyboardInterrupt, so the teardown in `finally` runs; main thread only."""
+    and SIGHUP (its terminal closed, an ssh session dropped: the output goes on in
+    `<exp>/logs/launcher.out`, console.py) become a KeyboardInterrupt, so the teardown in
+    `finally` runs; main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def interrupt(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a second one must not cut the teardown short
+        for sig in STOPPING:   # a second one must not cut the teardown short
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    return signal.signal(signal.SIGTERM, interrupt)
+    return {sig: signal.signal(sig, interrupt) for sig in STOPPING}
 
 
-def _restore(previous_term) -> None:
-    if previous_term is not None:
-        signal.signal(signal.SIGTERM, previous_term)
+def _restore(previous) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)

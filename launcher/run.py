@@ -16,6 +16,7 @@ from services.protocol import ExpDir, generate_keys
 
 from .backends import backend_for
 from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
+from .console import keep_output_going
 from .lifecycle import run_experiment
 from .preflight import check_before_launch
 from .roles import GEN_ADMIN_KEY, GEN_API_KEY
@@ -83,6 +84,7 @@ def write_gen_keys(exp: ExpDir) -> None:
 
 def cmd_run(args) -> int:
     cfg, exp = prepare(args.file, args.overrides, args.resume)
+    keep_output_going(exp.logs)   # a closed pipe or a dropped terminal must not end the run
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s")
     if shutil.which("bwrap") is None and cfg.reward.task == "code":
         print("note: bubblewrap is missing; generated code runs with rlimits only", flush=True)
