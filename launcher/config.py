@@ -84,6 +84,11 @@ class SlurmSection:
     setup: list[str] = field(default_factory=list)
     # Address generation servers bind and publish; "{node}" = the SLURM node name of their job.
     bind_host: str = "{node}"
+    # Seconds a role's job goes on without word from its launcher (a heartbeat file in
+    # <exp>/services/, renewed every tenth of this): then it stops its role (SIGTERM: the trainer
+    # checkpoints) and ends, so a launcher killed outright (SIGKILL, OOM, its node lost) does not
+    # leave the jobs holding their GPUs until their time limit. 0 = jobs never stop on their own.
+    launcher_lease_s: float = 600.0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -93,6 +98,8 @@ class SlurmSection:
             out.append(("max_resubmits", "must be >= 0"))
         if self.poll_s <= 0 or self.ready_timeout_s <= 0:
             out.append(("poll_s" if self.poll_s <= 0 else "ready_timeout_s", "must be > 0"))
+        if not self.launcher_lease_s >= 0:
+            out.append(("launcher_lease_s", f"must be >= 0 seconds (0 = off), got {self.launcher_lease_s}"))
         return out
 
 

@@ -16,7 +16,13 @@ shutdown: the trainer checkpoints, a worker returns its groups), and if still ru
 launcher's grace, SIGKILLs its process group. A pidfd (Linux 5.3+) wakes the watch the moment
 the launcher exits; where there is none it looks twice a second.
 
-On SLURM the cluster ends a job's processes with the job; those roles are not started this way.
+On SLURM the roles run in jobs on other nodes, where no process id of the launcher means
+anything, and a job outlives a dead launcher until its time limit: hundreds of GPUs, for a day.
+There the launcher holds a lease (`Heartbeat`: it renews `<exp>/services/launcher-heartbeat.json`
+every tenth of `launcher.slurm.launcher_lease_s`), and each job's task (slurm_task.py) watches it
+(`Lease`): unrenewed for the whole lease, by the task's own clock (the file's content changing is
+what counts, not its time stamp from another node's clock, and a shared filesystem's caching is
+far shorter than the lease), the task stops its role the same way and ends its job.
 """
 from __future__ import annotations
 
@@ -27,7 +33,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from services.protocol import write_json_atomic
 from services.protocol.runtime import STOP_GRACE_S
 
 PID_ENV = "TANDEM_LAUNCHER_PID"
@@ -108,3 +116,64 @@ def _watch(pid: int, gone: Callable[[], None], stop_after: float, grace: float) 
     if os.getpgrp() == os.getpid():   # its own session, as the launcher starts it: its children too
         os.killpg(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---- SLURM: a lease on the shared filesystem -------------------------------------------------
+HEARTBEAT_FILE = "launcher-heartbeat.json"   # in <exp>/services/
+
+
+def heartbeat_interval(lease_s: float) -> float:
+    return max(0.5, min(30.0, lease_s / 10))
+
+
+class Heartbeat:
+    """The launcher's side of the lease: renews `path` every `heartbeat_interval(lease_s)` from a
+    thread, so it goes on while the launcher waits (a job in the queue, a teardown)."""
+
+    def __init__(self, path: Path, lease_s: float):
+        self.path, self.interval = path, heartbeat_interval(lease_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launcher-heartbeat", daemon=True)
+        self.beats = 0
+
+    def start(self) -> Heartbeat:
+        self._beat()   # before any job can look
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        self.beats += 1
+        try:
+            write_json_atomic(self.path, {"beat": self.beats, "time": time.time(), "pid": os.getpid(),
+                                          "host": os.uname().nodename})
+        except OSError as e:   # a filesystem hiccup: the next beat tries again (the lease is long)
+            log.warning("could not renew the launcher's lease at %s: %s", self.path, e)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._beat()
+
+
+class Lease:
+    """A job's side: whether the launcher's heartbeat went unrenewed for `lease_s` seconds of this
+    process's own clock (a missing file counts as unrenewed since the watch began)."""
+
+    def __init__(self, path: Path, lease_s: float):
+        self.path, self.lease_s = path, lease_s
+        self._seen: bytes | None = None
+        self._since = time.monotonic()
+
+    def expired(self) -> bool:
+        try:
+            content = self.path.read_bytes()
+        except OSError:
+            content = None
+        now = time.monotonic()
+        if content is not None and content != self._seen:
+            self._seen, self._since = content, now
+        return now - self._since > self.lease_s

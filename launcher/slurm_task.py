@@ -6,7 +6,9 @@ from SLURM's for the trainer (torchrun's convention: every rank sees the node's 
 CUDA_VISIBLE_DEVICES and picks its own with LOCAL_RANK), turns SLURM's time-limit warning
 (SIGUSR2, which would kill an unprepared child) into a SIGTERM so the role checkpoints and exits
 cleanly, and raises when the role fails or was stopped, so the job's SLURM state is FAILED or
-CANCELLED rather than COMPLETED — the launcher's watcher relies on that.
+CANCELLED rather than COMPLETED — the launcher's watcher relies on that. While the role runs it
+watches its launcher's lease (launcher_watch.py): a launcher gone for `launcher_lease_s` gets the
+role stopped (SIGTERM, SIGKILL after its grace) and the job ended, not left to its time limit.
 """
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ import re
 import signal
 import subprocess
 from pathlib import Path
+
+from services.protocol.runtime import STOP_GRACE_S
+
+from .launcher_watch import HEARTBEAT_FILE, Lease, heartbeat_interval
 
 # In a role's argv, replaced by the name of the node the task runs on (an address others reach).
 NODE_PLACEHOLDER = "{node}"
@@ -31,9 +37,11 @@ def console_name(name: str, rank: int | None) -> str:
 class RoleCommand:
     """What each SLURM task runs (pickled by submitit): the role as a child process."""
 
-    def __init__(self, name: str, command: list[str], exp_root: str, threads: int, distributed: bool):
+    def __init__(self, name: str, command: list[str], exp_root: str, threads: int, distributed: bool,
+                 lease_s: float = 0.0, grace_s: float = STOP_GRACE_S):
         self.name, self.command, self.exp_root = name, command, exp_root
         self.threads, self.distributed = threads, distributed
+        self.lease_s, self.grace_s = lease_s, grace_s   # the launcher's lease; the role's stop time
 
     def __call__(self) -> int:
         threads = str(self.threads)
@@ -78,11 +86,40 @@ class RoleCommand:
                                     stdin=subprocess.DEVNULL, env=env,
                                     preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
             children.append(proc)
-        code = proc.wait()
+        code = self._wait(proc, console_path, stopped)
         if code != 0 or stopped:
-            why = f"stopped by {stopped[0]} (cancelled or at its time limit)" if stopped else f"exited with status {code}"
+            if not stopped:
+                why = f"exited with status {code}"
+            elif stopped[0].startswith("SIG"):
+                why = f"stopped by {stopped[0]} (cancelled or at its time limit)"
+            else:
+                why = f"stopped by {stopped[0]}"
             raise RuntimeError(f"{self.name} {why}; console {console_path}:\n{tail(console_path)}")
         return code
+
+
+    def _wait(self, proc: subprocess.Popen, console_path: Path, stopped: list[str]) -> int:
+        """The role's exit code; with a lease, stopping the role once its launcher is gone."""
+        if not self.lease_s > 0:
+            return proc.wait()
+        lease = Lease(Path(self.exp_root) / "services" / HEARTBEAT_FILE, self.lease_s)
+        while True:
+            try:
+                return proc.wait(timeout=heartbeat_interval(self.lease_s))
+            except subprocess.TimeoutExpired:
+                pass
+            if lease.expired():
+                break
+        stopped.append(f"its launcher's lease (no heartbeat for {self.lease_s:g} s)")
+        with open(console_path, "ab") as console:
+            console.write((f"[tandem-slurm] the launcher renewed no lease for {self.lease_s:g} s "
+                           f"(launcher.slurm.launcher_lease_s): it is gone; stopping {self.name}\n").encode())
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
 
 def tail(path: Path, lines: int = 15) -> str:

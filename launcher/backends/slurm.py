@@ -26,9 +26,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from services.protocol import ExpDir
+from services.protocol import STOP_GRACE_S, ExpDir
 
 from ..config import ExperimentConfig
+from ..launcher_watch import HEARTBEAT_FILE, Heartbeat
 from ..roles import Role
 from ..slurm_jobs import (
     JobState,
@@ -66,6 +67,9 @@ class SlurmRun:
                        "started_at": time.time(), "status": "starting", "roles": {}}
         exp.services.mkdir(parents=True, exist_ok=True)
         cancel_flag(exp).unlink(missing_ok=True)   # a cancel of an earlier launch (before --resume)
+        # The lease its jobs watch (launcher_watch.py): renewed until the teardown has ended.
+        lease_s = cfg.launcher.slurm.launcher_lease_s
+        self.heartbeat = Heartbeat(exp.services / HEARTBEAT_FILE, lease_s).start() if lease_s > 0 else None
 
     def _executor(self, req: JobRequest):
         import submitit
@@ -91,7 +95,9 @@ class SlurmRun:
         role = req.role
         if role.ready_file:
             self.announcements[role.name] = Announcement(self.exp.service_file(role.ready_file))
-        fn = RoleCommand(role.name, role.command, str(self.exp.root), role.threads, req.distributed)
+        stop_s = self.cfg.launcher.trainer_stop_s if role.kind == "trainer" else STOP_GRACE_S
+        fn = RoleCommand(role.name, role.command, str(self.exp.root), role.threads, req.distributed,
+                         lease_s=self.cfg.launcher.slurm.launcher_lease_s, grace_s=stop_s)
         try:
             with submitit.helpers.clean_env():   # a launcher inside a SLURM job must not leak its job
                 job = self._executor(req).submit(fn)
@@ -183,6 +189,8 @@ class SlurmRun:
         ids = [s.job_id for s in self.jobs.values()]
         left = scancel(ids) if ids else []
         self.save(status)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if left:
             log.error("jobs still listed by squeue after scancel: %s", " ".join(left))
         return left
@@ -212,8 +220,11 @@ class SlurmBackend(Backend):
         self.plan = adopt_plan(self.cfg, self.exp)   # before the role list: it fixes the server count
         leftover = live_jobs_of_earlier_launch(self.exp)
         if leftover:
+            lease = self.cfg.launcher.slurm.launcher_lease_s
             raise LaunchError(f"jobs of an earlier launch of {self.exp.root} are still queued or running "
-                              f"({' '.join(leftover)}); stop them first with: tandem cancel --exp {self.exp.root}")
+                              f"({' '.join(leftover)}); stop them first with: tandem cancel --exp {self.exp.root}"
+                              + (f" (running ones stop by themselves within launcher.slurm.launcher_lease_s = "
+                                 f"{lease:g} s of their launcher's end)" if lease > 0 else ""))
 
     def _requests(self, roles: list[Role]) -> list[JobRequest]:
         unsized = [r for r in roles if r.name not in self.sized]

@@ -241,3 +241,64 @@ def test_a_second_launch_refuses_while_jobs_of_the_first_still_run(shared_exp, s
         assert list(read_record(shared_exp)["roles"]) == ["controller-0"]   # nothing new submitted
     finally:
         run.teardown("test")
+
+
+KILLED_LAUNCHER = """
+import sys
+from launcher.backends.slurm_requests import SlurmPolicy
+from launcher.config import load_config
+from services.protocol import ExpDir
+from slurm_launch import job, launch
+exp, partition, standin = ExpDir(sys.argv[1]), sys.argv[2], sys.argv[3]
+cfg = load_config(None, ["experiment.name=slurmtest", f"experiment.exp_dir={exp.root}", "experiment.model=/nonexistent",
+                         "launcher.backend=slurm", f"launcher.slurm.partition={partition}", "launcher.slurm.time=00:10:00",
+                         "launcher.slurm.exclusive=false", "trainer.total_steps=1", "launcher.slurm.launcher_lease_s=6",
+                         "launcher.trainer_stop_s=30"])
+def standin_job(name, kind, *extra, **sizing):
+    return job(name, [sys.executable, standin, str(exp.root), name, "--ready", name.split("-")[0] if kind == "trainer"
+                      else name, "--sleep", "600", "--graceful", *extra], kind=kind,
+               ready_file="trainer" if kind == "trainer" else name, **sizing)
+launch(cfg, exp, False, [standin_job("controller-0", "controller"),
+                         standin_job("trainer-0", "trainer", "--stop-s", "2", nodes=2, distributed=True)],
+       SlurmPolicy(poll_s=1.0, ready_timeout_s=90.0))
+"""
+
+
+def test_jobs_of_a_sigkilled_launcher_stop_their_roles_when_its_lease_runs_out(shared_exp, slurm_cluster):
+    """The launcher (a process of its own) is SIGKILLed once its jobs run: no teardown, no
+    scancel. Each job's task sees the lease unrenewed for `launcher_lease_s` (6 s here), stops its
+    role with SIGTERM — the trainer's two ranks save their checkpoint — and ends FAILED, not
+    COMPLETED; nothing is left in squeue, and a --resume is no longer refused."""
+    import os
+
+    from launcher.backends.slurm import live_jobs_of_earlier_launch
+    from launcher.slurm_jobs import query_states
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "support"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    with open(shared_exp.root / "launcher.console", "wb") as out:
+        launcher = subprocess.Popen([sys.executable, "-c", KILLED_LAUNCHER, str(shared_exp.root), slurm_cluster, STANDIN],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    ids: list[str] = []
+    try:
+        ids = recorded_job_ids(_wait_running(shared_exp))
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 90
+        while _squeue_ids() & set(ids):
+            assert time.monotonic() < deadline, f"jobs {_squeue_ids() & set(ids)} outlived the lease"
+            time.sleep(0.5)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if ids:
+            subprocess.run(["scancel", *ids], check=False)
+    states = query_states(ids)
+    assert {s.state for s in states.values()} == {"FAILED"}, states
+    for console in ("controller-0", "trainer-0", "trainer-1"):
+        text = (shared_exp.logs / f"{console}.console").read_text()
+        assert "the launcher renewed no lease for 6 s" in text and "got SIGTERM; exiting cleanly" in text, text
+    assert (shared_exp.logs / "trainer-1.console").read_text().count("saved after 2 s") == 1
+    wrapper_logs = "".join(p.read_text() for p in (shared_exp.logs / "slurm").glob("*_log.out"))
+    assert "stopped by its launcher's lease (no heartbeat for 6 s)" in wrapper_logs
+    assert live_jobs_of_earlier_launch(shared_exp) == []
