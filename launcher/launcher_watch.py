@@ -118,6 +118,24 @@ def _watch(pid: int, gone: Callable[[], None], stop_after: float, grace: float) 
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def roles_of(exp_root: Path) -> list[str]:
+    """`pid: command` of this machine's processes running a role of the experiment at `exp_root`
+    (their command line holds `--exp ROOT`), but this one: what a new launch must wait for."""
+    want = ["--exp", str(exp_root)]
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(argv[i:i + 2] == want for i in range(len(argv) - 1)) and _alive(int(entry)):
+            found.append(f"{entry}: {' '.join(argv)[:120]}")
+    return found
+
+
 # ---- SLURM: a lease on the shared filesystem -------------------------------------------------
 HEARTBEAT_FILE = "launcher-heartbeat.json"   # in <exp>/services/
 

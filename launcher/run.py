@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,14 +18,17 @@ from services.protocol import ExpDir, generate_keys
 from .backends import backend_for
 from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
 from .console import keep_output_going
+from .exp_lock import ExperimentInUse, hold_experiment
 from .lifecycle import run_experiment
 from .preflight import check_before_launch
 from .roles import GEN_ADMIN_KEY, GEN_API_KEY
 from .run_info import record_launch
 
 
-def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[ExperimentConfig, ExpDir]:
-    """Resolve the config and create (or reopen, with --resume) the experiment directory."""
+def prepare(file: str | None, overrides: list[str], resume: bool,
+            exclusive: bool = False) -> tuple[ExperimentConfig, ExpDir]:
+    """Resolve the config and create (or reopen, with --resume) the experiment directory; with
+    `exclusive` (a launch), hold it against a second launch before changing anything in it."""
     cfg, prov = load_config_traced(file, overrides)
     # What `tandem config check` checks, before the directory exists or any job is submitted: the
     # layout (sets gen.num_servers from the plan with sglang), the data sets, the model, the
@@ -43,6 +47,13 @@ def prepare(file: str | None, overrides: list[str], resume: bool) -> tuple[Exper
         raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
     # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
     adapter = initial_adapter(cfg) if cfg.trainer.lora.adapter_sync and not exp.initial_adapter.is_dir() else None
+    if exclusive:
+        try:
+            hold_experiment(exp.root)
+        except ExperimentInUse:
+            if adapter is not None:
+                shutil.rmtree(adapter.parent, ignore_errors=True)
+            raise
     exp.root.mkdir(parents=True, exist_ok=True)
     save_resolved(cfg, exp.root)
     record_launch(exp.root, file, resume)   # file, commit and time: the report's title
@@ -83,7 +94,11 @@ def write_gen_keys(exp: ExpDir) -> None:
 
 
 def cmd_run(args) -> int:
-    cfg, exp = prepare(args.file, args.overrides, args.resume)
+    try:
+        cfg, exp = prepare(args.file, args.overrides, args.resume, exclusive=True)
+    except ExperimentInUse as e:
+        print(f"tandem run: {e}", file=sys.stderr, flush=True)
+        return 2
     keep_output_going(exp.logs)   # a closed pipe or a dropped terminal must not end the run
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s")
     if shutil.which("bwrap") is None and cfg.reward.task == "code":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from services.protocol import STOP_GRACE_S, ExpDir, MetricsWriter, free_port, write_json_atomic
 
 from ..config import ExperimentConfig
-from ..launcher_watch import launcher_env
+from ..launcher_watch import SERVICES_STOP_AFTER_S, launcher_env, roles_of
 from ..placement import CPUS_ENV, CpuPlacement, format_ranges
 from ..plan import cpu_placement_for, local_trainer_world
 from ..role_cpu import RoleCpuMeter
@@ -240,6 +240,23 @@ class LocalBackend(Backend):
     def pick_port(self) -> int:
         # Fixed at launch: a restarted server binds the same address, which the controller knows.
         return free_port()
+
+    def check_can_start(self) -> None:
+        """Roles of an earlier launch still running here (its launcher was killed a moment ago,
+        and they are stopping by themselves: launcher_watch.py) are waited for, as long as their
+        launcher would have given them; a second set of roles beside them is never started."""
+        left = roles_of(self.exp.root)
+        if not left:
+            return
+        wait_s = SERVICES_STOP_AFTER_S + max(STOP_GRACE_S, self.trainer_stop_s) + 5.0
+        print(f"waiting up to {wait_s:.0f}s for {len(left)} role(s) of an earlier launch of {self.exp.root} "
+              f"to stop (they stop by themselves once their launcher is gone) ...", flush=True)
+        deadline = time.monotonic() + wait_s
+        while (left := roles_of(self.exp.root)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if left:
+            raise LaunchError(f"roles of an earlier launch of {self.exp.root} are still running after "
+                              f"{wait_s:.0f}s; stop them first (kill PID):\n  " + "\n  ".join(left))
 
     def _env(self, role: Role) -> dict[str, str]:
         """On a local GPU machine each server gets its TP group's GPUs and each trainer rank the

@@ -133,15 +133,20 @@ time.sleep(600)
 
 
 @pytest.mark.parametrize("forked", [False, True], ids=["fresh", "forked"])
-def test_a_real_role_started_by_the_supervisor_stops_cleanly_when_the_launcher_is_sigkilled(tmp_path, forked):
+def test_a_real_role_started_by_the_supervisor_stops_cleanly_when_the_launcher_is_sigkilled(tmp_path, forked,
+                                                                                           capsys):
     """The real supervisor starts a real controller (fresh, or forked from the preloading server,
     whose parent is not the launcher's); the launcher is SIGKILLed; the controller receives
-    SIGTERM after the services' wait and shuts down on its own."""
+    SIGTERM after the services' wait and shuts down on its own. A new launch of the experiment
+    started at once (`--resume` right after the crash) waits for it rather than starting a second
+    controller beside it."""
+    from launcher.backends.local import LocalBackend
     from launcher.config import load_config, save_resolved
     from launcher.launcher_watch import SERVICES_STOP_AFTER_S
     from services.protocol import ExpDir, generate_keys
     exp = ExpDir(tmp_path / "exp")
-    save_resolved(load_config("configs/math-tiny.yaml", [f"experiment.exp_dir={exp.root}"]), exp.root)
+    cfg = load_config("configs/math-tiny.yaml", [f"experiment.exp_dir={exp.root}"])
+    save_resolved(cfg, exp.root)
     generate_keys(exp.keys)
     console = tmp_path / "launcher.console"
     with open(console, "wb") as out:
@@ -154,7 +159,14 @@ def test_a_real_role_started_by_the_supervisor_stops_cleanly_when_the_launcher_i
         assert f"{PID_ENV}={launcher.pid}" in env and f"{STOP_AFTER_ENV}={SERVICES_STOP_AFTER_S:g}" in env
         launcher.kill()
         launcher.wait()
-        assert _wait_gone(pid, SERVICES_STOP_AFTER_S + 30), f"controller {pid} still running"
+        backend = LocalBackend(cfg, exp)
+        try:
+            backend.check_can_start()            # the next launch, at once
+        finally:
+            backend.sup.close()
+        assert not _running(pid), f"controller {pid} still running when the next launch went ahead"
+        assert f"waiting up to {SERVICES_STOP_AFTER_S + cfg.launcher.trainer_stop_s + 5:.0f}s for 1 role(s) of an " \
+               f"earlier launch of {exp.root}" in capsys.readouterr().out
     finally:
         for group in (launcher.pid, pid):
             if group is not None and _running(group):

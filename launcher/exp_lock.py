@@ -1,0 +1,63 @@
+"""One launch at a time per experiment directory.
+
+A second `tandem run ... --resume` on a directory whose first launch still runs (another tmux
+pane, a terminal thought dead, a scheduled retry) used to go ahead: it rewrote the config,
+replaced the generation servers' API keys under the running servers, and started a second
+controller, trainer and set of workers writing the same checkpoints and records. So `tandem run`
+holds an exclusive lock (`flock`) on `<exp>/launcher.lock` from before it changes anything
+until it exits — the kernel releases it however the launcher ends, SIGKILL included — and a
+second launch is refused before it touches the directory, naming the launch that holds it.
+A filesystem without locks (some network mounts) gets a warning and no lock.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TextIO
+
+LOCK_FILE = "launcher.lock"
+log = logging.getLogger(__name__)
+_held: list[TextIO] = []   # the open lock files: released when this process exits
+
+
+class ExperimentInUse(RuntimeError):
+    pass
+
+
+def hold_experiment(root: Path) -> None:
+    """Lock `root` for this process's lifetime, or raise ExperimentInUse naming the holder."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_FILE
+    f = open(path, "a+")   # noqa: SIM115 (held open until the process exits)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            f.seek(0)
+            holder = _describe(f.read())
+            f.close()
+            raise ExperimentInUse(f"{root} is in use by another launch ({holder}); wait for it to end, or "
+                                  f"stop it (Ctrl-C in its terminal, or SIGTERM to that process) and run "
+                                  f"again") from None
+        f.close()
+        log.warning("cannot lock %s (%s): a second launch of this experiment would not be refused", path, e)
+        return
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}) + "\n")
+    f.flush()
+    _held.append(f)
+
+
+def _describe(text: str) -> str:
+    try:
+        held = json.loads(text)
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held["started"]))
+        return f"pid {held['pid']} on {held['host']}, since {since}"
+    except (ValueError, KeyError, TypeError):
+        return "its holder did not say who it is"
