@@ -8,6 +8,7 @@ details (local: CPU sets and GPU ids from the plan; SLURM: job sizes, the node's
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,7 +70,34 @@ def gpu_layout(cfg: ExperimentConfig):
         if la.nodes != 1:
             raise ConfigError(f"launcher.nodes={la.nodes}: the local backend runs on this machine only; "
                               f"use launcher.backend: slurm for several nodes")
+        visible = visible_gpus()
+        if visible and len(visible) < la.gpus_per_node:
+            shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+            raise ConfigError(f"launcher.gpus_per_node={la.gpus_per_node}: the plan places the roles on "
+                              f"{la.gpus_per_node} GPUs, but this launcher sees {len(visible)}"
+                              + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+                              + f"; set launcher.gpus_per_node={len(visible)}")
     return plan
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs the local launcher may place roles on, as its children must name them: the
+    entries of its own CUDA_VISIBLE_DEVICES (a shared machine's share, a SLURM allocation's
+    GPUs: the plan's GPU i is the i-th of them), else 0..N-1 for the N devices torch sees.
+    CUDA reads the list up to its first invalid entry ("-1" hides them all)."""
+    text = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if text is not None:
+        out = []
+        for entry in (e.strip() for e in text.split(",")):
+            if not entry or entry.startswith("-"):
+                break
+            out.append(entry)
+        return out
+    try:
+        import torch
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:   # no torch or no driver: the plan's own numbering
+        return []
 
 
 def experiment_roles(cfg: ExperimentConfig, exp: ExpDir, resume: bool, host: str = "127.0.0.1",

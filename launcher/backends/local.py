@@ -29,7 +29,7 @@ from ..launcher_watch import SERVICES_STOP_AFTER_S, launcher_env, roles_of
 from ..placement import CPUS_ENV, CpuPlacement, format_ranges
 from ..plan import cpu_placement_for, local_trainer_world
 from ..role_cpu import RoleCpuMeter
-from ..roles import Role, gpu_layout
+from ..roles import Role, gpu_layout, visible_gpus
 from .base import Announcement, Backend, Ended, LaunchError, announce_trainer_stop
 from .local_ranks import TrainerRanks, rank_env
 from .role_forks import FORKED_KINDS, ForkedRole, RoleForks, gpu_build_of_torch
@@ -232,6 +232,8 @@ class LocalBackend(Backend):
         self.sup = supervisor or LocalSupervisor(exp, cpu_placement_for(cfg), cfg.launcher.fork_roles)
         local = cfg.launcher.backend == "local"
         self.gpu_plan = gpu_layout(cfg) if local else None
+        # The plan numbers GPUs 0..N-1; the launcher's own CUDA_VISIBLE_DEVICES says which they are.
+        self.gpus = visible_gpus() if self.gpu_plan is not None else []
         # Trainer ranks (the plan's on GPUs, launcher.cpus.trainer_ranks on the CPU miniature).
         self.trainer_world = local_trainer_world(cfg) if local else 1
         self.trainer_stop_s = cfg.launcher.trainer_stop_s
@@ -266,8 +268,14 @@ class LocalBackend(Backend):
         if self.gpu_plan is None or role.kind not in ("gen", "trainer"):
             return env
         if role.kind == "trainer":
-            return {**env, "CUDA_VISIBLE_DEVICES": self.gpu_plan.trainer_devices(role.index)}
-        return {"CUDA_VISIBLE_DEVICES": self.gpu_plan.cuda_visible_devices(role.kind, role.index)}
+            return {**env, "CUDA_VISIBLE_DEVICES": self._devices(self.gpu_plan.trainer_devices(role.index))}
+        return {"CUDA_VISIBLE_DEVICES": self._devices(self.gpu_plan.cuda_visible_devices(role.kind, role.index))}
+
+    def _devices(self, planned: str) -> str:
+        """The plan's GPU numbers as this machine's (identity when the launcher saw none)."""
+        if not self.gpus:
+            return planned
+        return ",".join(self.gpus[int(i)] for i in planned.split(","))
 
     def _processes(self, role: Role) -> list[tuple[Role, dict[str, str]]]:
         """What starting `role` starts: itself, or the trainer's ranks with their rendezvous."""

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends.local import LocalBackend
+from launcher.config import ConfigError
 from launcher.launcher_watch import launcher_env
 from launcher.lifecycle import register_server
 from launcher.roles import GEN_ADMIN_KEY, GEN_API_KEY, experiment_roles
@@ -116,6 +117,25 @@ def test_keys_are_random_private_and_both_referenced(tmp_path):
     cfg.gen.backend = "embedded"
     argv = _tandem_args({s.name: s for s in experiment_roles(cfg, exp, False)}["gen-0"])
     assert argv[:2] == ["gen", "serve"] and _flag(argv, "--admin-api-key-file") == str(exp.keys / GEN_ADMIN_KEY)
+
+
+def test_the_plans_gpus_are_those_the_launcher_was_given(tmp_path, monkeypatch):
+    """A launcher given part of a machine (CUDA_VISIBLE_DEVICES=5,2: a shared box's share, a SLURM
+    allocation's GPUs) puts the plan's GPU i on the i-th of them, never on one it was not given;
+    one given fewer than the plan needs is refused before anything starts, saying how many."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,2")
+    cfg, exp = _experiment(tmp_path)
+    backend = LocalBackend(cfg, exp)
+    backend.sup.close()
+    specs = {s.name: s for s in experiment_roles(cfg, exp, False)}
+    assert backend._env(specs["gen-0"]) == {"CUDA_VISIBLE_DEVICES": "5"}
+    assert backend._env(specs["trainer-0"])["CUDA_VISIBLE_DEVICES"] == "2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with pytest.raises(ConfigError, match=r"launcher.gpus_per_node=2: the plan places the roles on 2 GPUs, but "
+                                          r"this launcher sees 1 \(CUDA_VISIBLE_DEVICES=5\); set "
+                                          r"launcher.gpus_per_node=1"):
+        (tmp_path / "fewer").mkdir()
+        _experiment(tmp_path / "fewer")
 
 
 def test_launch_readiness_registration_restart_and_stop(tmp_path, standin):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from launcher.backends.base import Announcement
 from launcher.config import load_config
 from launcher.roles import eval_role, experiment_roles, waves
@@ -73,3 +75,12 @@ def test_a_lora_adapter_run_starts_every_server_on_version_0s_adapter(exp):
     for overrides in (["trainer.lora.rank=8", "trainer.lora.sync=merged"], []):
         roles = experiment_roles(_cfg(exp, *overrides), exp, False, pick_port=lambda: 0)
         assert not any("--lora-paths" in _args(r) for r in roles)
+
+
+@pytest.mark.parametrize(("value", "gpus"), [("0,1", ["0", "1"]), ("GPU-a1b2, GPU-c3d4", ["GPU-a1b2", "GPU-c3d4"]),
+                                             ("3,-1,2", ["3"]), ("-1", []), ("", []), ("MIG-9f", ["MIG-9f"])])
+def test_the_gpus_a_launcher_may_use_are_its_own_cuda_visible_devices(monkeypatch, value, gpus):
+    """As CUDA reads the list: up to its first invalid entry."""
+    from launcher.roles import visible_gpus
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert visible_gpus() == gpus
