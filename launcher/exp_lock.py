@@ -7,7 +7,10 @@ controller, trainer and set of workers writing the same checkpoints and records.
 holds an exclusive lock (`flock`) on `<exp>/launcher.lock` from before it changes anything
 until it exits — the kernel releases it however the launcher ends, SIGKILL included — and a
 second launch is refused before it touches the directory, naming the launch that holds it.
-A filesystem without locks (some network mounts) gets a warning and no lock.
+A lock held from another host (a launcher whose node died, its job requeued by SLURM) is
+waited for up to `OTHER_HOST_WAIT_S`: a network filesystem frees a dead client's locks when its
+lease runs out (NFSv4: 90 s by default). A filesystem without locks (some network mounts) gets
+a warning and no lock.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 LOCK_FILE = "launcher.lock"
+OTHER_HOST_WAIT_S = 150.0
 log = logging.getLogger(__name__)
 _held: list[TextIO] = []   # the open lock files: released when this process exits
 
@@ -34,19 +38,29 @@ def hold_experiment(root: Path) -> None:
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_FILE
     f = open(path, "a+")   # noqa: SIM115 (held open until the process exits)
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            f.seek(0)
-            holder = _describe(f.read())
+    deadline = None
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                f.close()
+                log.warning("cannot lock %s (%s): a second launch of this experiment would not be refused",
+                            path, e)
+                return
+        f.seek(0)
+        held = _holder(f.read())
+        if deadline is None and held.get("host") not in (None, os.uname().nodename):
+            deadline = time.monotonic() + OTHER_HOST_WAIT_S
+            print(f"{root} is locked from {held['host']}; waiting up to {OTHER_HOST_WAIT_S:.0f}s (a launch "
+                  f"whose node died holds it until the filesystem's lease on it runs out) ...", flush=True)
+        if deadline is None or time.monotonic() > deadline:
             f.close()
-            raise ExperimentInUse(f"{root} is in use by another launch ({holder}); wait for it to end, or "
-                                  f"stop it (Ctrl-C in its terminal, or SIGTERM to that process) and run "
-                                  f"again") from None
-        f.close()
-        log.warning("cannot lock %s (%s): a second launch of this experiment would not be refused", path, e)
-        return
+            raise ExperimentInUse(f"{root} is in use by another launch ({_describe(held)}); wait for it to "
+                                  f"end, or stop it (Ctrl-C in its terminal, or SIGTERM to that process) and "
+                                  f"run again")
+        time.sleep(1.0)
     f.seek(0)
     f.truncate()
     f.write(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}) + "\n")
@@ -54,10 +68,17 @@ def hold_experiment(root: Path) -> None:
     _held.append(f)
 
 
-def _describe(text: str) -> str:
+def _holder(text: str) -> dict:
     try:
         held = json.loads(text)
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _describe(held: dict) -> str:
+    try:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held["started"]))
         return f"pid {held['pid']} on {held['host']}, since {since}"
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return "its holder did not say who it is"
