@@ -156,10 +156,7 @@ class Trainer:
                 # checkpoint and recorded again; the other order could leave a checkpoint standing
                 # for a step that no record (and so no audit) ever shows.
                 if self.tcfg.checkpoint_every and self.version % self.tcfg.checkpoint_every == 0:
-                    t0 = time.perf_counter()
                     self.save_checkpoint()
-                    if self.metrics:
-                        self.metrics.log(event="checkpoint", step=self.version, checkpoint_s=time.perf_counter() - t0)
                 if self._stop_requested():
                     break
             self.announcements.wait_all()
@@ -392,7 +389,8 @@ class Trainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self) -> None:
-        loop_state = None
+        """Every checkpoint, the one at a stop (SIGTERM, the run's end) too, with a `checkpoint` record."""
+        t0, loop_state = time.perf_counter(), None
         if self.rank == 0:
             with self.intake.paused():
                 self._drain(first_timeout_s=0)  # whatever arrived (and was logged) joins the snapshot
@@ -414,6 +412,8 @@ class Trainer:
         self._last_checkpoint = self.version
         if self.rank == 0:
             delete_wals(self.exp.checkpoints, below=self._wal_seq)
+        if self.metrics:
+            self.metrics.log(event="checkpoint", step=self.version, checkpoint_s=time.perf_counter() - t0)
 
     def _open_wal(self, replay_existing: bool) -> TrajectoryLog:
         """The trajectory log to append to (see wal.py). On resume, first replay every log from
