@@ -5,6 +5,7 @@ and hands it to the lifecycle (`launcher/lifecycle.py`), which is the same on ev
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -43,6 +44,7 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
         if previous.trainer.groups_per_step != cfg.trainer.groups_per_step:
             raise ConfigError("trainer.groups_per_step differs from the run being resumed; "
                               "staleness accounting would not agree")
+        check_same_architecture(previous.experiment.model, cfg.experiment.model)
     elif resume:
         raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
     # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
@@ -63,6 +65,32 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
         shutil.move(str(adapter), exp.initial_adapter)
         shutil.rmtree(adapter.parent, ignore_errors=True)
     return cfg, exp
+
+
+# What a checkpoint's tensors are shaped by: another value cannot load it.
+ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "vocab_size")
+
+
+def check_same_architecture(before: str, now: str) -> None:
+    """A resume may point experiment.model elsewhere (a moved directory, the same model's other
+    copy) but not at another architecture: the checkpoint holds the first one's tensors, and the
+    trainer would fail on its first shape after every role had started. Compared where both are
+    local directories with a config.json (a hub id is not looked up here)."""
+    if before == now:
+        return
+    configs = []
+    for path in (before, now):
+        try:
+            configs.append(json.loads((Path(path) / "config.json").read_text()))
+        except (OSError, ValueError):
+            return
+    differ = [f"{k} {configs[0].get(k)} -> {configs[1].get(k)}" for k in ARCHITECTURE_KEYS
+              if configs[0].get(k) != configs[1].get(k)]
+    if differ:
+        raise ConfigError(f"experiment.model: {now} is another architecture than the run being resumed was "
+                          f"started with ({before}: {', '.join(differ)}); its checkpoints hold that model's "
+                          f"tensors. Resume with experiment.model={before}, or start a new experiment")
 
 
 def initial_adapter(cfg: ExperimentConfig):

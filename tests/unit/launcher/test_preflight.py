@@ -125,3 +125,26 @@ def test_run_refuses_before_the_experiment_directory_exists(tmp_path, files):
     with pytest.raises(ConfigError, match="rollout.dataset"):
         prepare(str(path), [], resume=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_may_move_the_model_but_not_change_its_architecture(tmp_path, files):
+    """The checkpoint holds the first model's tensors: another shape is refused before anything
+    starts (and before the directory is touched), naming what differs; the same model elsewhere
+    (a moved directory) resumes."""
+    model, data = files
+    shape = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512}
+    (model / "config.json").write_text(json.dumps(shape))
+    path = _write(tmp_path, model, data)
+    local = ["launcher.backend=local", "launcher.nodes=1", "gen.backend=embedded", "gen.num_servers=1"]
+    prepare(str(path), local, resume=False)
+    moved, other = tmp_path / "moved", tmp_path / "other"
+    moved.mkdir()
+    other.mkdir()
+    (moved / "config.json").write_text(json.dumps(shape))
+    (other / "config.json").write_text(json.dumps({**shape, "hidden_size": 96, "num_hidden_layers": 3}))
+    before = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"another architecture .* hidden_size 64 -> 96, num_hidden_layers 2 -> 3"):
+        prepare(str(path), [*local, f"experiment.model={other}"], resume=True)
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
+    prepare(str(path), [*local, f"experiment.model={moved}"], resume=True)
