@@ -49,14 +49,16 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
         raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
     # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
     adapter = initial_adapter(cfg) if cfg.trainer.lora.adapter_sync and not exp.initial_adapter.is_dir() else None
-    if exclusive:
-        try:
+    try:
+        exp.root.mkdir(parents=True, exist_ok=True)
+        if exclusive:
             hold_experiment(exp.root)
-        except ExperimentInUse:
-            if adapter is not None:
-                shutil.rmtree(adapter.parent, ignore_errors=True)
-            raise
-    exp.root.mkdir(parents=True, exist_ok=True)
+    except (ExperimentInUse, OSError) as e:
+        if adapter is not None:
+            shutil.rmtree(adapter.parent, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise ConfigError(f"experiment.exp_dir: cannot create {exp.root}: {e.strerror or e}") from None
+        raise
     save_resolved(cfg, exp.root)
     record_launch(exp.root, file, resume)   # file, commit and time: the report's title
     generate_keys(exp.keys)

@@ -148,3 +148,12 @@ def test_a_resume_may_move_the_model_but_not_change_its_architecture(tmp_path, f
         prepare(str(path), [*local, f"experiment.model={other}"], resume=True)
     assert (tmp_path / "run" / "config.yaml").read_text() == before
     prepare(str(path), [*local, f"experiment.model={moved}"], resume=True)
+
+
+def test_an_experiment_directory_that_cannot_be_made_is_named(tmp_path, files):
+    model, data = files
+    (tmp_path / "a-file").write_text("")
+    path = _write(tmp_path, model, data)
+    with pytest.raises(ConfigError, match=r"^experiment\.exp_dir: cannot create .*a-file/exp: Not a directory$"):
+        prepare(str(path), ["launcher.backend=local", "launcher.nodes=1", "gen.backend=embedded", "gen.num_servers=1",
+                            f"experiment.exp_dir={tmp_path / 'a-file' / 'exp'}"], resume=False, exclusive=True)
