@@ -63,7 +63,8 @@ def hold_experiment(root: Path) -> None:
         time.sleep(1.0)
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": time.time()}) + "\n")
+    f.write(json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "started": time.time(),
+                        "process_began": _began(os.getpid())}) + "\n")
     f.flush()
     _held.append(f)
 
@@ -82,3 +83,33 @@ def _describe(held: dict) -> str:
         return f"pid {held['pid']} on {held['host']}, since {since}"
     except (KeyError, TypeError, ValueError, OverflowError):
         return "its holder did not say who it is"
+
+
+def last_launch(root: Path) -> tuple[dict, bool | None] | None:
+    """The launch that last held `root` (pid, host, started) and whether it still runs: None
+    when that is another host's to say; None for a directory no launch has held."""
+    try:
+        held = _holder((root / LOCK_FILE).read_text())
+    except OSError:
+        return None
+    if not held.get("pid"):
+        return None
+    if held.get("host") != os.uname().nodename:
+        return held, None
+    began = _began(int(held["pid"]))
+    # The same pid begun at another time is another process, the launcher's pid reused.
+    return held, began is not None and abs(began - float(held.get("process_began") or 0)) < 1.0
+
+
+def _began(pid: int) -> float | None:
+    """When process `pid` began (seconds since the epoch), None if it is not running."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")

@@ -2,15 +2,22 @@
 
 Both read `<exp>/services/slurm-jobs.json`, which the slurm backend writes as it submits, so
 they work from any shell on the shared filesystem while the launcher runs, after it died, or
-from inside `slurm/train.sbatch`'s allocation.
+from inside `slurm/train.sbatch`'s allocation. For an experiment of the local backend, `status`
+says whether its launch runs (the launch's record in `<exp>/launcher.lock`, exp_lock.py), its
+last step and the roles running on this machine.
 """
 from __future__ import annotations
 
 import datetime
 import sys
+import time
 
-from services.protocol import ExpDir
+from services.protocol import ExpDir, read_metrics
 
+from .config import load_experiment
+from .exp_lock import last_launch
+from .launcher_watch import roles_of
+from .progress import run_steps
 from .slurm_jobs import SlurmUnavailable, cancel_experiment, cancel_flag, query_states, read_record
 
 
@@ -19,6 +26,8 @@ def cmd_status(args) -> int:
     try:
         record = read_record(exp)
     except FileNotFoundError as e:
+        if exp.config.exists():   # launched on this machine (the local backend)
+            return local_status(exp)
         print(f"tandem status: {e}", file=sys.stderr)
         return 2
     roles = record.get("roles", {})
@@ -38,6 +47,28 @@ def cmd_status(args) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def local_status(exp: ExpDir) -> int:
+    """A local launch: whether it runs (its lock, exp_lock.py), its last step, its roles here."""
+    launch = last_launch(exp.root)
+    if launch is None:
+        state = "no launch recorded (launcher.lock)"
+    else:
+        held, running = launch
+        since = datetime.datetime.fromtimestamp(held.get("started", 0)).strftime("%Y-%m-%d %H:%M:%S")
+        who = f"pid {held['pid']} on {held.get('host')}, started {since}"
+        state = {True: f"launch running ({who})", False: f"no launch running (the last: {who})",
+                 None: f"launched from {held.get('host')} ({who}); whether it runs, that host can tell"}[running]
+    print(f"experiment {exp.root}: {state}")
+    steps = run_steps(read_metrics(exp, "trainer"))
+    if steps:
+        ago = time.time() - steps[-1]["time"]
+        total = load_experiment(exp.root).trainer.total_steps
+        print(f"  step {steps[-1]['step']} of {total}, {ago:.0f} s ago")
+    roles = roles_of(exp.root)
+    print("  roles running here: " + ("none" if not roles else "\n    " + "\n    ".join(roles)))
     return 0
 
 
@@ -66,7 +97,8 @@ def cmd_cancel(args) -> int:
 def register(sub) -> None:
     # dest=exp_dir: these commands need only the job record, not the experiment's config, so a
     # config that no longer loads (edited, older code) can never stand in the way of a cancel.
-    p = sub.add_parser("status", help="show each role's SLURM job and its state (slurm backend)")
+    p = sub.add_parser("status", help="show each role's SLURM job and its state (slurm backend), or whether a "
+                                      "local launch runs, its last step and its roles")
     p.add_argument("--exp", dest="exp_dir", required=True, help="experiment directory")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("cancel", help="cancel every SLURM job of an experiment (slurm backend)")

@@ -41,6 +41,10 @@ def test_a_second_launch_is_refused_the_output_outlives_its_reader_and_sighup_st
     assert second.returncode == 2 and f"is in use by another launch (pid {proc.pid} on " in second.stderr, \
         second.stderr[-2000:]
     assert {p: p.read_bytes() for p in files} == files   # nothing of the running launch touched
+    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", "--exp", str(exp.root)],
+                            capture_output=True, text=True, timeout=120)
+    assert f"launch running (pid {proc.pid} on " in status.stdout and " of 400, " in status.stdout, status.stdout
+    assert "roles running here: \n" in status.stdout and "trainer --exp" in status.stdout, status.stdout
     proc.stdout.close()                # ... and we are gone
     _wait(lambda: out.exists() and "stdout is gone" in out.read_text(), "notice in launcher.out", proc)
     at = len(steps(exp))
@@ -50,5 +54,9 @@ def test_a_second_launch_is_refused_the_output_outlives_its_reader_and_sighup_st
     text = out.read_text()
     assert "interrupted; stopping every role" in text and "stopping the trainer" in text, text[-3000:]
     assert leftovers(exp) == []
+    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", "--exp", str(exp.root)],
+                            capture_output=True, text=True, timeout=120)
+    assert f"no launch running (the last: pid {proc.pid} on " in status.stdout, status.stdout
+    assert "roles running here: none" in status.stdout, status.stdout
     last = max(s["step"] for s in steps(exp))
     assert (exp.checkpoints / f"step-{last}").is_dir()   # the trainer saved its last step

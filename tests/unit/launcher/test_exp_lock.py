@@ -31,3 +31,20 @@ def test_a_lock_held_from_another_host_is_waited_for_then_refused(tmp_path, monk
     with pytest.raises(ExperimentInUse, match="pid 7 on dead-node"):
         hold_experiment(root)
     assert "locked from dead-node; waiting up to 2s" in capsys.readouterr().out
+
+
+def test_the_last_launch_runs_only_if_its_pid_began_when_the_launch_did(tmp_path):
+    """`tandem status`: a launcher's pid, once it has exited, may be another process's; its start
+    time tells them apart."""
+    import json
+
+    import launcher.exp_lock as exp_lock
+    root = tmp_path / "exp"
+    assert exp_lock.last_launch(root) is None
+    hold_experiment(root)
+    held, running = exp_lock.last_launch(root)
+    assert held["pid"] == os.getpid() and running is True   # this process holds it
+    (root / exp_lock.LOCK_FILE).write_text(json.dumps({**held, "process_began": held["process_began"] - 3600}))
+    assert exp_lock.last_launch(root)[1] is False            # the same pid, begun at another time: not it
+    (root / exp_lock.LOCK_FILE).write_text(json.dumps({**held, "host": "elsewhere"}))
+    assert exp_lock.last_launch(root)[1] is None             # that host's to say
