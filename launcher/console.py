@@ -25,11 +25,14 @@ class Fallback:
         self._file: TextIO | None = None
 
     def write(self, text: str) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", buffering=1)   # noqa: SIM115 (kept open for the run)
-        self._file.write(text)
-        self._file.flush()
+        try:
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.path, "a", buffering=1)   # noqa: SIM115 (kept open for the run)
+            self._file.write(text)
+            self._file.flush()
+        except OSError:   # a full or vanished disk: the output is lost, not the run
+            pass
 
 
 class Console(io.TextIOBase):

@@ -52,3 +52,10 @@ def test_stdout_and_stderr_share_one_file(tmp_path):
     text = fallback.path.read_text()
     assert "stdout is gone" in text and "stderr is gone" in text
     assert text.index("progress") < text.index("stderr is gone") < text.index("a warning")
+
+
+def test_when_the_fallback_cannot_be_written_either_the_output_is_dropped_not_the_run(tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    out = Console(_closed_pipe(), Fallback(tmp_path / "not-a-dir" / "launcher.out"), "stdout")
+    assert out.write("step 1/4\n") == len("step 1/4\n")
+    out.flush()
