@@ -120,7 +120,9 @@ def _watch(pid: int, gone: Callable[[], None], stop_after: float, grace: float) 
 
 def roles_of(exp_root: Path) -> list[str]:
     """`pid: command` of this machine's processes running a role of the experiment at `exp_root`
-    (their command line holds `--exp ROOT`), but this one: what a new launch must wait for."""
+    (a launcher started them: its pid is in their environment; their command line holds
+    `--exp ROOT`), but this one: what a new launch must wait for. A `tandem report --exp ROOT`
+    run by hand is no role."""
     want = ["--exp", str(exp_root)]
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -129,9 +131,13 @@ def roles_of(exp_root: Path) -> list[str]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().decode(errors="replace").split("\0")
+            if not any(argv[i:i + 2] == want for i in range(len(argv) - 1)):
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                started_by_launcher = f"{PID_ENV}=".encode() in f.read()
         except OSError:
             continue
-        if any(argv[i:i + 2] == want for i in range(len(argv) - 1)) and _alive(int(entry)):
+        if started_by_launcher and _alive(int(entry)):
             found.append(f"{entry}: {' '.join(argv)[:120]}")
     return found
 
