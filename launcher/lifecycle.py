@@ -220,7 +220,9 @@ def _sigterm_interrupts():
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    return {sig: signal.signal(sig, interrupt) for sig in STOPPING}
+    # A signal ignored when the launcher started stays ignored: `nohup tandem run ...` means the
+    # run outlives its terminal.
+    return {sig: signal.signal(sig, interrupt) for sig in STOPPING if signal.getsignal(sig) != signal.SIG_IGN}
 
 
 def _restore(previous) -> None:
