@@ -49,10 +49,12 @@ def experiment_file(workdir: Path, model: Path, name: str, total_steps: int) -> 
 
 
 def as_terminal_foreground() -> None:
-    """preexec_fn of a launcher that is sent a terminal's Ctrl-C: SIGINT at its default, as in a
-    foreground job. A shell starts background jobs (`make test &`, nohup) with SIGINT ignored,
-    and an ignored signal stays ignored across exec — the launcher would never see the Ctrl-C."""
+    """preexec_fn of a launcher that is sent a terminal's Ctrl-C or hang-up: SIGINT and SIGHUP at
+    their defaults, as in a foreground job. A shell starts background jobs (`make test &`,
+    nohup) with SIGINT (and nohup SIGHUP) ignored, and an ignored signal stays ignored across
+    exec — the launcher would never see them."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def launch(cfg: Path, *extra: str) -> subprocess.Popen:
