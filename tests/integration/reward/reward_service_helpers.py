@@ -67,8 +67,11 @@ def stop_service(svc: RunningService) -> None:
 
 
 def sandbox_processes() -> list[str]:
-    """Processes a sandbox could leave behind: its harness or anything run as a sandbox user."""
-    found = []
+    """Processes a sandbox of this test could leave behind: its harness or anything run as a
+    sandbox user, under this test's process (its reward service's sandboxes) or orphaned (a
+    sandbox tree whose every ancestor up to init is a sandbox process: a leak). The sandboxes of
+    a run on another pytest worker (e2e code runs) live under that worker: not this test's."""
+    found = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -80,8 +83,22 @@ def sandbox_processes() -> list[str]:
         harness = "no harness" in cmd   # the sandbox's boot code (reward/sandbox.py _BOOT)
         if harness or os.path.basename(cmd.split(" ")[0]) == "bwrap" or "tandem-sbx" in cmd \
                 or SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + 10000:
-            found.append(f"{name} uid={uid} {cmd[:120]}")
-    return found
+            found[int(name)] = f"{name} uid={uid} {cmd[:120]}"
+    return [desc for pid, desc in found.items() if _ours_or_orphaned(pid, set(found))]
+
+
+def _ours_or_orphaned(pid: int, sandboxed: set[int]) -> bool:
+    only_sandboxes = True
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False   # gone meanwhile
+        if pid == os.getpid():
+            return True
+        if pid > 1 and pid not in sandboxed:
+            only_sandboxes = False
+    return only_sandboxes
 
 
 def wait_no_sandbox_processes(timeout_s: float = 5.0) -> list[str]:
