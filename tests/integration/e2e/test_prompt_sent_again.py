@@ -27,8 +27,13 @@ def test_a_prompt_sent_again_after_its_receipts_were_lost_is_refused(tmp_path, t
     position = json.loads(saved.read_text())["position"]
     back = max(0, position - 6)
     saved.write_text(json.dumps({"position": back, "settled_ahead": [], "skipped": 0}))
-    out = finish(tandem("run", cfg, "--resume", "trainer.total_steps=7"))
-    assert "step 7/7" in out, out[-3000:]
+    # The trainer resumes holding the first launch's extra groups, up to B x (eta + 1) = 6: three
+    # steps' worth. Three more steps need new groups, and the worker's first are the six prompts
+    # sent again, so those reach the trainer before the run can end. (Resumed to 7 steps, the
+    # held groups alone finished it once, the six arriving after the trainer's exit: returned,
+    # none refused.)
+    out = finish(tandem("run", cfg, "--resume", "trainer.total_steps=10"))
+    assert "step 10/10" in out, out[-3000:]
     # (not the last step's time: the first launch's worker delivers groups after it)
     resumed_at = read_metrics(exp, "launcher", "resumed")[-1]["resumed_at"]
     again = [r["group_id"] for r in read_metrics(exp, "rollout", "group")
