@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from .launcher_watch import stat_fields
+
 LOCK_FILE = "launcher.lock"
 OTHER_HOST_WAIT_S = 150.0
 log = logging.getLogger(__name__)
@@ -104,12 +106,11 @@ def last_launch(root: Path) -> tuple[dict, bool | None] | None:
 def _began(pid: int) -> float | None:
     """When process `pid` began (seconds since the epoch), None if it is not running."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = stat_fields(pid)
         with open("/proc/stat") as f:
             boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
     except (OSError, IndexError, StopIteration, ValueError):
         return None
-    if fields[0] == "Z":
+    if fields[0] in ("Z", "X"):
         return None
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")

@@ -91,6 +91,12 @@ def _exit_of(pid: int) -> Callable[[], None]:
     return wait
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat from its third field on (after the command name, which may hold spaces
+    and parentheses): index i is field i + 3 of proc(5)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -99,10 +105,9 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:   # a zombie (exited, not yet reaped by its parent) is gone all the same
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return stat_fields(pid)[0] not in ("Z", "X")
     except (OSError, IndexError):
-        return True
+        return True   # no /proc here: kill's answer
 
 
 def _watch(pid: int, gone: Callable[[], None], stop_after: float, grace: float) -> None:

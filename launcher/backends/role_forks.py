@@ -36,6 +36,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from ..launcher_watch import stat_fields
+
 log = logging.getLogger(__name__)
 
 # What every model role imports before its first line of work.
@@ -228,16 +230,10 @@ def _connection_pair() -> tuple[Connection, Connection]:
     return ours, theirs
 
 
-def _stat_fields(pid: int | str) -> list[str]:
-    """/proc/<pid>/stat from its third field on (after the command name, which may hold spaces
-    and parentheses): index i is field i + 3 of proc(5)."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-
-
 def _alive(pid: int) -> bool:
     """Running (a zombie whose new parent has not reaped it yet counts as ended)."""
     try:
-        return _stat_fields(pid)[0] not in ("Z", "X")
+        return stat_fields(pid)[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
@@ -320,7 +316,7 @@ def show_as(argv: list[str], env: dict[str, str] | None = None) -> None:
     the interpreter copied its argv at start, and libc's `environ` points elsewhere once
     `os.environ` was replaced."""
     try:
-        fields = _stat_fields("self")
+        fields = stat_fields("self")
         # fields 48-51 of proc(5): arg_start, arg_end, env_start, env_end
         areas = [(int(fields[45]), int(fields[46]), argv)]
         if env is not None:
