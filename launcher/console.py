@@ -84,11 +84,10 @@ class Console(io.TextIOBase):
                              f"({error}); its output goes on here ---\n")
 
 
-def keep_output_going(logs: Path) -> Path:
+def keep_output_going(logs: Path) -> None:
     """Make this process's stdout and stderr `Console`s falling back to `<logs>/launcher.out`.
     Call it before logging is configured, so its handler writes through the new stderr."""
     import sys
     fallback = Fallback(logs / "launcher.out")
     sys.stdout = Console(sys.stdout, fallback, "stdout")
     sys.stderr = Console(sys.stderr, fallback, "stderr")
-    return fallback.path
