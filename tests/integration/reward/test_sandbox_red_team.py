@@ -57,13 +57,17 @@ for pid in os.listdir("/proc"):
 m = re.search(rb"expected-[0-9]+", seen)
 print(m.group(0).decode() if m else "nothing")
 """
-# Proof that three processes held 100 MiB each at one instant: each child, once it holds its
-# block, says so and waits to be released; the parent, holding its own, releases them and prints
-# "ok" only if both exit normally (a child the OOM killer ended after saying so exits on SIGKILL:
-# an earlier version counted it as held, and "passed" whenever the killer picked such a child).
+# Proof that three processes held 100 MiB each together for `HOLD_S`: each child, once it holds
+# its block, says so and waits to be released; the parent, holding its own, waits, releases them
+# and prints "ok" only if both exit normally (a child the OOM killer ended after saying so exits on
+# SIGKILL: an earlier version counted it as held, and "passed" whenever the killer picked such a
+# child). A cgroup refuses the third block outright; without one the harness's watch samples the
+# sandbox every 20 ms, and a version that released at once passed 1 run in 30 as the ordinary
+# user: the sum can pass the limit between two samples by what the processes touch in one (the
+# documented bound, docs/reward.md), so the attack holds its memory across many.
 HOLD_MEMORY = r"""
-import os
-MB = 100
+import os, time
+MB, HOLD_S = 100, 0.5
 held_r, held_w = os.pipe()
 go_r, go_w = os.pipe()
 children = []
@@ -79,6 +83,7 @@ os.close(held_w)
 held = b""
 while len(held) < 2 and (chunk := os.read(held_r, 1)):
     held += chunk
+time.sleep(HOLD_S)
 os.write(go_w, b"gg")
 codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
 print("ok" if len(held) == 2 and codes == [0, 0] else f"killed {codes}")
