@@ -22,20 +22,28 @@ import time
 from pathlib import Path
 
 
+def _write(path: Path, text: str) -> None:
+    """Whole or not at all: the test polls these files while the ranks write them (a plain write
+    was once read empty, failing the test on a JSON error)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def main(exp_root: str, mode: str) -> int:
     exp = Path(exp_root)
     rank = int(os.environ.get("RANK", "0"))
     ranks = exp / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    (ranks / f"{rank}.json").write_text(json.dumps({"pid": os.getpid(), **{k: os.environ.get(k) for k in names}}))
+    _write(ranks / f"{rank}.json", json.dumps({"pid": os.getpid(), **{k: os.environ.get(k) for k in names}}))
 
     def end(how: str, code: int):
-        (ranks / f"{rank}.end").write_text(how)
+        _write(ranks / f"{rank}.end", how)
         sys.exit(code)
 
     def save(seconds: float):
-        (ranks / f"{rank}.end").write_text("saving")
+        _write(ranks / f"{rank}.end", "saving")
         time.sleep(seconds)
         end("saved", 0)
 
@@ -44,9 +52,7 @@ def main(exp_root: str, mode: str) -> int:
     announcement = exp / "services" / "trainer.json"
     if rank == 0:
         announcement.parent.mkdir(parents=True, exist_ok=True)
-        tmp = announcement.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid()}))
-        tmp.replace(announcement)
+        _write(announcement, json.dumps({"pid": os.getpid()}))
     else:
         while not announcement.exists():
             time.sleep(0.05)

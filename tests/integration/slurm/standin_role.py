@@ -56,7 +56,9 @@ def main() -> int:
     rank = os.environ.get("RANK", "0")
     out = a.exp / "standin" / f"{a.name}-{rank}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(info))
+    tmp = out.with_name(out.name + ".tmp")      # whole or absent: the test polls for it
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, out)
     if a.ready and rank == "0":
         path = a.exp / "services" / f"{a.ready}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,9 @@ def main() -> int:
               "api_key": args.api_key, "admin_api_key": args.admin_api_key}
     out = Path(os.environ["TANDEM_STANDIN_SGLANG_RECORDS"])
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{os.getpid()}.json").write_text(json.dumps(record))
+    tmp = out / f"{os.getpid()}.tmp"             # whole or absent: the test polls the folder
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, out / f"{os.getpid()}.json")
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):
