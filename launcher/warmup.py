@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from services.protocol import write_json_atomic
+
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # Optimizer steps (batch 64) by task. Half of code-agent's rows are revision conversations, so it
 # takes twice the steps to see as many first programs as the code warm-up: with 1000, RL started
@@ -89,7 +91,7 @@ def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n:
     summary = train_sft(base, rows, out, settings, encode_prompt=chat_prompt_ids,
                         evaluate=evaluate if eval_n else None, progress=progress)
     summary["task"] = task
-    marker.write_text(json.dumps(summary, indent=2))
+    write_json_atomic(marker, summary)    # a warm-up stopped mid-write is redone, not half-read
     shutil.rmtree(base, ignore_errors=True)
     print(f"warm-up done: {summary['steps']} steps, greedy accuracy {summary.get('greedy_accuracy')} "
           f"on {eval_n} held-out problems -> {out}")

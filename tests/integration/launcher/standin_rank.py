@@ -14,20 +14,13 @@ Each rank records how it ended in `EXP_DIR/ranks/<RANK>.end`.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-
-def _write(path: Path, text: str) -> None:
-    """Whole or not at all: the test polls these files while the ranks write them (a plain write
-    was once read empty, failing the test on a JSON error)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+from services.protocol import write_json_atomic
 
 
 def main(exp_root: str, mode: str) -> int:
@@ -36,14 +29,14 @@ def main(exp_root: str, mode: str) -> int:
     ranks = exp / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    _write(ranks / f"{rank}.json", json.dumps({"pid": os.getpid(), **{k: os.environ.get(k) for k in names}}))
+    write_json_atomic(ranks / f"{rank}.json", {"pid": os.getpid(), **{k: os.environ.get(k) for k in names}})
 
     def end(how: str, code: int):
-        _write(ranks / f"{rank}.end", how)
+        write_json_atomic(ranks / f"{rank}.end", how)
         sys.exit(code)
 
     def save(seconds: float):
-        _write(ranks / f"{rank}.end", "saving")
+        write_json_atomic(ranks / f"{rank}.end", "saving")
         time.sleep(seconds)
         end("saved", 0)
 
@@ -52,7 +45,7 @@ def main(exp_root: str, mode: str) -> int:
     announcement = exp / "services" / "trainer.json"
     if rank == 0:
         announcement.parent.mkdir(parents=True, exist_ok=True)
-        _write(announcement, json.dumps({"pid": os.getpid()}))
+        write_json_atomic(announcement, {"pid": os.getpid()})
     else:
         while not announcement.exists():
             time.sleep(0.05)

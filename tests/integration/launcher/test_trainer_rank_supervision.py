@@ -50,7 +50,7 @@ def _ranks(exp: ExpDir) -> dict[int, dict]:
 
 
 def _ends(exp: ExpDir) -> dict[int, str]:
-    return {int(p.stem): p.read_text() for p in (exp.root / "ranks").glob("*.end")}
+    return {int(p.stem): json.loads(p.read_text()) for p in (exp.root / "ranks").glob("*.end")}
 
 
 def _alive(pid: int) -> bool:

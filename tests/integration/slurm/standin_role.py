@@ -8,10 +8,11 @@ then sleeps and exits with CODE — enough to exercise submission, readiness, wa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
+
+from services.protocol import write_json_atomic
 
 ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "SLURMD_NODENAME", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "TANDEM_ADVERTISE_HOST")
@@ -54,17 +55,9 @@ def main() -> int:
         info["all_reduce"] = t.item()
         dist.destroy_process_group()
     rank = os.environ.get("RANK", "0")
-    out = a.exp / "standin" / f"{a.name}-{rank}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")      # whole or absent: the test polls for it
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, out)
+    write_json_atomic(a.exp / "standin" / f"{a.name}-{rank}.json", info)   # the test polls for it
     if a.ready and rank == "0":
-        path = a.exp / "services" / f"{a.ready}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, path)
+        write_json_atomic(a.exp / "services" / f"{a.ready}.json", info)
     print(f"{a.name} rank {rank} up: {info}", flush=True)
     time.sleep(a.sleep)
     return a.exit
