@@ -89,7 +89,6 @@ DRIVER = """
 import sys
 from launcher.backends.local import LocalBackend
 from launcher.config import load_config
-from launcher.launcher_watch import stat_fields
 from launcher.lifecycle import run_experiment
 from launcher.roles import Role
 from services.protocol import ExpDir
@@ -103,23 +102,27 @@ sys.exit(run_experiment(cfg, exp, False, LocalBackend(cfg, exp), roles=[role], j
 """
 
 
-_LAUNCHED: list[int] = []   # the launchers the tests started
+_LAUNCHED: list[subprocess.Popen] = []   # the launchers the tests started
 
 
 @pytest.fixture(autouse=True)
 def _nothing_left_running():
     """A test that fails before its launcher has stopped (one did, on a stand-in's half-written
     file) would leave the launcher and its waiting ranks (each in a session of its own) running
-    for the rest of the suite: the launcher and all its descendants are killed at the test's end."""
+    for the rest of the suite: a launcher still running at the test's end is killed with all its
+    descendants. (One already reaped is left alone: its pid may be another process's now.)"""
     yield
     while _LAUNCHED:
+        launcher = _LAUNCHED.pop()
+        if launcher.poll() is not None:
+            continue
         parents = {}
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
             try:
                 parents[int(pid)] = int(stat_fields(pid)[1])
             except (OSError, IndexError, ValueError):
                 pass
-        tree = [_LAUNCHED.pop()]
+        tree = [launcher.pid]
         for pid in tree:
             tree += [child for child, parent in parents.items() if parent == pid]
         for pid in tree:
@@ -127,6 +130,7 @@ def _nothing_left_running():
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        launcher.wait()
 
 
 def _launch_and_interrupt(tmp_path: Path, mode: str, *overrides: str) -> tuple[subprocess.Popen, ExpDir, Path]:
@@ -136,7 +140,7 @@ def _launch_and_interrupt(tmp_path: Path, mode: str, *overrides: str) -> tuple[s
     launcher = subprocess.Popen([sys.executable, "-c", DRIVER, str(exp.root), str(STANDIN), str(WORLD), mode,
                                  *overrides], cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, preexec_fn=as_terminal_foreground)
-    _LAUNCHED.append(launcher.pid)
+    _LAUNCHED.append(launcher)
     deadline = time.monotonic() + 60
     while len(_ranks(exp)) < WORLD or not exp.service_file("trainer").exists():
         assert launcher.poll() is None and time.monotonic() < deadline, log.read_text()
