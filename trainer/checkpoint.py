@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from services.protocol import collectives, numbered_dirs
+from services.protocol import collectives, numbered_dirs, remove_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +85,19 @@ def save(root: Path, step: int, rank: int, rank_state: dict, loop_state: dict | 
     tmp = root / f".step-{step}.tmp"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_leftovers(root, ".step-*.tmp")
         tmp.mkdir()
     _barrier()
-    if write_sharded is not None:
-        write_sharded(tmp / SHARDED_DIR)
-    _save_file({**rank_state, "rng": rng_state()}, tmp / f"rank-{rank}.pt")
-    if rank == 0:
-        _save_file(loop_state or {}, tmp / "loop.pt")
+    try:
+        if write_sharded is not None:
+            write_sharded(tmp / SHARDED_DIR)
+        _save_file({**rank_state, "rng": rng_state()}, tmp / f"rank-{rank}.pt")
+        if rank == 0:
+            _save_file(loop_state or {}, tmp / "loop.pt")
+    except BaseException:
+        if rank == 0:   # half a checkpoint restores nothing, and its space may be what ran out
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _barrier()
     if rank == 0:
         if final.exists():

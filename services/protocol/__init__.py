@@ -28,7 +28,15 @@ from .control import (
     WeightsBroadcast,
     WeightsOnDisk,
 )
-from .expdir import ExpDir, numbered_dirs, previous_port, publish_service, read_service, write_json_atomic
+from .expdir import (
+    ExpDir,
+    numbered_dirs,
+    previous_port,
+    publish_service,
+    read_service,
+    remove_leftovers,
+    write_json_atomic,
+)
 from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem, item_row
 from .keys import CurveKeys, generate_keys, load_keys
 from .runtime import (
@@ -56,7 +64,7 @@ __all__ = [
     "PROTOCOL_VERSION", "REGISTRY", "Envelope", "ProtocolError", "decode", "encode", "message",
     "POLICY_ADAPTER", "AdapterOnDisk", "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
     "RegisterServer", "RetireServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
-    "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "numbered_dirs", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
+    "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "numbered_dirs", "remove_leftovers", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
     "MetricsWriter", "PhaseTimer", "Shutdown", "STOP_GRACE_S", "attention_without_cudnn", "exit_process", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -41,6 +42,16 @@ def numbered_dirs(root: str | os.PathLike, prefix: str) -> list[int]:
     except OSError:
         return []
     return sorted(int(p.name[len(prefix):]) for p in entries if p.name[len(prefix):].isdecimal() and p.is_dir())
+
+
+def remove_leftovers(root: str | os.PathLike, *patterns: str) -> None:
+    """Remove the half-written directories `<root>/<pattern>` an earlier trainer process left
+    (killed mid-write, or stopped by a full disk): nothing will finish them, and they hold the
+    space the next write needs. Only one trainer writes an experiment's `weights/` and
+    `checkpoints/` at a time (the launch lock), so every match is one of those."""
+    for pattern in patterns:
+        for path in Path(root).glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

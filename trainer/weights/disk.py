@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from services.protocol import AdapterOnDisk, WeightsOnDisk, numbered_dirs
+from services.protocol import AdapterOnDisk, WeightsOnDisk, numbered_dirs, remove_leftovers
 from trainer.backend import TrainBackend
 
 from .base import Publication, WeightPublisher
@@ -62,17 +62,22 @@ class DiskPublisher(WeightPublisher):
         t0 = time.perf_counter()
         if backend.rank == 0:
             root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-        backend.export_hf(tmp)
-        t1 = time.perf_counter()
-        if backend.rank == 0:
-            _fsync_tree(tmp)
-            if final.exists():  # left by a run that crashed after publishing; this one replaces it
-                stale = root / f".v{version}.old-{os.getpid()}"
-                os.replace(final, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            os.replace(tmp, final)
-            _fsync_dir(root)
+            remove_leftovers(root, ".v*.tmp-*", ".v*.old-*")
+        try:
+            backend.export_hf(tmp)
+            t1 = time.perf_counter()
+            if backend.rank == 0:
+                _fsync_tree(tmp)
+                if final.exists():  # left by a run that crashed after publishing; this one replaces it
+                    stale = root / f".v{version}.old-{os.getpid()}"
+                    os.replace(final, stale)
+                    shutil.rmtree(stale, ignore_errors=True)
+                os.replace(tmp, final)
+                _fsync_dir(root)
+        except BaseException:
+            if backend.rank == 0:   # a model's worth of space (a full disk stops it, too)
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         t2 = time.perf_counter()
         if backend.rank == 0:
             for old in stale_versions(published_versions(root), version, self.keep):

@@ -1,9 +1,11 @@
 """Checkpoint files and the trajectory log: complete-or-absent, pruned, crash-tolerant."""
 from __future__ import annotations
 
+import errno
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from trainer import checkpoint
@@ -20,6 +22,27 @@ def test_save_load_latest_and_prune(tmp_path):
     assert checkpoint.latest(root) == root / "step-3"
     rank_state, loop_state = checkpoint.load(checkpoint.latest(root), 0)
     assert loop_state == {"version": 3} and rank_state["backend"]["w"].tolist() == [3.0, 3.0]
+
+
+def test_a_save_stopped_by_a_full_disk_leaves_nothing_and_a_dead_one_is_cleared_next_time(tmp_path):
+    """The backend's sharded write fails as a full disk fails it (ENOSPC, raised by a stand-in
+    writer after half its file): the half-written checkpoint is removed at once, the last whole one
+    stays the latest; a temp directory a killed trainer left is removed by the next save."""
+    root = tmp_path / "ckpt"
+    checkpoint.save(root, 1, 0, {}, {"version": 1}, keep=2)
+
+    def disk_full(d):
+        d.mkdir()
+        (d / "shard-0").write_bytes(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(root, 2, 0, {}, {"version": 2}, keep=2, write_sharded=disk_full)
+    assert sorted(p.name for p in root.iterdir()) == ["step-1"]
+    (root / ".step-7.tmp").mkdir()              # a trainer SIGKILLed mid-save, in an earlier launch
+    (root / ".step-7.tmp" / "rank-0.pt").write_bytes(b"half")
+    checkpoint.save(root, 2, 0, {}, {"version": 2}, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step-1", "step-2"]
 
 
 def test_rng_state_is_restored(tmp_path):

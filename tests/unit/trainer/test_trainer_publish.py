@@ -4,6 +4,8 @@ over a gloo group is in tests/integration/trainer/test_trainer_broadcast_receive
 """
 from __future__ import annotations
 
+import errno
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -54,6 +56,33 @@ def test_a_resumed_trainer_deletes_the_abandoned_future_not_its_fresh_versions(s
     assert (root / "v3" / "model.safetensors").exists()
     assert stale_versions([1, 2, 3, 7, 9], current=3, keep=2) == [1, 7, 9]
     assert stale_versions([4, 5], current=5, keep=3) == []
+
+
+class _FullDisk:
+    """A STAND-IN backend whose export fails as a full disk fails it (ENOSPC after part of a
+    file): a real full disk needs a mount the unit tier does not make; a tmpfs run showed the
+    half-written version left behind before."""
+    rank, world_size = 0, 1
+
+    def export_hf(self, out):
+        out.mkdir(parents=True)
+        (out / "model.safetensors").write_bytes(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_publish_stopped_by_a_full_disk_leaves_no_half_version_and_a_dead_ones_is_cleared(
+        small_model_dir, tmp_path):
+    root = tmp_path / "weights"
+    publisher = DiskPublisher(root, keep=2)
+    publisher.publish(backend(small_model_dir), 1)
+    with pytest.raises(OSError, match="No space left"):
+        publisher.publish(_FullDisk(), 2)
+    assert sorted(p.name for p in root.iterdir()) == ["v1"]
+    for left in (".v5.tmp-4242", ".v4.old-4242"):    # a trainer SIGKILLed mid-publish, earlier
+        (root / left).mkdir()
+        (root / left / "model.safetensors").write_bytes(b"half")
+    publisher.publish(backend(small_model_dir), 2)
+    assert sorted(p.name for p in root.iterdir()) == ["v1", "v2"]
 
 
 def test_the_factory_builds_the_configured_publisher_and_sizes_the_group_by_tp_ranks(tmp_path):
