@@ -5,7 +5,8 @@ of failing in a rollout worker after the roles started (on SLURM, after the queu
 none of the formats or cannot be read (blamed on `rollout.dataset`), a column the mapping names
 is not there (blamed on `rollout.columns.<field>`, naming the column and the file), no column
 gives a field the task needs, or no row of the first `rows` is usable by the rules the workers
-use (which skip a bad row). A data set that passes gets a one-line summary with its row count.
+use (which skip a bad row). A data set that passes gets a one-line summary with its row count,
+and how many of the rows checked the workers will skip, with the first one's reason.
 """
 from __future__ import annotations
 
@@ -49,9 +50,11 @@ def check_dataset(dataset: str, task: str, columns: dict, dataset_key: str, colu
         if problems:
             hint = f"; {own_mapping_key} maps this data set's own" if own_mapping_key else ""
             return DataCheck([(key, msg + hint) for key, msg in problems])
-        problem = _no_usable_row(dataset, task, columns, head)
-        if problem:
-            return DataCheck([(dataset_key, problem)])
+        skipped = _unusable_rows(task, columns, head)
+        if not head:
+            return DataCheck([(dataset_key, f"{dataset}: holds no rows")])
+        if len(skipped) == len(head):
+            return DataCheck([(dataset_key, f"no usable {task} row in the first {len(head)}: {skipped[0]}")])
         count = data.count_rows()
     except DataFileError as e:
         return DataCheck([(dataset_key, str(e))])
@@ -59,7 +62,11 @@ def check_dataset(dataset: str, task: str, columns: dict, dataset_key: str, colu
         return DataCheck([(dataset_key, f"{dataset}: cannot read it ({e.strerror or e})")])
     mapped = "; " + ", ".join(f"{k} <- {v}" for k, v in columns.items()) if columns else ""
     rows_said = "1 row" if count == 1 else f"{count:,} rows"
-    return DataCheck(summary=f"{dataset}: {rows_said} ({FORMAT_NAMES[data.format]}{mapped})")
+    # Rows the workers will skip are said too: a data set that loses a third of its rows to a
+    # wrong column or a broken export should not look like one that is whole.
+    bad = f"; {len(skipped)} of the first {len(head)} rows cannot be used and will be skipped, " \
+          f"the first: {skipped[0]}" if skipped else ""
+    return DataCheck(summary=f"{dataset}: {rows_said} ({FORMAT_NAMES[data.format]}{mapped}){bad}")
 
 
 def _column_problems(dataset: str, task: str, columns: dict, present: set, schema: bool, seen: int,
@@ -82,17 +89,15 @@ def _column_problems(dataset: str, task: str, columns: dict, present: set, schem
     return out
 
 
-def _no_usable_row(dataset: str, task: str, columns: dict, head: list) -> str | None:
-    first = None
+def _unusable_rows(task: str, columns: dict, head: list) -> list[str]:
+    """Why each unusable row of `head` is skipped, by the workers' own rule, in order."""
+    out = []
     for where, row, problem in head:
         if problem:
-            first = first or problem
+            out.append(problem)
             continue
         try:
             row_to_prompt(row, task, where, columns)
-            return None
         except DatasetError as e:
-            first = first or str(e)
-    if not head:
-        return f"{dataset}: holds no rows"
-    return f"no usable {task} row in the first {len(head)}: {first}"
+            out.append(str(e))
+    return out

@@ -70,6 +70,18 @@ def test_a_parquet_file_with_its_mapping_passes_and_says_its_rows(tmp_path, parq
                                                           f"(Parquet; prompt <- question, answer <- final_answer)"
 
 
+def test_rows_the_workers_will_skip_are_counted_with_the_first_reason(tmp_path):
+    """A data set that loses rows to a broken export or a missing field passes (the workers skip
+    such rows) but says so: before, three rows of which two were unusable read '3 rows'."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join([json.dumps(ROWS[0]), json.dumps({"question": "1+1?"}), "not json",
+                               json.dumps(ROWS[1])]) + "\n")
+    assert _check(_write(tmp_path, data)) == [
+        f"rollout.dataset: {data}: 4 rows (JSONL; prompt <- question, answer <- final_answer); 2 of the first 4 "
+        f"rows cannot be used and will be skipped, the first: {data}:2: math row has no 'final_answer' (the column "
+        f"mapped to answer)"]
+
+
 def test_a_save_to_disk_directory_passes_and_says_its_rows(tmp_path):
     import datasets  # imported where used: it takes about a second
 
