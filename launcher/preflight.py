@@ -15,6 +15,7 @@ with that hint.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -79,12 +80,45 @@ def memory_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                                           f"{cfg.simulate.hardware}): {problem}")] if problem else []
 
 
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", *WEIGHT_INDEXES)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def model_problem(model: str) -> str | None:
+    """Whether `model` is a Hugging Face model directory every role can load: its config names a
+    model type, its weights are all there (an interrupted download or copy leaves shards out),
+    and it has a tokenizer. Read from the files alone, no weights loaded."""
     path = Path(model)
     if not path.exists():
         hint = (" (the tiny configs' model is built beforehand by `tandem sft`, as `make train-math` does)"
                 if ".cache" in path.parts else "")
         return f"{model} does not exist{hint}"
+    if not path.is_dir():
+        return f"{model} is a file; give the Hugging Face model directory (the one holding config.json)"
+    names = {p.name for p in path.iterdir()}
+    if "config.json" not in names:
+        shown = ", ".join(sorted(names)[:6]) + (", ..." if len(names) > 6 else "")
+        return f"{model} has no config.json, so it is not a Hugging Face model directory (it holds: {shown or 'nothing'})"
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"{path / 'config.json'} cannot be read as JSON: {e}"
+    if not isinstance(config, dict) or "model_type" not in config:
+        return f"{path / 'config.json'} names no model_type, so transformers cannot tell which model it is"
+    if not names & set(WEIGHT_FILES) and not any(n.endswith(".safetensors") for n in names):
+        return f"{model} holds no weights (model.safetensors, pytorch_model.bin or a sharded index of either)"
+    for index in names & set(WEIGHT_INDEXES):
+        try:
+            shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{path / index} cannot be read as a weight index: {type(e).__name__}: {e}"
+        missing = [s for s in shards if s not in names]
+        if missing:
+            return (f"{model}: {len(missing)} of the {len(shards)} weight files {index} lists are missing "
+                    f"(first: {missing[0]}); an interrupted download or copy?")
+    if not names & set(TOKENIZER_FILES):
+        return f"{model} has no tokenizer ({', '.join(TOKENIZER_FILES)})"
     return None
 
 

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from model_dirs import checked_model_dir
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -24,8 +26,7 @@ def test_config_check_runs_the_plans_layout_check():
 
 
 def test_run_refuses_a_missing_data_set_at_once(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
+    model = checked_model_dir(tmp_path / "model")
     cfg = tmp_path / "exp.yaml"
     cfg.write_text(f"experiment: {{name: pre, model: {model}, exp_dir: {tmp_path / 'run'}}}\n")
     t0 = time.monotonic()

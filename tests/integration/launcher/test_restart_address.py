@@ -14,6 +14,7 @@ import signal
 import time
 
 import pytest
+from model_dirs import checked_model_dir
 
 from launcher.backends.local import LocalBackend
 from launcher.roles import experiment_roles
@@ -35,8 +36,7 @@ def _ended(backend, name, timeout_s=60.0):
 
 def test_controller_and_reward_service_restart_on_their_previous_port(tmp_path):
     cfg_file = tmp_path / "exp.yaml"
-    model = tmp_path / "model"
-    model.mkdir()
+    model = checked_model_dir(tmp_path / "model")
     cfg_file.write_text(f"experiment: {{name: restart, exp_dir: {tmp_path / 'run'}, model: {model}}}\n"
                         "reward: {num_workers: 1}\n")
     cfg, exp = prepare(str(cfg_file), [], False)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from model_dirs import checked_model_dir
 
 from launcher.backends.local import LocalBackend
 from launcher.config import ConfigError
@@ -86,8 +87,7 @@ def standin(monkeypatch, tmp_path) -> Path:
 
 
 def _experiment(tmp_path, *overrides):
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
+    model = checked_model_dir(tmp_path / "model")
     cfg_file = tmp_path / "sgl.yaml"
     cfg_file.write_text(CONFIG.format(exp_dir=tmp_path / "run", model=model))
     return prepare(str(cfg_file), list(overrides), False)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from model_dirs import checked_model_dir
 
 from launcher.backends.slurm import SlurmBackend
 from launcher.backends.slurm_requests import SlurmPolicy, job_requests
@@ -65,8 +66,7 @@ def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_pa
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(STANDIN), str(REPO),
                                                                  os.environ.get("PYTHONPATH", "")) if p))
     monkeypatch.setenv("TANDEM_STANDIN_SGLANG_RECORDS", str(records))
-    model = tmp_path / "model"
-    model.mkdir()
+    model = checked_model_dir(tmp_path / "model")
     cfg_file = tmp_path / "sgl.yaml"
     cfg_file.write_text(CONFIG.format(exp_dir=tmp_path / "run", model=model, partition=slurm_cluster))
     cfg, exp = prepare(str(cfg_file), [], False)

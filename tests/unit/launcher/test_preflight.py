@@ -3,13 +3,15 @@ refuses, the data sets, the model, the episode function — each one `where: key
 from `tandem config check` and from `tandem run`'s prepare alike, before the experiment
 directory exists (so before any SLURM job is submitted).
 
-The model here is an empty directory: the check is that the model path exists, not that the
-weights load (the roles do that)."""
+The model here is what the check reads of one (tests/support/model_dirs.py): a config, a weights
+file and a tokenizer, with no weights in them — the check reads the files, it does not load the
+weights (the roles do that)."""
 from __future__ import annotations
 
 import json
 
 import pytest
+from model_dirs import checked_model_dir
 
 from launcher.config import ConfigError, load_config_traced
 from launcher.preflight import check_before_launch
@@ -34,8 +36,7 @@ rollout:
 
 @pytest.fixture
 def files(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
+    model = checked_model_dir(tmp_path / "model")
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     return model, data
@@ -108,6 +109,34 @@ def test_the_model_and_the_episode_function_are_checked(tmp_path, files):
         _check(_write(tmp_path, model, data), "rollout.workflow=rollout.workflow:nope")
 
 
+def _shard_lost(model):
+    """A sharded model whose copy stopped before its second shard."""
+    (model / "model.safetensors").unlink()
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    (model / "model-00001-of-00002.safetensors").write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda m: (m / "config.json").unlink(), r"has no config\.json, so it is not a Hugging Face model directory "
+                                             r"\(it holds: model\.safetensors, tokenizer\.json\)"),
+    (lambda m: (m / "config.json").write_text("{"), r"config\.json cannot be read as JSON"),
+    (lambda m: (m / "config.json").write_text("{}"), r"config\.json names no model_type"),
+    (lambda m: (m / "model.safetensors").unlink(), r"holds no weights"),
+    (_shard_lost, r"1 of the 2 weight files model\.safetensors\.index\.json lists are missing "
+                  r"\(first: model-00002-of-00002\.safetensors\); an interrupted download or copy\?"),
+    (lambda m: (m / "tokenizer.json").unlink(), r"has no tokenizer"),
+])
+def test_a_model_directory_the_roles_could_not_load_is_refused_saying_why(tmp_path, files, damage, why):
+    """Before, any existing path passed, and the roles failed on it after they started (on SLURM,
+    after the queue): the parent of the model directory, a copy without its last shard."""
+    model, data = files
+    _check(_write(tmp_path, model, data))
+    damage(model)
+    with pytest.raises(ConfigError, match=r"experiment\.model: .*" + why):
+        _check(_write(tmp_path, model, data))
+
+
 def test_every_problem_is_said_at_once(tmp_path, files):
     model, _ = files
     path = _write(tmp_path, tmp_path / "no-model", tmp_path / "nope.jsonl")
@@ -138,9 +167,7 @@ def test_a_resume_may_move_the_model_but_not_change_its_architecture(tmp_path, f
     path = _write(tmp_path, model, data)
     local = ["launcher.backend=local", "launcher.nodes=1", "gen.backend=embedded", "gen.num_servers=1"]
     prepare(str(path), local, resume=False)
-    moved, other = tmp_path / "moved", tmp_path / "other"
-    moved.mkdir()
-    other.mkdir()
+    moved, other = checked_model_dir(tmp_path / "moved"), checked_model_dir(tmp_path / "other")
     (moved / "config.json").write_text(json.dumps(shape))
     (other / "config.json").write_text(json.dumps({**shape, "hidden_size": 96, "num_hidden_layers": 3}))
     before = (tmp_path / "run" / "config.yaml").read_text()

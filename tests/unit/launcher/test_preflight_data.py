@@ -12,6 +12,8 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
+from model_dirs import checked_model_dir  # noqa: E402
+
 from launcher.cli import main  # noqa: E402
 from launcher.config import ConfigError, load_config_traced  # noqa: E402
 from launcher.preflight import check_before_launch  # noqa: E402
@@ -45,7 +47,7 @@ def parquet(tmp_path):
 
 
 def _write(tmp_path, dataset, prompt_col="question", template='"Q: {prompt}"'):
-    (tmp_path / "model").mkdir(exist_ok=True)
+    checked_model_dir(tmp_path / "model")
     path = tmp_path / "exp.yaml"
     path.write_text(EXP.format(model=tmp_path / "model", exp_dir=tmp_path / "run", dataset=dataset,
                                prompt_col=prompt_col, template=template))

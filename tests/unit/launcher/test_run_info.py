@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from model_dirs import checked_model_dir
+
 from launcher.run_info import (
     git_commit,
     read_launches,
@@ -74,7 +76,7 @@ def test_run_info_names_the_run_and_why_the_held_out_panel_is_empty(tmp_path):
 def test_tandem_run_records_its_launches(tmp_path):
     """`prepare` (what `tandem run` does before starting anything) appends the launch."""
     from launcher.run import prepare
-    (tmp_path / "model").mkdir()
+    checked_model_dir(tmp_path / "model")
     exp_yaml = tmp_path / "exp.yaml"
     exp_yaml.write_text(f"experiment: {{name: rec, model: {tmp_path / 'model'}, exp_dir: {tmp_path / 'rec'}}}\n"
                         "rollout: {dataset: 'synthetic:math'}\n")

@@ -5,6 +5,7 @@ tests/integration/launcher/test_sglang_role.py.
 from __future__ import annotations
 
 import pytest
+from model_dirs import checked_model_dir
 
 from launcher.config import ConfigError
 from launcher.run import prepare
@@ -18,8 +19,7 @@ gen: {{backend: sglang, tp_size: 1, mem_fraction_static: 0.7, seed: 5}}
 
 
 def _experiment(tmp_path, *overrides):
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
+    model = checked_model_dir(tmp_path / "model")
     cfg_file = tmp_path / "sgl.yaml"
     cfg_file.write_text(CONFIG.format(exp_dir=tmp_path / "run", model=model))
     return prepare(str(cfg_file), list(overrides), False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from model_dirs import checked_model_dir
 
 from launcher.config import ConfigError, load_config_traced
 from launcher.preflight import check_before_launch
@@ -81,8 +82,7 @@ def test_load_names_what_is_wrong(user_package):
 
 
 def _check(tmp_path, function: str):
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
+    model = checked_model_dir(tmp_path / "model")
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     path = tmp_path / "exp.yaml"
