@@ -1,7 +1,8 @@
 """Every group's fate in a run, from `<exp>/metrics.jsonl` and the workers' data positions.
 
 A run that survived faults is only as good as its accounting: a group a worker delivered must
-end trained, dropped (over-stale), refused (invalid), still waiting in the trainer's buffer
+end trained, dropped (over-stale, or generated past the checkpoint a resume went back to),
+refused (invalid), still waiting in the trainer's buffer
 when the run ended, or returned (the trainer never receipted it, so its prompt is generated
 again) — never nowhere (lost) and never twice (trained twice; nor its prompt, under another
 group id). The trainer's step records carry the ids (and prompt keys) they trained and dropped
@@ -31,7 +32,7 @@ from .progress import run_steps
 class Audit:
     delivered: int = 0                  # groups workers reported pushed to the trainer
     trained: int = 0
-    dropped: int = 0                    # over-stale or refused, their slots given back
+    dropped: int = 0                    # over-stale, refused or discarded by a resume, their slots given back
     held_at_end: int = 0                # complete or partial in the trainer's buffer at exit
     returned: int = 0                   # never receipted by the trainer: the prompt goes out again
     lost: list[str] = field(default_factory=list)
@@ -102,7 +103,7 @@ def _delivered_again(rollout: list[dict]) -> set[str]:
 # What each count means, in the order a reader follows a group: (label, key, meaning).
 ROWS = (("delivered", "delivered", "groups the rollout workers pushed to the trainer"),
         ("trained", "trained", ""),
-        ("dropped", "dropped", "over-stale or refused; their slots given back"),
+        ("dropped", "dropped", "over-stale, refused or past a resumed checkpoint; slots given back"),
         ("held at the end", "held_at_end", "in the trainer's buffer when it exited"),
         ("returned", "returned", "never receipted: their prompts are generated again"),
         ("lost", "lost", "delivered, then nowhere"),

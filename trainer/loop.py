@@ -361,9 +361,10 @@ class Trainer:
         abandoned versions' weights)."""
         if self.rank == 0:
             discarded = self.buffer.discard_future(self.version)
-            if discarded:
+            if discarded:   # recorded as dropped: the audit finds every group's end (launcher/audit.py)
                 log.warning("discarded %d groups admitted after version %d by an abandoned launch",
-                            discarded, self.version)
+                            len(discarded), self.version)
+                self.metrics.log(event="discarded_future", version=self.version, dropped_ids=discarded)
             self._announce_resume()
         if self.version > 0:
             self._publish()

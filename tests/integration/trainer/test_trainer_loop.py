@@ -22,6 +22,7 @@ from trainer_feed import send
 
 from launcher.config import load_config, save_resolved
 from services.protocol import ExpDir, generate_keys, read_metrics, read_service
+from trainer.wal import replay, wal_path, wal_seqs
 
 
 class FakeController:
@@ -165,10 +166,17 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
         proc.send_signal(signal.SIGTERM)
         finish(proc, run, timeout=60)
         assert step_dirs(run) == ["step-1"] and not (run.weights / "v2").exists()
-        # 3. Resume, send the missing sample: step 2 runs; SIGKILL while v2 waits for its ack.
+        # 3. Resume, send the missing sample: step 2 runs; while v2 waits for its ack, a group
+        #    admitted at v2 (past the step-1 checkpoint) is logged; then SIGKILL.
         proc = start_trainer(run, "--resume")
         send(run, data[7:], old_pid=pid1)
         ctl.wait_received(2)
+        send(run, groups(traj, [("future", 2)]))
+        deadline = time.monotonic() + 60
+        while "future" not in {t.group_id for seq in wal_seqs(run.checkpoints)
+                               for t in replay(wal_path(run.checkpoints, seq))}:
+            assert time.monotonic() < deadline, "the trainer never logged the group admitted at v2"
+            time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         assert step_dirs(run) == ["step-1"] and (run.weights / "v2").exists()
@@ -184,6 +192,9 @@ def test_sigterm_sigkill_and_resume_give_the_same_steps_as_an_uninterrupted_run(
     # each resume told the controller its version and the groups it holds: after SIGTERM a, b
     # (trained) + c (complete; d was half); after SIGKILL also d (its second half from the log)
     assert ctl.resumed == [(1, 3), (1, 4)]
+    # the group admitted at v2 by the killed launch: discarded by the resume from step 1, and said
+    # to be, so the audit finds where it went (dropped, not lost)
+    assert [r["dropped_ids"] for r in read_metrics(run, "trainer", "discarded_future")] == [["future"]]
     recs = read_metrics(run, "trainer", "step")
     assert [r["step"] for r in recs] == [1, 2]              # numbering continued; step 2 logged once
     assert [r["dynamic_filtered_groups"] for r in recs] == [3, 0]   # the count seen survived too

@@ -46,6 +46,21 @@ def test_every_group_delivered_is_accounted_for_and_the_rest_is_named(tmp_path):
     assert result.as_dict()["lost"] == 1
 
 
+def test_a_group_a_resume_discards_as_from_an_abandoned_launch_is_dropped_not_lost(tmp_path):
+    """The trainer SIGKILLed after receipting a group admitted past its last checkpoint: the
+    resumed trainer discards it (trainer/buffer.py discard_future) and says so in a record; a run
+    of the fault suite once counted such a group lost, with no record of where it went."""
+    exp = ExpDir(tmp_path / "exp")
+    _stream(exp, [
+        *[("rollout", {"event": "group", "group_id": g}) for g in ("a", "b")],
+        ("trainer", {"event": "step", "step": 1, "group_ids": ["a"], "dropped_ids": []}),
+        ("trainer", {"event": "discarded_future", "version": 1, "dropped_ids": ["b"]}),
+        ("trainer", {"event": "exit", "version": 1, "held_ids": []}),
+    ])
+    result = audit(exp)
+    assert result.lost == [] and result.dropped == 1 and result.trained == 1
+
+
 def test_audit_prints_a_verdict_and_each_count_in_words(tmp_path, capsys):
     exp = _faulty_run(tmp_path)
     assert main(["audit", "--exp", str(exp.root)]) == 1

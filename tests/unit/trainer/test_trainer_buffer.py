@@ -151,7 +151,7 @@ def test_a_resume_discards_groups_admitted_past_its_checkpoint(traj):
     buf = ReplayBuffer()
     fill(buf, traj, [("old", 1, 2), ("future", 4, 2)])
     assert buf.add(traj("half-future", 0, group_size=2, admit_version=5))
-    assert buf.discard_future(version=2) == 2
+    assert buf.discard_future(version=2) == ["future", "half-future"]
     assert buf.peek_order() == ["old"] and buf.n_partial == 0
     assert not buf.add(traj("half-future", 1, group_size=2, admit_version=5))
     assert buf.counters["discarded_future"] == 2
@@ -189,7 +189,7 @@ def test_one_group_per_prompt_the_second_is_refused_and_gives_its_slot_back(traj
         restored.add(_keyed(traj, "z", k, "0:1"))               # after the restart, still refused
         restored.add(_keyed(traj, "future", k, "0:2", v=5))
     assert list(restored.take_refused()) == ["z"] and "future" in restored.peek_order()
-    assert restored.discard_future(version=2) == 1
+    assert restored.discard_future(version=2) == ["future"]
     for k in range(2):
         restored.add(_keyed(traj, "again", k, "0:2"))           # its prompt was never trained
     assert "again" in restored.peek_order()
