@@ -19,6 +19,8 @@ import json
 import re
 from pathlib import Path
 
+from rollout.data_files import looks_like_hub_name
+
 from .config import ConfigError, ExperimentConfig, problems_error
 from .config_source import Provenance
 
@@ -93,6 +95,9 @@ def model_problem(model: str) -> str | None:
     if not path.exists():
         hint = (" (the tiny configs' model is built beforehand by `tandem sft`, as `make train-math` does)"
                 if ".cache" in path.parts else "")
+        if looks_like_hub_name(model):
+            hint = (f"; a Hugging Face Hub name? runs load local directories only: download it once where the "
+                    f"network is, huggingface_hub.snapshot_download({model!r}, local_dir=DIR), and give DIR")
         return f"{model} does not exist{hint}"
     if not path.is_dir():
         return f"{model} is a file; give the Hugging Face model directory (the one holding config.json)"

@@ -12,6 +12,7 @@ JSONL, `file: row N` (N from 0, as `ds[N]` numbers it) for the columnar formats 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +50,21 @@ class DataFile:
             return sum(1 for raw in f if raw.strip())
 
 
+def looks_like_hub_name(text: str) -> bool:
+    """`owner/name`, as the Hugging Face Hub names data sets and models (a path that does not
+    exist may be one the user expected to be downloaded)."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) is not None and not text.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES)
+
+
 def open_data(path: str | Path) -> DataFile:
     """The data set at `path`, its format told by what it is: raises DataFileError saying why a
     path is none of the formats, or cannot be opened."""
     path = Path(path)
     if not path.exists():
-        raise DataFileError(f"{path}: no such file or directory")
+        hint = (f"; a Hugging Face Hub name? runs read local files only: save it once where the network is, "
+                f"datasets.load_dataset({str(path)!r}, split=...).save_to_disk(DIR), and give DIR "
+                f"(docs/running.md, Data)") if looks_like_hub_name(str(path)) else ""
+        raise DataFileError(f"{path}: no such file or directory{hint}")
     if path.is_dir():
         return _open_datasets_dir(path)
     if path.suffix in JSONL_SUFFIXES:

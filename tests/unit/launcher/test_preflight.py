@@ -109,6 +109,24 @@ def test_the_model_and_the_episode_function_are_checked(tmp_path, files):
         _check(_write(tmp_path, model, data), "rollout.workflow=rollout.workflow:nope")
 
 
+def test_a_hub_name_where_a_path_belongs_is_refused_saying_how_to_bring_it(tmp_path, files):
+    """Runs read local files only (no network on the nodes): `owner/name` that is no path gets
+    the line that downloads it, for the data set and the model; a missing file path does not."""
+    model, data = files
+    path = _write(tmp_path, "Qwen/Qwen2.5-0.5B", "openai/gsm8k")
+    with pytest.raises(ConfigError) as e:
+        _check(path)
+    text = str(e.value)
+    assert "openai/gsm8k: no such file or directory; a Hugging Face Hub name? runs read local files only: " \
+           "save it once where the network is, datasets.load_dataset('openai/gsm8k', split=...).save_to_disk(DIR)" in text
+    assert "Qwen/Qwen2.5-0.5B does not exist; a Hugging Face Hub name? runs load local directories only: " \
+           "download it once where the network is, huggingface_hub.snapshot_download('Qwen/Qwen2.5-0.5B', " \
+           "local_dir=DIR), and give DIR" in text
+    with pytest.raises(ConfigError) as e:
+        _check(_write(tmp_path, model, "data/x.parquet"))
+    assert str(e.value).endswith("data/x.parquet: no such file or directory")
+
+
 def _shard_lost(model):
     """A sharded model whose copy stopped before its second shard."""
     (model / "model.safetensors").unlink()
