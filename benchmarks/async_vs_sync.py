@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import cli, print_table, write_results
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/math-tiny.yaml"
@@ -73,7 +73,7 @@ QUICK_LONG_TAIL = ["rollout.max_new_tokens=96"]
 
 def require_interrupt_mode() -> None:
     """The retract variants need `controller.interrupt_mode` (issue 13); fail before any run."""
-    from launcher.config import ConfigError, load_config
+    from tandem.launcher.config import ConfigError, load_config
     for mode in ("abort", "retract", "in_place"):
         try:
             load_config(CONFIG, [f"controller.interrupt_mode={mode}"])
@@ -84,7 +84,7 @@ def require_interrupt_mode() -> None:
 
 
 def tandem(*args: str, timeout: float) -> str:
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"tandem {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -169,8 +169,8 @@ def at_pool_speeds(fit, pools: dict):
 
 def predict_s_per_step(variant: str, run: Path, calibration, steps: int, quick: bool) -> float:
     """The simulator's seconds per step for `variant`, with `run`'s fitted costs and lengths."""
-    from launcher.config import load_config
-    from launcher.simulate.scenario import simulate
+    from tandem.launcher.config import load_config
+    from tandem.launcher.simulate.scenario import simulate
     groups = [r for r in read_metrics(ExpDir(run), "rollout") if r.get("event") == "group"]
     prompt = round(sum(g["prompt_tokens"] for g in groups) / len(groups))
     cfg = load_config(CONFIG, [
@@ -244,8 +244,8 @@ def main(quick: bool = False, repeats: int = 1) -> dict:
         raise SystemExit(f"benchmarks.async_vs_sync: --repeats must be at least 1, got {repeats}")
     require_interrupt_mode()
     # Loaded before the half-hour of runs, so the analysis uses the code the runs used.
-    from launcher.simulate.calibrate import calibrate
-    from launcher.simulate.scenario import simulate  # noqa: F401  (predict_s_per_step's import)
+    from tandem.launcher.simulate.calibrate import calibrate
+    from tandem.launcher.simulate.scenario import simulate  # noqa: F401  (predict_s_per_step's import)
     steps, eval_n = (3, 8) if quick else (40, 300)
     # Held-out accuracy where it means something: the default workload's eta 0 and eta 4 (in
     # --quick, eta 0 only: each evaluation starts two more processes).

@@ -33,7 +33,7 @@ import numpy as np
 import zmq
 
 from benchmarks.common import cli, print_table, write_results
-from services.protocol import (
+from tandem.services.protocol import (
     AdmitReply,
     AdmitRequest,
     ExpDir,
@@ -45,14 +45,14 @@ from services.protocol import (
     load_keys,
     read_service,
 )
-from services.protocol.keys import make_client
-from services.protocol.transport import REPLY_BATCH, contexts
+from tandem.services.protocol.keys import make_client
+from tandem.services.protocol.transport import REPLY_BATCH, contexts
 
 LEVELS = [(1, 1), (64, 4), (512, 4)]      # (clients, shared DEALER sockets)
 
 
 def start_controller(root: Path) -> tuple[subprocess.Popen, str]:
-    from launcher.config import load_config, save_resolved
+    from tandem.launcher.config import load_config, save_resolved
     exp = ExpDir(root)
     generate_keys(exp.keys)
     cfg = load_config(None, ["experiment.name=bench", "experiment.model=/none", f"experiment.exp_dir={root}",
@@ -61,7 +61,7 @@ def start_controller(root: Path) -> tuple[subprocess.Popen, str]:
                              "controller.metrics_interval_s=3600", "controller.health_interval_s=3600"])
     save_resolved(cfg, root)
     log = open(root / "controller.out", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "controller", "--exp", str(root)],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", "controller", "--exp", str(root)],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -92,8 +92,8 @@ def _floor_server(keys_dir: str, queue) -> None:
     """The least a server can do: read the request id, answer the same one-ticket reply."""
     import msgpack
 
-    from services.protocol.keys import ensure_authenticator, make_server
-    from services.protocol.transport import bind
+    from tandem.services.protocol.keys import ensure_authenticator, make_server
+    from tandem.services.protocol.transport import bind
 
     sync, _ = contexts()
     keys = load_keys(keys_dir)

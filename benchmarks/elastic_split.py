@@ -47,9 +47,9 @@ from pathlib import Path
 from benchmarks import growing_lengths
 from benchmarks.async_vs_sync import kept_on_failure, tandem
 from benchmarks.common import cli, print_table, write_results
-from launcher.config import ConfigError, load_config
-from launcher.placement import available_cpus, format_ranges
-from services.protocol import ExpDir, read_metrics
+from tandem.launcher.config import ConfigError, load_config
+from tandem.launcher.placement import available_cpus, format_ranges
+from tandem.services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/math-tiny.yaml"
@@ -115,8 +115,8 @@ def elastic_refusal(cpus) -> str | None:
     """Why an elastic run cannot start on `cpus` at the calibration's split, in the preflight's
     own words (launcher/preflight.py runs the same `elastic_problems` on the same placement);
     None when a move fits."""
-    from launcher.elastic_moves import elastic_problems
-    from launcher.plan import cpu_placement_for
+    from tandem.launcher.elastic_moves import elastic_problems
+    from tandem.launcher.plan import cpu_placement_for
 
     layout = layout_for(cpus)
     try:
@@ -151,7 +151,7 @@ def run(name: str, work: Path, model: Path, steps: int, overrides: list[str]) ->
 def measure(exp: Path, groups_per_step: int) -> dict:
     """Wall time, seconds per step after the warm-up, the lengths at both ends, the elastic records
     and the audit of one finished run."""
-    from launcher.audit import audit
+    from tandem.launcher.audit import audit
 
     e = ExpDir(exp)
     summary = json.loads((exp / "summary.json").read_text())
@@ -184,8 +184,8 @@ def split_speed(cfg, cal, layout: Layout, servers: int, calibrated_on: int, leng
                 span: tuple[float, float] = (0.0, 1.0)) -> float | None:
     """Predicted steps/h of `servers` servers, from a calibration made at `calibrated_on` servers
     (launcher/elastic_prediction.py's split_steps_per_hour, the runtime's own prediction)."""
-    from launcher.elastic_prediction import split_steps_per_hour
-    from launcher.simulate.engine import SimulationError
+    from tandem.launcher.elastic_prediction import split_steps_per_hour
+    from tandem.launcher.simulate.engine import SimulationError
 
     ratio = layout.trainer_cpus(calibrated_on) / layout.trainer_cpus(servers)
     try:
@@ -195,7 +195,7 @@ def split_speed(cfg, cal, layout: Layout, servers: int, calibrated_on: int, leng
 
 
 def simulated_config(cal, layout: Layout, calibrated_on: int, quick: bool, growth: float):
-    from launcher.simulate.fit_check import adopt_run_workload
+    from tandem.launcher.simulate.fit_check import adopt_run_workload
 
     cfg = load_config(CONFIG, [*base_overrides(quick), *layout.overrides(calibrated_on),
                                f"simulate.length_growth={growth}", f"simulate.warmup_steps={WARMUP}"])
@@ -217,8 +217,8 @@ def predicted_gain(cal, layout: Layout, calibrated_on: int, quick: bool, steps: 
     """launcher/simulate/elastic.py's prediction for CPU splits: each phase of the run simulated
     on every split with the lengths grown as the workload grows them (simulate.length_growth),
     then the fixed and elastic runs priced by `replay` (the runtime's decision rule)."""
-    from launcher.simulate.elastic import Split, move_seconds, phase_count, replay
-    from launcher.simulate.scenario import lengths_for
+    from tandem.launcher.simulate.elastic import Split, move_seconds, phase_count, replay
+    from tandem.launcher.simulate.scenario import lengths_for
 
     cfg = simulated_config(cal, layout, calibrated_on, quick, growing_lengths.GROWTH)
     every, min_gain = cfg.launcher.elastic_every_steps, cfg.launcher.elastic_min_gain
@@ -234,7 +234,7 @@ def predicted_gain(cal, layout: Layout, calibrated_on: int, quick: bool, steps: 
 def main(quick: bool = False) -> dict:
     cpus = available_cpus()
     require_a_move_fits(cpus)   # before anything is started or written
-    from launcher.simulate.calibrate import calibrate
+    from tandem.launcher.simulate.calibrate import calibrate
 
     layout = layout_for(cpus)
     steps, cal_steps = (QUICK_STEPS, QUICK_CALIBRATION_STEPS) if quick else (STEPS, CALIBRATION_STEPS)

@@ -18,9 +18,9 @@ from pathlib import Path
 import msgpack
 import zmq
 
-from services.protocol import ExpDir, ProtocolError, decode, load_keys, read_service
-from services.protocol.codec import MAX_FRAME_BYTES
-from services.protocol.keys import make_client
+from tandem.services.protocol import ExpDir, ProtocolError, decode, load_keys, read_service
+from tandem.services.protocol.codec import MAX_FRAME_BYTES
+from tandem.services.protocol.keys import make_client
 
 ROLES = ("gen", "controller", "reward", "rollout", "trainer")
 KINDS = ROLES + ("bad-input", "ctrl-c", "launcher")
@@ -34,7 +34,7 @@ def role_pid(exp_root: Path, role: str) -> int:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"rollout" in cmd and str(exp_root).encode() in cmd and b"launcher.cli" in cmd:
+            if b"rollout" in cmd and str(exp_root).encode() in cmd and b"tandem.launcher.cli" in cmd:
                 return int(pid)
         raise LookupError("no rollout worker running")
     name = {"gen": "gen-0"}.get(role, role)

@@ -30,7 +30,7 @@ from benchmarks.common import cli, print_table, write_results
 from benchmarks.fault_injection import KINDS, inject
 
 if TYPE_CHECKING:
-    from launcher.audit import Audit
+    from tandem.launcher.audit import Audit
 
 CONFIG = """\
 experiment: {{name: {name}, model: {model}, exp_dir: {exp_dir}}}
@@ -58,7 +58,7 @@ def as_terminal_foreground() -> None:
 
 
 def launch(cfg: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "run", str(cfg), *extra],
+    return subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", "run", str(cfg), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             preexec_fn=as_terminal_foreground)
 
@@ -89,8 +89,8 @@ def leftovers(exp_root: Path) -> list[str]:
 def roles_stopped(exp_root: Path, since: float) -> tuple[list[str], float]:
     """After the launcher's SIGKILL: what is still running once the roles had the time their
     launcher would have given them (launcher/launcher_watch.py), and seconds until none was."""
-    from launcher.launcher_watch import SERVICES_STOP_AFTER_S
-    from services.protocol import STOP_GRACE_S
+    from tandem.launcher.launcher_watch import SERVICES_STOP_AFTER_S
+    from tandem.services.protocol import STOP_GRACE_S
     deadline = since + SERVICES_STOP_AFTER_S + STOP_GRACE_S + 10.0
     while (left := leftovers(exp_root)) and time.time() < deadline:
         time.sleep(0.2)
@@ -99,7 +99,7 @@ def roles_stopped(exp_root: Path, since: float) -> tuple[list[str], float]:
 
 def progress(exp_root: Path) -> tuple[list[dict], dict[str, float]]:
     """The trainer's step records so far, and when each group was delivered."""
-    from services.protocol import ExpDir, read_metrics
+    from tandem.services.protocol import ExpDir, read_metrics
     records = read_metrics(ExpDir(exp_root))
     steps = [r for r in records if r.get("role") == "trainer" and r.get("event") == "step"]
     delivered = {r["group_id"]: r["time"] for r in records if r.get("role") == "rollout" and r.get("event") == "group"}
@@ -133,8 +133,8 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
     `tail_steps`, a last fault that ends the launch is resumed to only that many steps past the
     last one trained (`trainer.total_steps` given with --resume, as a user shortens a run), so the
     run does not train out the rest of that room after its last fault."""
-    from launcher.audit import audit
-    from services.protocol import ExpDir
+    from tandem.launcher.audit import audit
+    from tandem.services.protocol import ExpDir
 
     cfg = experiment_file(workdir, model, name, total_steps)
     exp_root = workdir / name
@@ -190,7 +190,7 @@ def nan_setting_refused(workdir: Path, model: Path) -> tuple[int, bool]:
 
 
 def tiny_model(workdir: Path) -> Path:
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
     return init_tiny(workdir / "tiny-model", seed=0)
 
 

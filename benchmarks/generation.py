@@ -21,15 +21,15 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.common import cli, print_table, write_results
-from rollout.client import GenerationClient
-from rollout.tiny_model import init_tiny
+from tandem.rollout.client import GenerationClient
+from tandem.rollout.tiny_model import init_tiny
 
 PROMPT = [1, 5, 20, 21, 22, 23, 24, 25, 6]
 
 
 def start_server(model: Path, threads: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(model),
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", "gen", "serve", "--model", str(model),
                              "--port", "0", "--threads", str(threads), "--max-running", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     for line in proc.stdout:

@@ -88,18 +88,18 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
     sequences of different lengths, new ones each step, instead of `seq_len` each)."""
     import torch
 
-    from trainer.backend import PackedBatch
-    from trainer.config import OptimConfig, TrainerConfig
+    from tandem.trainer.backend import PackedBatch
+    from tandem.trainer.config import OptimConfig, TrainerConfig
 
     cuda = torch.cuda.is_available()
     optim = OptimConfig(lr=1e-6, warmup_steps=1)
     if backend in ("torch", "torch+compile"):   # as a run trains it: float32 weights, bf16 products on a GPU
-        from trainer.torch_backend import TorchBackend
+        from tandem.trainer.torch_backend import TorchBackend
         be = TorchBackend(TrainerConfig(backend="torch", optim=optim, compute_dtype="bfloat16" if cuda else "float32",
                                         compile=backend == "torch+compile"), Path(model_dir), seed=0)
     else:
-        from trainer.megatron.backend import MegatronBackend
-        from trainer.megatron.config import MegatronConfig
+        from tandem.trainer.megatron.backend import MegatronBackend
+        from tandem.trainer.megatron.config import MegatronConfig
         be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim, compile=backend == "megatron+compile"),
                              Path(model_dir), seed=0,
                              mcfg=MegatronConfig(params_dtype="bfloat16"))

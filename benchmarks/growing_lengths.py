@@ -32,7 +32,7 @@ import dataclasses
 import itertools
 import random
 
-from rollout.workflow import single_turn
+from tandem.rollout.workflow import single_turn
 
 START_MEDIAN = 12      # tokens, at version 0 (prompts are ~12 tokens)
 GROWTH = 12.0          # the median at OVER_VERSIONS over the one at version 0

@@ -48,7 +48,7 @@ def one_case(tokens: int, vocab: int, hidden: int, chunk: int, mode: str, device
 
     import torch
 
-    from trainer.logprobs import token_logprobs
+    from tandem.trainer.logprobs import token_logprobs
 
     torch.manual_seed(0)
     cuda = device.startswith("cuda")

@@ -18,7 +18,7 @@ import itertools
 import math
 import random
 
-from rollout.workflow import single_turn
+from tandem.rollout.workflow import single_turn
 
 MEDIAN = 48
 SIGMA = 1.0

@@ -45,10 +45,10 @@ def measure(model_dir: Path, sync: str, work: Path, versions: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rollout.server import weights
-    from trainer.config import LoraConfig, TrainerConfig
-    from trainer.torch_backend import TorchBackend
-    from trainer.weights.disk import DiskPublisher
+    from tandem.rollout.server import weights
+    from tandem.trainer.config import LoraConfig, TrainerConfig
+    from tandem.trainer.torch_backend import TorchBackend
+    from tandem.trainer.weights.disk import DiskPublisher
 
     tcfg = TrainerConfig()
     tcfg.lora = LoraConfig(rank=RANK, alpha=ALPHA, sync=sync)
@@ -82,7 +82,7 @@ def measure(model_dir: Path, sync: str, work: Path, versions: int) -> dict:
 def main(quick: bool = False) -> dict:
     import torch
 
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
 
     torch.set_num_threads(1)    # a trainer rank's and a server's default (trainer.threads, gen.threads)
     models = QUICK_MODELS if quick else MODELS

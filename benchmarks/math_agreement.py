@@ -32,8 +32,8 @@ from pathlib import Path
 from math_verify import parse, verify
 
 from benchmarks.common import cli, print_table, write_results
-from reward.config import RewardConfig
-from reward.math_grader import grade_math
+from tandem.reward.config import RewardConfig
+from tandem.reward.math_grader import grade_math
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "reward" / "math_corpus.jsonl"

@@ -36,7 +36,7 @@ def micro_batches(vocab: int, seed: int = 0) -> list:
     """N_SEQS seeded sequences dealt round-robin into packed micro-batches with advantages."""
     import torch
 
-    from trainer.backend import PackedBatch
+    from tandem.trainer.backend import PackedBatch
 
     gen = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(0, vocab, (int(torch.randint(MIN_LEN, MAX_LEN + 1, (1,), generator=gen)),),
@@ -60,9 +60,9 @@ def worker(tp: int, pp: int, model_dir: Path, steps: int, out: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from services.protocol import collectives
-    from trainer.config import TrainerConfig
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.services.protocol import collectives
+    from tandem.trainer.config import TrainerConfig
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     torch.set_num_threads(1)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -133,7 +133,7 @@ def run_layout(tp: int, pp: int, model_dir: Path, steps: int, out: Path) -> dict
 
 
 def main(quick: bool = False) -> dict:
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
 
     steps = 2 if quick else 10
     rows, headline = [], {}

@@ -13,8 +13,8 @@ import numpy as np
 import zmq
 
 from benchmarks.common import cli, print_table, write_results
-from services.protocol import AdmitReply, AdmitRequest, Trajectory, decode, encode, generate_keys
-from services.protocol.keys import ensure_authenticator, make_client, make_server
+from tandem.services.protocol import AdmitReply, AdmitRequest, Trajectory, decode, encode, generate_keys
+from tandem.services.protocol.keys import ensure_authenticator, make_client, make_server
 
 
 def trajectory(n: int) -> Trajectory:
@@ -41,7 +41,7 @@ def _serve(address_q, keys_dir, curve):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     if curve:
-        from services.protocol import load_keys
+        from tandem.services.protocol import load_keys
         keys = load_keys(keys_dir)
         ensure_authenticator(ctx, keys)
         make_server(sock, keys)

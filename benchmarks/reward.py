@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import cli, print_table, write_results
-from reward.code_grader import grade_code
-from reward.config import RewardConfig
-from reward.math_grader import grade_math
-from services.protocol import (
+from tandem.reward.code_grader import grade_code
+from tandem.reward.config import RewardConfig
+from tandem.reward.math_grader import grade_math
+from tandem.services.protocol import (
     ExpDir,
     GradeItem,
     GradeRequest,
@@ -107,7 +107,7 @@ def code_direct(reps: int) -> dict[str, float]:
 
 
 def start_service(root: Path, workers: int) -> subprocess.Popen:
-    from launcher.config import load_config, save_resolved
+    from tandem.launcher.config import load_config, save_resolved
     exp = ExpDir(root)
     generate_keys(exp.keys)
     save_resolved(load_config(None, ["experiment.name=bench-reward", "experiment.model=none",

@@ -15,9 +15,9 @@ if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.p
 import time
 
 from benchmarks.common import cli, print_table, write_results
-from reward.config import RewardConfig
-from reward.extract import boxes, extract_program
-from reward.math_grader import grade_math
+from tandem.reward.config import RewardConfig
+from tandem.reward.extract import boxes, extract_program
+from tandem.reward.math_grader import grade_math
 
 EXTRACTION = {
     "``` then 100 KB with no newline (program extraction)": (extract_program, "```" + "a" * 100_000),

@@ -42,7 +42,7 @@ def one_run(workdir: Path, model: Path, name: str, forked: bool, steps: int) -> 
     cfg.write_text(CONFIG.format(name=name, model=model, exp_dir=exp_dir, steps=steps))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "run", str(cfg),
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "run", str(cfg),
                            f"launcher.fork_roles={str(forked).lower()}"], capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -54,7 +54,7 @@ def one_run(workdir: Path, model: Path, name: str, forked: bool, steps: int) -> 
 
 
 def main(quick: bool = False) -> dict:
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
     rounds, steps = (1, 2) if quick else (5, 2)
     runs: dict[str, list[dict]] = {"fresh": [], "forked": []}
     with tempfile.TemporaryDirectory(prefix="tandem-role-start-") as tmp:

@@ -24,8 +24,8 @@ import subprocess
 import sys
 
 from benchmarks.common import cli, print_table, write_results
-from reward.config import RewardConfig
-from reward.sandbox import Sandbox
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import Sandbox
 
 TEST_S, TOTAL_S = 1.0, 3.0
 # name -> (program, number of tests)

@@ -20,9 +20,9 @@ import time
 from unittest import mock
 
 from benchmarks.common import cli, print_table, write_results
-from reward import sandbox_root
-from reward.config import RewardConfig
-from reward.sandbox import BWRAP_FLAGS, HARNESS, INTERPRETER, Sandbox
+from tandem.reward import sandbox_root
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import BWRAP_FLAGS, HARNESS, INTERPRETER, Sandbox
 
 PYTHON = [INTERPRETER, "-I", "-S", "-c"]
 FIRST_COMPILE = ("import time; t = time.perf_counter(); compile('', '<w>', 'exec'); "

@@ -13,10 +13,10 @@ if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.p
 import time
 
 from benchmarks.common import cli, keep_tables, print_table, read_results, write_results
-from launcher.config import load_config
-from launcher.simulate.elastic import predict, replay
-from launcher.simulate.engine import Simulation
-from launcher.simulate.scenario import build, lengths_for, simulate, sweep, with_overrides
+from tandem.launcher.config import load_config
+from tandem.launcher.simulate.elastic import predict, replay
+from tandem.launcher.simulate.engine import Simulation
+from tandem.launcher.simulate.scenario import build, lengths_for, simulate, sweep, with_overrides
 
 # The paper's math setting: 512 prompts x 16 answers per step, 32K-token answers, 3:1 split on
 # H800 nodes, SGLang servers with TP 1, four PPO minibatches, disk weight updates.

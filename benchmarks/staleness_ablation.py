@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import cli, output_path, print_table, write_results
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/math-tiny.yaml"
@@ -64,7 +64,7 @@ UNCAPPED = [f"controller.max_concurrent_groups={IN_FLIGHT}", f"rollout.concurren
 
 
 def tandem(*args: str, timeout: float = 3600) -> None:
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"tandem {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

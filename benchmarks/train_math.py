@@ -27,13 +27,13 @@ from pathlib import Path
 import yaml
 
 from benchmarks.common import cli, output_path, print_table, write_results
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tandem(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=7200)
     if proc.returncode != 0:
         raise RuntimeError(f"tandem {' '.join(args[:2])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import cli, print_table, write_results
-from trainer.microbatch import allocate, allocate_for_ranks, pack
+from tandem.trainer.microbatch import allocate, allocate_for_ranks, pack
 
 CAPACITY = 32768
 
@@ -72,9 +72,9 @@ def allocation(n: int, repeats: int) -> dict:
 def throughput(quick: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from rollout.tiny_model import init_tiny
-    from trainer.config import TrainerConfig
-    from trainer.torch_backend import TorchBackend
+    from tandem.rollout.tiny_model import init_tiny
+    from tandem.trainer.config import TrainerConfig
+    from tandem.trainer.torch_backend import TorchBackend
 
     budget = 2048
     n_seqs = 48 if quick else 384

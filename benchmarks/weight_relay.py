@@ -55,7 +55,7 @@ class _Bucket:
 
 def serve(root: str, mb_s: float) -> None:
     """A relay process (`python -m benchmarks.weight_relay --serve ROOT MB_S`; 0 = unthrottled)."""
-    from rollout.server.relay import WeightRelay
+    from tandem.rollout.server.relay import WeightRelay
 
     relay = WeightRelay(root, KEY, host="127.0.0.1")
     if mb_s > 0:
@@ -88,7 +88,7 @@ def _start(root: Path, mb_s: float) -> tuple[subprocess.Popen, str]:
 
 
 def _time_fetch(nodes: list[str], sources: list[str], version: int) -> float:
-    from rollout.client.relay import relay_fetch
+    from tandem.rollout.client.relay import relay_fetch
 
     async def main():
         await asyncio.gather(*(relay_fetch(n, KEY, version, s, 600, chain=f"c{version}")

@@ -23,7 +23,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 from .progress import run_steps
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
-from launcher.launcher_watch import watch_launcher_from_env
-from launcher.placement import pin_from_env
-from services.protocol import exit_process
+from tandem.launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
+from tandem.launcher.launcher_watch import watch_launcher_from_env
+from tandem.launcher.placement import pin_from_env
+from tandem.services.protocol import exit_process
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
-COMMAND_MODULES = ("services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli",
-                   "launcher.run", "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli",
-                   "launcher.audit")
+COMMAND_MODULES = tuple(f"tandem.{name}" for name in (
+    "services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli", "launcher.run",
+    "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli", "launcher.audit"))
 
 
 def _config_show(args) -> int:
@@ -34,7 +34,7 @@ def _config_show(args) -> int:
 
 
 def _config_check(args) -> int:
-    from launcher.preflight import check_before_launch
+    from tandem.launcher.preflight import check_before_launch
     cfg, prov = load_config_traced(args.file, args.overrides)
     notes = check_before_launch(cfg, prov, files=not args.skip_files)   # what `tandem run` checks before a launch
     skipped = " (model, data sets and episode function not checked)" if args.skip_files else ""
@@ -45,7 +45,7 @@ def _config_check(args) -> int:
 
 
 def _config_docs(args) -> int:
-    from launcher.config_docs import render
+    from tandem.launcher.config_docs import render
     print(render(), end="")
     return 0
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """`tandem` as a program: the console script, and `python -m launcher.cli` (how every role starts)."""
+    """`tandem` as a program: the console script, and `python -m tandem.launcher.cli` (how every role starts)."""
     exit_process(main())
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from launcher.config import ConfigError, load_config
+from tandem.launcher.config import ConfigError, load_config
 
 DEFAULT_SUGGEST_RATIOS = ["1:1", "2:1", "3:1", "5:1", "7:1"]
 
@@ -39,9 +39,9 @@ def _memory(cfg, plan) -> None:
     """Print the per-GPU memory estimate of `plan`; refuse (ConfigError) a role that does not fit."""
     from rich.console import Console
 
-    from launcher.plan import PlanError
-    from launcher.simulate.memory import estimate, refusal
-    from launcher.simulate.memory import render as render_memory
+    from tandem.launcher.plan import PlanError
+    from tandem.launcher.simulate.memory import estimate, refusal
+    from tandem.launcher.simulate.memory import render as render_memory
 
     if not plan.uses_gpus:
         return
@@ -53,7 +53,7 @@ def _memory(cfg, plan) -> None:
 
 
 def _plan(args) -> int:
-    from launcher.plan import plan_for, render
+    from tandem.launcher.plan import plan_for, render
 
     cfg = load_config(args.file, args.overrides)
     if not args.suggest:
@@ -61,9 +61,9 @@ def _plan(args) -> int:
         render(plan)
         _memory(cfg, plan)
         return 0
-    from launcher.simulate.engine import SimulationError
-    from launcher.simulate.report import print_sweep
-    from launcher.simulate.scenario import sweep, with_overrides
+    from tandem.launcher.simulate.engine import SimulationError
+    from tandem.launcher.simulate.report import print_sweep
+    from tandem.launcher.simulate.scenario import sweep, with_overrides
 
     ratios = args.ratios.split(",") if args.ratios else DEFAULT_SUGGEST_RATIOS
     eta = cfg.controller.max_staleness
@@ -104,16 +104,16 @@ def _elastic_json(pred) -> dict:
 
 
 def _simulate(args) -> int:
-    from launcher.simulate.engine import SimulationError
-    from launcher.simulate.report import plot_sweep, print_result, print_sweep
-    from launcher.simulate.scenario import simulate, sweep
+    from tandem.launcher.simulate.engine import SimulationError
+    from tandem.launcher.simulate.report import plot_sweep, print_result, print_sweep
+    from tandem.launcher.simulate.scenario import simulate, sweep
 
     cfg = load_config(args.file, args.overrides)
     calibration = None
     if args.calibrate:
-        from launcher.simulate.calibrate import calibrate
-        from launcher.simulate.fit_check import adopt_run_workload, check_fit, explicit_simulate_keys
-        from launcher.simulate.report import print_calibration
+        from tandem.launcher.simulate.calibrate import calibrate
+        from tandem.launcher.simulate.fit_check import adopt_run_workload, check_fit, explicit_simulate_keys
+        from tandem.launcher.simulate.report import print_calibration
         calibration = calibrate(args.calibrate)
         print_calibration(calibration)
         fit = check_fit(calibration, args.calibrate)   # the fitted run, predicted: is the fit any good?
@@ -132,8 +132,8 @@ def _simulate(args) -> int:
                 print("tandem simulate: --elastic and --sweep are separate questions; ask one at a time",
                       file=sys.stderr)
                 return 2
-            from launcher.simulate.elastic import predict
-            from launcher.simulate.report import print_elastic
+            from tandem.launcher.simulate.elastic import predict
+            from tandem.launcher.simulate.report import print_elastic
             pred = predict(cfg, calibration, max_phases=args.phases, jobs=args.jobs)
             print_elastic(pred)
             out = _elastic_json(pred)

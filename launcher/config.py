@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config_source import (
+from tandem.launcher.config_source import (
     ConfigError,
     Provenance,
     copies_in,
@@ -30,13 +30,13 @@ from launcher.config_source import (
     read_yaml,
     scalars,
 )
-from launcher.simulate.config import SimulateConfig
-from reward.config import RewardConfig
-from rollout.config import GenConfig, RolloutConfig
-from services.config import ControllerConfig
-from services.protocol.trackers import WandbConfig, tracker_problems
-from trainer.config import TrainerConfig
-from trainer.presets import PRESETS, preset_values
+from tandem.launcher.simulate.config import SimulateConfig
+from tandem.reward.config import RewardConfig
+from tandem.rollout.config import GenConfig, RolloutConfig
+from tandem.services.config import ControllerConfig
+from tandem.services.protocol.trackers import WandbConfig, tracker_problems
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.presets import PRESETS, preset_values
 
 
 @dataclass
@@ -169,7 +169,7 @@ class LauncherSection:
     # Local backend with a CPU build of torch: the model roles (generation, training, rollout,
     # evaluation) start as forks of one interpreter that imported torch and transformers once,
     # saving each about 5 CPU-seconds of imports (launcher/backends/role_forks.py says what stays
-    # the same). false: each starts as a fresh `python -m launcher.cli`, as on SLURM and GPUs.
+    # the same). false: each starts as a fresh `python -m tandem.launcher.cli`, as on SLURM and GPUs.
     fork_roles: bool = True
     # Seconds a stopping trainer (Ctrl-C, scancel of the launcher, another role's failure) gets
     # to finish its step and write its last checkpoint before it is killed, after the rollout
@@ -287,7 +287,7 @@ def _weight_relay_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 def _adapter_sync_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """`trainer.lora.sync: adapter`: the servers swap adapters over /load_lora_adapter, always
     under an abort pause (services/controller/weights/adapter.py says why)."""
-    from rollout.sglang_launch import SGLANG_LORA_TARGETS
+    from tandem.rollout.sglang_launch import SGLANG_LORA_TARGETS
 
     if not cfg.trainer.lora.adapter_sync:
         return []
@@ -307,7 +307,7 @@ def _adapter_sync_problems(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 def model_turns(rollout) -> int:
     """Model turns a sample may hold: one for the built-in single-turn episode, else max_turns."""
-    from rollout.workflow import DEFAULT_WORKFLOW
+    from tandem.rollout.workflow import DEFAULT_WORKFLOW
 
     return 1 if rollout.workflow == DEFAULT_WORKFLOW else rollout.max_turns
 

@@ -11,7 +11,7 @@ import typing
 
 from omegaconf import MISSING
 
-from launcher.config import ExperimentConfig
+from tandem.launcher.config import ExperimentConfig
 
 HEADER = """# Configuration reference
 
@@ -92,7 +92,7 @@ def render() -> str:
         name, cls = queue.pop(0)
         rows, nested = [], []
         _rows(cls, f"{name}.", rows, nested)
-        owner = cls.__module__.split(".")[0]
+        owner = cls.__module__.split(".")[1]   # tandem.<package>.config
         doc = (inspect.getdoc(cls) or "").strip()
         if doc.startswith(cls.__name__ + "("):
             doc = ""  # the dataclass's generated signature says nothing a reader needs

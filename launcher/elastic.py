@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from services.protocol import (
+from tandem.services.protocol import (
     ExpDir,
     MetricsWriter,
     RemoteError,
@@ -46,7 +46,7 @@ from services.protocol import (
     read_service,
     write_json_atomic,
 )
-from trainer.elastic_cpus import CPUS_FILE
+from tandem.trainer.elastic_cpus import CPUS_FILE
 
 from .backends.base import LaunchError
 from .config import ExperimentConfig

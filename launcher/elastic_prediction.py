@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 from .config import ConfigError, ExperimentConfig
 from .elastic_moves import possible_moves
@@ -59,7 +59,7 @@ def split_steps_per_hour(cfg: ExperimentConfig, cal, servers: int, cpu_ratio: fl
     when calibrated / its CPUs in this split: the module docstring's ASSUMPTION), a server's cost
     unchanged. `lengths` and `span` as `scenario.simulate` takes them (a phase of a growing
     workload). Raises what the simulator raises."""
-    from launcher.simulate.scenario import simulate
+    from tandem.launcher.simulate.scenario import simulate
 
     c = copy.deepcopy(cfg)
     c.gen.num_servers = servers
@@ -69,9 +69,9 @@ def split_steps_per_hour(cfg: ExperimentConfig, cal, servers: int, cpu_ratio: fl
 
 def simulated_decision(split: SplitState) -> Decision:
     """Calibrate on the current split's windows, simulate it and its neighbours, ask the rule."""
-    from launcher.elastic_policy import choose_split
-    from launcher.simulate.calibrate import calibrate, read_records
-    from launcher.simulate.fit_check import adopt_run_workload
+    from tandem.launcher.elastic_policy import choose_split
+    from tandem.launcher.simulate.calibrate import calibrate, read_records
+    from tandem.launcher.simulate.fit_check import adopt_run_workload
 
     window = split.exp.root / "elastic" / "window.jsonl"
     window.parent.mkdir(exist_ok=True)

@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from services.protocol import write_json_atomic
-from services.protocol.runtime import STOP_GRACE_S
+from tandem.services.protocol import write_json_atomic
+from tandem.services.protocol.runtime import STOP_GRACE_S
 
 PID_ENV = "TANDEM_LAUNCHER_PID"
 STOP_AFTER_ENV = "TANDEM_LAUNCHER_STOP_AFTER_S"

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from services.protocol import (
+from tandem.services.protocol import (
     ExpDir,
     LaunchStarted,
     RegisterServer,
@@ -33,7 +33,7 @@ from services.protocol import (
     load_keys,
     read_service,
 )
-from services.protocol.trackers import finish_trackers, tracker_hints
+from tandem.services.protocol.trackers import finish_trackers, tracker_hints
 
 from .backends import Backend, Ended, LaunchError
 from .config import ConfigError, ExperimentConfig
@@ -164,8 +164,7 @@ def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress,
                 progress.update()   # the steps it recorded since the last poll, the last one included
                 if end.ok:
                     return
-                raise LaunchError(f"the trainer failed: {end.why}\n"
-                                  f"continue from its last checkpoint with: tandem run <file> --resume")
+                raise LaunchError(f"the trainer failed: {end.why}")   # `tandem run` says how to resume
             if end.restarted:
                 print(f"{name} crashed and was restarted: {end.why}", flush=True)
                 _join(join, exp, end.role, restarted=True)

@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.config import ConfigError, parse_cpus
+from tandem.launcher.config import ConfigError, parse_cpus
 
 # The CPUs this process could use when it started, before the launcher pinned itself to the
 # light services' pool: placements computed later in the same process still see the machine.

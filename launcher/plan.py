@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from launcher.config import ConfigError, ExperimentConfig
-from launcher.placement import CpuPlacement, available_cpus, format_ranges, place_cpus
+from tandem.launcher.config import ConfigError, ExperimentConfig
+from tandem.launcher.placement import CpuPlacement, available_cpus, format_ranges, place_cpus
 
 
 class PlanError(ConfigError):

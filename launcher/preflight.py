@@ -19,7 +19,7 @@ import json
 import re
 from pathlib import Path
 
-from rollout.data_files import looks_like_hub_name
+from tandem.rollout.data_files import looks_like_hub_name
 
 from .config import ConfigError, ExperimentConfig, problems_error
 from .config_source import Provenance
@@ -129,7 +129,7 @@ def model_problem(model: str) -> str | None:
 
 def workflow_problem(spec: str) -> str | None:
     """Whether the episode function imports here, as a rollout worker will import it."""
-    from rollout.workflow import load_workflow
+    from tandem.rollout.workflow import load_workflow
 
     try:
         load_workflow(spec)
@@ -144,7 +144,7 @@ def reward_function_problem(spec: str) -> str | None:
     """Whether `reward.function` imports here and is callable, as a grader worker will import it."""
     if not spec:
         return None
-    from reward.user_function import RewardFunctionError, load_reward_function
+    from tandem.reward.user_function import RewardFunctionError, load_reward_function
 
     try:
         load_reward_function(spec)
@@ -156,7 +156,7 @@ def reward_function_problem(spec: str) -> str | None:
 def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> list[tuple[str, str]]:
     """The data sets, the model and the episode function exist, are readable and import; each
     data set that passes adds its summary (format, row count) to `notes`."""
-    from rollout.data_check import check_dataset
+    from tandem.rollout.data_check import check_dataset
 
     out, rc = [], cfg.rollout
     for key, columns_key in (("dataset", "columns"), ("eval_dataset", "eval_columns" if rc.eval_columns else "columns")):

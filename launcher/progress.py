@@ -9,7 +9,7 @@ import json
 import time
 from collections import Counter
 
-from services.protocol import ExpDir, MetricsWriter, read_metrics, write_json_atomic
+from tandem.services.protocol import ExpDir, MetricsWriter, read_metrics, write_json_atomic
 
 RESUMED = "resumed"
 

@@ -23,7 +23,7 @@ import io
 import json
 import sys
 
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 from .progress import run_staleness, run_steps
 from .report_axes import (

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.protocol import POLICY_ADAPTER, ExpDir, free_port
+from tandem.services.protocol import POLICY_ADAPTER, ExpDir, free_port
 
 from .config import ConfigError, ExperimentConfig
 
@@ -49,7 +49,7 @@ class Role:
 
 def tandem_argv(*args: str) -> list[str]:
     """`tandem ARGS` with the launcher's own interpreter, so every role runs the same install."""
-    return [sys.executable, "-m", "launcher.cli", *args]
+    return [sys.executable, "-m", "tandem.launcher.cli", *args]
 
 
 def gpu_layout(cfg: ExperimentConfig):

@@ -9,12 +9,13 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from services.protocol import ExpDir, generate_keys
+from tandem.services.protocol import ExpDir, generate_keys
 
 from .backends import backend_for
 from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
@@ -35,18 +36,7 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
     # layout (sets gen.num_servers from the plan with sglang), the data sets, the model, the
     # episode function.
     check_before_launch(cfg, prov)
-    exp = ExpDir(cfg.experiment.exp_dir)
-    if exp.config.exists():
-        if not resume:
-            raise ConfigError(f"{exp.root} already holds an experiment; pass --resume to continue it, "
-                              f"or choose another experiment.name / experiment.exp_dir")
-        previous = load_experiment(exp.root)
-        if previous.trainer.groups_per_step != cfg.trainer.groups_per_step:
-            raise ConfigError("trainer.groups_per_step differs from the run being resumed; "
-                              "staleness accounting would not agree")
-        check_same_architecture(previous.experiment.model, cfg.experiment.model)
-    elif resume:
-        raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
+    exp = check_launch_target(cfg, resume)
     # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
     adapter = initial_adapter(cfg) if cfg.trainer.lora.adapter_sync and not exp.initial_adapter.is_dir() else None
     try:
@@ -67,6 +57,25 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
         shutil.move(str(adapter), exp.initial_adapter)
         shutil.rmtree(adapter.parent, ignore_errors=True)
     return cfg, exp
+
+
+def check_launch_target(cfg: ExperimentConfig, resume: bool) -> ExpDir:
+    """The experiment directory a launch would use, refused (ConfigError) when it cannot: a new
+    launch into a directory that holds an experiment, a resume of one that holds none or of one
+    whose groups per step or model architecture differ."""
+    exp = ExpDir(cfg.experiment.exp_dir)
+    if exp.config.exists():
+        if not resume:
+            raise ConfigError(f"{exp.root} already holds an experiment; pass --resume to continue it, "
+                              f"or choose another experiment.name / experiment.exp_dir")
+        previous = load_experiment(exp.root)
+        if previous.trainer.groups_per_step != cfg.trainer.groups_per_step:
+            raise ConfigError("trainer.groups_per_step differs from the run being resumed; "
+                              "staleness accounting would not agree")
+        check_same_architecture(previous.experiment.model, cfg.experiment.model)
+    elif resume:
+        raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
+    return exp
 
 
 # What a checkpoint's tensors are shaped by: another value cannot load it.
@@ -99,7 +108,7 @@ def initial_adapter(cfg: ExperimentConfig):
     """Version 0 of a LoRA run's adapter (zeros: the base model), which every generation server
     starts serving under the policy's adapter name, in a temporary directory; ConfigError when
     trainer.lora does not fit experiment.model."""
-    from trainer.lora import lora_settings, write_initial_adapter
+    from tandem.trainer.lora import lora_settings, write_initial_adapter
 
     tmp = Path(tempfile.mkdtemp(prefix="tandem-adapter-v0-"))
     try:
@@ -133,7 +142,11 @@ def cmd_run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s")
     if shutil.which("bwrap") is None and cfg.reward.task == "code":
         print("note: bubblewrap is missing; generated code runs with rlimits only", flush=True)
-    return run_experiment(cfg, exp, args.resume, backend_for(cfg, exp))
+    code = run_experiment(cfg, exp, args.resume, backend_for(cfg, exp))
+    if code in (1, 130) and exp.config.exists():   # stopped or failed: the run can go on
+        again = shlex.join(["tandem", "run", args.file, *args.overrides, "--resume"])
+        print(f"stopped; continue this run (from its last checkpoint, if any) with: {again}", flush=True)
+    return code
 
 
 def register(sub) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHES = "launches.jsonl"

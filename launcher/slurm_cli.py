@@ -12,7 +12,7 @@ import datetime
 import sys
 import time
 
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 from .config import load_experiment
 from .exp_lock import last_launch

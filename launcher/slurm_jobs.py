@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from services.protocol import ExpDir, write_json_atomic
+from tandem.services.protocol import ExpDir, write_json_atomic
 
 RECORD_NAME = "slurm-jobs.json"
 # sacct states of a job that is still (or about to be) using its allocation.

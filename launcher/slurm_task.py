@@ -18,7 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from services.protocol.runtime import STOP_GRACE_S
+from tandem.services.protocol.runtime import STOP_GRACE_S
 
 from .launcher_watch import HEARTBEAT_FILE, Lease, heartbeat_interval
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.protocol import write_json_atomic
+from tandem.services.protocol import write_json_atomic
 
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # Optimizer steps (batch 64) by task. Half of code-agent's rows are revision conversations, so it
@@ -28,7 +28,7 @@ DEFAULT_STEPS = {"math": 1000, "code": 1000, "code-agent": 2000}
 
 def _boxed_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
     """Exact match of the last \\boxed{} (enough for the integer answers of synthetic math)."""
-    from trainer.sft import greedy_completions
+    from tandem.trainer.sft import greedy_completions
 
     outs = greedy_completions(model, tok, [r["prompt"] for r in rows], encode_prompt, max_new_tokens)
     hits = 0
@@ -40,8 +40,8 @@ def _boxed_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> flo
 
 def _code_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
     """Runs each completion's `f` on the hidden points, through the reward package's sandbox."""
-    from reward.code_grader import grade_code
-    from trainer.sft import greedy_completions
+    from tandem.reward.code_grader import grade_code
+    from tandem.trainer.sft import greedy_completions
 
     outs = greedy_completions(model, tok, [r["problem"] for r in rows], encode_prompt, max_new_tokens)
     return sum(grade_code(out, row["tests"]).correct for out, row in zip(outs, rows, strict=True)) / max(1, len(rows))
@@ -49,10 +49,10 @@ def _code_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> floa
 
 def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n: int,
             force: bool = False) -> dict:
-    from rollout.synthetic import generate
-    from rollout.tiny_model import init_tiny
-    from rollout.workflow import chat_prompt_ids
-    from trainer.sft import SFTSettings, train_sft
+    from tandem.rollout.synthetic import generate
+    from tandem.rollout.tiny_model import init_tiny
+    from tandem.rollout.workflow import chat_prompt_ids
+    from tandem.trainer.sft import SFTSettings, train_sft
 
     settings = SFTSettings(max_steps=steps, seconds=seconds, seed=seed)
     marker = out / "sft.json"
@@ -72,8 +72,8 @@ def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n:
     if task == "code-agent":
         import random
 
-        from rollout.code_feedback import describe_failure
-        from rollout.synthetic import code_revision
+        from tandem.rollout.code_feedback import describe_failure
+        from tandem.rollout.synthetic import code_revision
         rng = random.Random(f"code-agent-{seed}")
         rows = rows + [code_revision(rng, describe_failure) for _ in range(len(rows))]
     held_out = list(generate(kind, eval_n, seed=seed + 10_000))

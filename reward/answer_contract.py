@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from reward.answer_structure import ALTERNATION, despace, offered
+from tandem.reward.answer_structure import ALTERNATION, despace, offered
 
 # 1,000 and LaTeX's 14{,}916 and 11,\! 111 are one number
 _THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|,\\!\s*|,)(?=\d{3}(?!\d))")

@@ -10,13 +10,13 @@ from pathlib import Path
 
 
 def _serve(args) -> int:
-    from reward.service import serve
+    from tandem.reward.service import serve
     return serve(args.exp, args.cfg.reward)
 
 
 def _grade(args) -> int:
-    from reward.config import RewardConfig
-    from reward.offline import grade_file
+    from tandem.reward.config import RewardConfig
+    from tandem.reward.offline import grade_file
 
     cfg = args.cfg.reward if getattr(args, "cfg", None) is not None else RewardConfig()
     if args.workers is not None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from reward.config import RewardConfig
-from reward.extract import extract_program
-from reward.sandbox import UNISOLATED, Sandbox
-from services.protocol import Verdict, code_tests_problem
+from tandem.reward.config import RewardConfig
+from tandem.reward.extract import extract_program
+from tandem.reward.sandbox import UNISOLATED, Sandbox
+from tandem.services.protocol import Verdict, code_tests_problem
 
 _SANDBOXES: dict[str, Sandbox] = {}
 MAX_SHOWN_TESTS = 20  # per-test records kept in a verdict (the counts cover all of them)

@@ -15,7 +15,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify import parser as _mv_parser
 from sympy import evaluate
 
-from reward.answer_contract import (
+from tandem.reward.answer_contract import (
     disagreeing_boxes,
     false_equation,
     final_sentence,
@@ -24,14 +24,14 @@ from reward.answer_contract import (
     several_values,
     stated_after_last_box,
 )
-from reward.answer_cost import MAX_CHARS, shape_cost, tree_cost
-from reward.answer_structure import despace
-from reward.answer_structure import stated as states_answer
-from reward.config import RewardConfig
-from reward.extract import answer_text, box_spans
-from reward.question_forms import asks_percent, has_percent, option_named, options, without_percent
-from reward.time_limit import TimeLimitExpired, time_limit
-from services.protocol import Verdict
+from tandem.reward.answer_cost import MAX_CHARS, shape_cost, tree_cost
+from tandem.reward.answer_structure import despace
+from tandem.reward.answer_structure import stated as states_answer
+from tandem.reward.config import RewardConfig
+from tandem.reward.extract import answer_text, box_spans
+from tandem.reward.question_forms import asks_percent, has_percent, option_named, options, without_percent
+from tandem.reward.time_limit import TimeLimitExpired, time_limit
+from tandem.services.protocol import Verdict
 
 # math-verify warns once that its timeouts are off; that is deliberate here.
 logging.getLogger("math_verify").setLevel(logging.ERROR)

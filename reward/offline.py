@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from reward.config import RewardConfig
-from reward.pool import GraderPool
-from services.protocol import GradeItem, code_tests_problem
+from tandem.reward.config import RewardConfig
+from tandem.reward.pool import GraderPool
+from tandem.services.protocol import GradeItem, code_tests_problem
 
 BATCH = 64  # rows handed to the pool at once (bounds memory, keeps every worker busy)
 

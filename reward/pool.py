@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from reward.config import RewardConfig
-from reward.sandbox import REPORT_GRACE_S
-from reward.verdict_cache import VerdictCache, item_key
-from services.protocol import GradeItem, Verdict
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import REPORT_GRACE_S
+from tandem.reward.verdict_cache import VerdictCache, item_key
+from tandem.services.protocol import GradeItem, Verdict
 
 log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
@@ -94,7 +94,7 @@ class GraderPool:
     def hard_limit_s(self, task: str) -> float:
         """Seconds a worker may hold one item before it is deemed hung and killed."""
         if self.cfg.url:
-            from reward.remote_reward import budget_s
+            from tandem.reward.remote_reward import budget_s
             return budget_s(self.cfg) + 5.0
         if self.cfg.function:
             return self.cfg.function_timeout_s + 5.0
@@ -120,7 +120,7 @@ class GraderPool:
     async def _spawn(self) -> _Worker:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "reward.worker", stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "tandem.reward.worker", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, start_new_session=True, env=env)
         w = _Worker(proc)
         try:

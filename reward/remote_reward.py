@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from reward.config import RewardConfig
-from reward.user_function import refused, verdict_from
-from services.protocol import Verdict
+from tandem.reward.config import RewardConfig
+from tandem.reward.user_function import refused, verdict_from
+from tandem.services.protocol import Verdict
 
 MAX_REPLY_BYTES = 1 << 20
 SHOWN = 200  # characters of a bad reply kept in the reason

@@ -40,12 +40,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reward import sandbox_cgroup
-from reward.config import RewardConfig
-from reward.harness_judge import _as_text
-from reward.sandbox_cleanup import remove_tree
-from reward.sandbox_root import PACKAGES_INSIDE, bwrap_root_args
-from reward.sandbox_seccomp import filter_fd
+from tandem.reward import sandbox_cgroup
+from tandem.reward.config import RewardConfig
+from tandem.reward.harness_judge import _as_text
+from tandem.reward.sandbox_cleanup import remove_tree
+from tandem.reward.sandbox_root import PACKAGES_INSIDE, bwrap_root_args
+from tandem.reward.sandbox_seccomp import filter_fd
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import asyncio
 import logging
 import time
 
-from reward.config import RewardConfig
-from reward.pool import GraderPool
-from reward.sandbox import UNISOLATED
-from services.protocol import (
+from tandem.reward.config import RewardConfig
+from tandem.reward.pool import GraderPool
+from tandem.reward.sandbox import UNISOLATED
+from tandem.services.protocol import (
     ExpDir,
     GradeReply,
     GradeRequest,

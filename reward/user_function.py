@@ -16,19 +16,16 @@ under `asyncio.wait_for`; the pool kills a worker that holds an item past the ha
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import math
 import numbers
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from reward.config import FUNCTION_SPEC, RewardConfig
-from reward.time_limit import TimeLimitExpired, time_limit
-from services.protocol import Verdict
+from tandem.reward.config import FUNCTION_SPEC, RewardConfig
+from tandem.reward.time_limit import TimeLimitExpired, time_limit
+from tandem.services.protocol import Verdict, import_user_module
 
 DETAILS_CHARS = 2000  # a function's details kept in a verdict, as JSON text
 REASON_CHARS = 300
@@ -41,15 +38,14 @@ class RewardFunctionError(ValueError):
 def load_reward_function(spec: str) -> Callable:
     """`package.module:function` → the function, imported as a grader worker imports it.
 
-    The directory `tandem` runs in is on the path, as it is for the roles it starts (they run
-    `python -m ...` there), so `examples.custom_reward.reward:score` imports from the checkout."""
+    The directory `tandem` runs in comes first on the path, as it does for the roles it starts
+    (they run `python -m ...` there), so `examples.custom_reward.reward:score` imports from the
+    checkout and a project's own `reward.py` is `reward:score`."""
     if not FUNCTION_SPEC.fullmatch(spec or ""):
         raise RewardFunctionError(f"must look like 'package.module:function', got {spec!r}")
     module_name, _, fn_name = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ModuleNotFoundError as e:
         raise RewardFunctionError(f"{spec!r}: no module named {e.name!r} (is it installed, on PYTHONPATH, "
                                   f"or under the directory you run tandem in?)") from None

@@ -23,7 +23,7 @@ from typing import Generic, TypeVar
 
 import msgpack
 
-from services.protocol import GradeItem
+from tandem.services.protocol import GradeItem
 
 T = TypeVar("T")
 

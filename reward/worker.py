@@ -1,6 +1,6 @@
 """A grader worker process: grades one item at a time for the pool (see reward.pool).
 
-Runs as `python -m reward.worker`, in its own session so the pool can kill it and everything it
+Runs as `python -m tandem.reward.worker`, in its own session so the pool can kill it and everything it
 started. Frames on stdin/stdout are 4-byte big-endian lengths + msgpack. The first frame in is
 the RewardConfig (a map); the worker answers {"ready": pid} once its imports are done, then one
 reply per job: {"id", "reward", "correct", "details"}. Grading happens on the main thread, so
@@ -19,8 +19,8 @@ import sys
 
 import msgpack
 
-from reward.config import RewardConfig
-from services.protocol.grading import item_row
+from tandem.reward.config import RewardConfig
+from tandem.services.protocol.grading import item_row
 
 _LEN = struct.Struct(">I")
 SHOWN_REFUSALS = 3  # refusals of a user's reward written to the service's log, per worker
@@ -43,17 +43,17 @@ def write_frame(stream, obj: dict) -> None:
 def user_grader(cfg: RewardConfig):
     """The user's reward of this config (function or endpoint), or None for the built-in graders."""
     if cfg.url:
-        from reward.remote_reward import RemoteGrader
+        from tandem.reward.remote_reward import RemoteGrader
         return RemoteGrader(cfg)
     if cfg.function:
-        from reward.user_function import FunctionGrader
+        from tandem.reward.user_function import FunctionGrader
         return FunctionGrader(cfg)
     return None
 
 
 def grade_item(cfg: RewardConfig, job: dict, user=None) -> dict:
-    from reward.code_grader import grade_code
-    from reward.math_grader import grade_math
+    from tandem.reward.code_grader import grade_code
+    from tandem.reward.math_grader import grade_math
 
     if user is not None:
         task = job.get("task", "")
@@ -80,9 +80,9 @@ def main() -> int:
     except ValueError as e:   # RewardFunctionError: the function does not import here
         write_frame(out, {"ready": os.getpid(), "error": f"reward.function {e}"})
         return 2
-    import reward.code_grader  # noqa: F401  (pay the imports and the bwrap probe before "ready")
-    import reward.math_grader  # noqa: F401
-    from reward.code_grader import sandbox_for
+    import tandem.reward.code_grader  # noqa: F401  (pay the imports and the bwrap probe before "ready")
+    import tandem.reward.math_grader  # noqa: F401
+    from tandem.reward.code_grader import sandbox_for
     isolation = sandbox_for(cfg).isolation
     write_frame(out, {"ready": os.getpid(), "isolation": isolation})
     shown = 0

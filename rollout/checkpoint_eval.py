@@ -2,7 +2,7 @@
 
 `tandem eval` without `--checkpoint` scores whatever the run's servers hold now; a checkpoint is
 a past policy that no server holds, and (once the run is over) there may be no server at all. So
-this builds the checkpoint's model as a Hugging Face directory (`python -m trainer.hf_export`,
+this builds the checkpoint's model as a Hugging Face directory (`python -m tandem.trainer.hf_export`,
 its own process: the trainer owns its checkpoint format), starts a private embedded server on it
 (`tandem gen serve`, no `--exp`: the run's service files and logs stay untouched; a random API
 key), and asks it the held-out problems through `/v1/chat/completions` — the OpenAI-compatible
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.protocol import ExpDir, GradeItem, numbered_dirs, write_json_atomic
+from tandem.services.protocol import ExpDir, GradeItem, numbered_dirs, write_json_atomic
 
 SERVER_START_TIMEOUT_S = 600.0
 EXPORT_TIMEOUT_S = 1800.0
@@ -59,7 +59,7 @@ async def export_checkpoint(exp: ExpDir, spec: str, base_model: str, out: Path,
     source = (["--adapter-dir", str(adapter_dir)] if adapter_dir is not None else
               ["--checkpoints", str(exp.checkpoints), "--version", spec])
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "trainer.hf_export", *source,
+        sys.executable, "-m", "tandem.trainer.hf_export", *source,
         "--model", str(base_model), "--out", str(out), "--weights", str(exp.weights),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -127,7 +127,7 @@ class PrivateServer:
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.key + "\n")
-        argv = [sys.executable, "-m", "launcher.cli", "gen", "serve", "--model", str(self.model), "--port", "0",
+        argv = [sys.executable, "-m", "tandem.launcher.cli", "gen", "serve", "--model", str(self.model), "--port", "0",
                 "--host", "127.0.0.1", "--api-key-file", str(key_file), "--max-running", str(self.max_running)]
         if self.threads:
             argv += ["--threads", str(self.threads)]
@@ -202,8 +202,8 @@ async def answer_all(server: PrivateServer, prompts, max_tokens: int, concurrenc
 
 
 async def grade_all(reward_cfg, prompts, answers: list[dict]) -> list:
-    from reward.pool import GraderPool
-    from rollout.workflow import grade_item
+    from tandem.reward.pool import GraderPool
+    from tandem.rollout.workflow import grade_item
 
     pool = GraderPool(reward_cfg)
     await pool.start()
@@ -221,7 +221,7 @@ async def grade_all(reward_cfg, prompts, answers: list[dict]) -> list:
 
 async def evaluate_checkpoint(cfg, exp: ExpDir, spec: str, n: int, out: Path | None, threads: int = 0,
                               concurrency: int = 32, answers_path: Path | None = None) -> dict:
-    from rollout.evaluation import held_out_prompts, standard_error
+    from tandem.rollout.evaluation import held_out_prompts, standard_error
 
     t0 = time.time()
     tmp = Path(tempfile.mkdtemp(dir=exp.root, prefix=".eval-"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def _init_tiny(args) -> int:
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
     out = init_tiny(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
                     kv_heads=args.kv_heads, intermediate=args.intermediate,
                     max_position=args.max_position, vocab=args.vocab, seed=args.seed)
@@ -36,7 +36,7 @@ def _add_model_commands(sub) -> None:
 
 
 def _gen_serve(args) -> int:
-    from rollout.server.main import serve_from_args
+    from tandem.rollout.server.main import serve_from_args
     return serve_from_args(args)
 
 
@@ -61,7 +61,7 @@ def _add_gen_commands(sub):
                         "server's CPU pool, else gen.threads, else 1)")
     c.add_argument("--max-running", type=int, default=None,
                    help="most sequences decoded together (default: gen.max_running_requests)")
-    from rollout.config import DEVICES
+    from tandem.rollout.config import DEVICES
     c.add_argument("--device", choices=DEVICES, default=None,
                    help="where the model runs (default: gen.device, auto = cuda when torch sees a GPU)")
     c.add_argument("--weight-version", default="0",
@@ -79,5 +79,5 @@ def register(sub) -> None:
     _add_model_commands(sub)
     gsub = _add_gen_commands(sub)
     # `tandem gen sglang`: the supervised SGLang server of gen.backend: sglang (rollout/sglang_role.py).
-    from rollout.sglang_role import add_parser as add_sglang_parser
+    from tandem.rollout.sglang_role import add_parser as add_sglang_parser
     add_sglang_parser(gsub)

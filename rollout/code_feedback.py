@@ -1,6 +1,6 @@
 """A multi-turn code episode: write a program, see it fail on the visible examples, revise.
 
-`rollout.workflow: rollout.code_feedback:code_with_feedback`. Each of the group's n samples is a
+`rollout.workflow: tandem.rollout.code_feedback:code_with_feedback`. Each of the group's n samples is a
 conversation of up to `rollout.max_turns` model turns. After a turn, the reward service runs the
 program once, on the problem's *visible* tests (`visible_tests` of its row) followed by its
 hidden ones (`tests`, those already visible left out). If a visible test fails, its input, the
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from services.protocol import GradeItem, Ticket, Trajectory, Verdict
+from tandem.services.protocol import GradeItem, Ticket, Trajectory, Verdict
 
 from .dataset import Prompt
 from .workflow import EpisodeContext, RejectGroup, chat_prompt_ids, next_turn_ids

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout.prompt_template import template_problem
+from tandem.rollout.prompt_template import template_problem
 
 # The fields of a row `rollout.columns` may map, each with the columns rollout/dataset.py reads
 # it from when it is not mapped (the first of them there).
@@ -68,9 +68,9 @@ class RolloutConfig:
     # Episodes a worker runs concurrently.
     concurrency: int = 64
     # The episode function, `module:function` (see rollout/workflow.py); multi-turn code with
-    # execution feedback: `rollout.code_feedback:code_with_feedback`.
-    workflow: str = "rollout.workflow:single_turn"
-    # Multi-turn workflows (e.g. rollout.code_feedback:code_with_feedback): model turns per sample.
+    # execution feedback: `tandem.rollout.code_feedback:code_with_feedback`.
+    workflow: str = "tandem.rollout.workflow:single_turn"
+    # Multi-turn workflows (e.g. tandem.rollout.code_feedback:code_with_feedback): model turns per sample.
     max_turns: int = 3
     # The factor a correct answer's reward takes per turn before it (turn k: turn_discount^(k-1)).
     turn_discount: float = 1.0

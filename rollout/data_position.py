@@ -17,7 +17,7 @@ import json
 from collections import deque
 from pathlib import Path
 
-from services.protocol import write_json_atomic
+from tandem.services.protocol import write_json_atomic
 
 
 class DataPosition:

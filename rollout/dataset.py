@@ -16,17 +16,17 @@ import logging
 import random
 from dataclasses import dataclass, field
 
-from rollout.config import DEFAULT_COLUMNS
-from rollout.data_files import DataFileError, open_data
-from rollout.livecodebench import (
+from tandem.rollout.config import DEFAULT_COLUMNS
+from tandem.rollout.data_files import DataFileError, open_data
+from tandem.rollout.livecodebench import (
     LiveCodeBenchRowError,
     is_livecodebench_row,
     livecodebench_prompt,
     public_cases,
 )
-from rollout.prompt_template import messages as template_messages
-from rollout.synthetic import generate as generate_synthetic
-from services.protocol import code_tests_problem
+from tandem.rollout.prompt_template import messages as template_messages
+from tandem.rollout.synthetic import generate as generate_synthetic
+from tandem.services.protocol import code_tests_problem
 
 log = logging.getLogger(__name__)
 

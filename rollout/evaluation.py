@@ -11,7 +11,7 @@ import asyncio
 import math
 import time
 
-from services.protocol import GradeRequest
+from tandem.services.protocol import GradeRequest
 
 from .dataset import load_prompts
 
@@ -59,7 +59,7 @@ async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, conc
     answer's tokens."""
     from transformers import AutoTokenizer
 
-    from rollout.workflow import DEFAULT_WORKFLOW, chat_prompt_ids, grade_item
+    from tandem.rollout.workflow import DEFAULT_WORKFLOW, chat_prompt_ids, grade_item
 
     tok = tokenizer or AutoTokenizer.from_pretrained(cfg.experiment.model)
     greedy = {"temperature": 0.0, "top_k": 1, "max_new_tokens": cfg.rollout.max_new_tokens}
@@ -90,8 +90,8 @@ async def _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy: dict,
     """A custom (e.g. multi-turn) workflow scored as it trains: one greedy episode per problem,
     correct when the workflow's own verdict says so. Workflows that record `first_turn_correct`
     (rollout/code_feedback.py) also get the pass rate of their first turn, on the same problems."""
-    from rollout.workflow import EpisodeContext, load_workflow
-    from services.protocol import Ticket
+    from tandem.rollout.workflow import EpisodeContext, load_workflow
+    from tandem.services.protocol import Ticket
 
     rc, t0 = cfg.rollout, time.time()
     workflow = load_workflow(rc.workflow)

@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rollout.sglang_launch import (
+from tandem.rollout.sglang_launch import (
     READY_PATH,
     SGLangServerSpec,
     sglang_argv,
@@ -119,7 +119,7 @@ def _check_gpus(tp_size: int) -> str | None:
 
 
 def run_from_args(args) -> int:
-    from services.protocol import ExpDir, free_port, publish_service, setup_role_logging
+    from tandem.services.protocol import ExpDir, free_port, publish_service, setup_role_logging
 
     exp = ExpDir(args.exp)
     setup_role_logging(exp, "gen", args.rank)
@@ -154,7 +154,7 @@ def run_from_args(args) -> int:
     probe = f"http://{_probe_host(args.host)}:{port}"
     relay = None
     if gen_cfg.weight_relay:
-        from rollout.server.relay import ServerRelay
+        from tandem.rollout.server.relay import ServerRelay
         try:
             relay = ServerRelay(gen_cfg.relay_dir, args.rank, exp.root, admin_key, args.host)
         except (OSError, ValueError) as e:

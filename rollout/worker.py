@@ -17,7 +17,7 @@ import os
 import time
 import zlib
 
-from services.protocol import (
+from tandem.services.protocol import (
     STOP_GRACE_S,
     AdmitRequest,
     ExpDir,

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.protocol import (
+from tandem.services.protocol import (
     POLICY_ADAPTER,
     ExpDir,
     MetricsWriter,
@@ -55,7 +55,7 @@ class ControllerRouting:
         """The server to use; while none is servable, waits (exponential backoff up to
         BACKOFF_MAX_S): the group keeps its prompt and its slot instead of failing, and the
         controller is asked a few times a second at most, however long the outage."""
-        from rollout.client import ServerRef
+        from tandem.rollout.client import ServerRef
         delay = BACKOFF_FIRST_S
         while True:
             choice = await self.controller.request(PickServer(self.worker_id, sticky_key, sorted(exclude)))
@@ -70,7 +70,7 @@ class ControllerRouting:
 
 
 def _services(cfg, exp: ExpDir, worker_id: str):
-    from rollout.client import GenerationClient
+    from tandem.rollout.client import GenerationClient
     keys = load_keys(exp.keys)
     controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30))
     # A run whose servers serve the trained LoRA adapter by name: every request names it.
@@ -81,7 +81,7 @@ def _services(cfg, exp: ExpDir, worker_id: str):
 
 
 def cmd_rollout(args) -> int:
-    from rollout.worker import RolloutWorker
+    from tandem.rollout.worker import RolloutWorker
 
     exp = ExpDir(args.exp)
     setup_role_logging(exp, "rollout", args.rank)
@@ -100,7 +100,7 @@ def cmd_rollout(args) -> int:
 
 
 async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
-    from rollout.evaluation import evaluate_prompts, held_out_prompts
+    from tandem.rollout.evaluation import evaluate_prompts, held_out_prompts
 
     keys, _, generator = _services(cfg, exp, "eval")
     reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30), timeout_s=300)
@@ -144,7 +144,7 @@ def controller_answers(exp: ExpDir, timeout_s: float = PROBE_S) -> bool:
 
 
 def cmd_eval(args) -> int:
-    from rollout.checkpoint_eval import FINAL, cmd_eval_checkpoint
+    from tandem.rollout.checkpoint_eval import FINAL, cmd_eval_checkpoint
     if args.checkpoint:
         return cmd_eval_checkpoint(args)
     exp = ExpDir(args.exp)
@@ -168,7 +168,7 @@ def cmd_eval(args) -> int:
         return 1
     write_json_atomic(Path(args.out), result)
     if args.tag:   # the run's before/after figures: also a record, for the report and trackers
-        from rollout.evaluation import eval_record
+        from tandem.rollout.evaluation import eval_record
         writer = MetricsWriter(exp, "eval")
         writer.log(**eval_record(result, tag=args.tag))
         writer.close()

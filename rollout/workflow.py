@@ -8,7 +8,6 @@ trajectories, or raises `RejectGroup` to drop the group on purpose (counted as a
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.protocol import GradeItem, Ticket, Trajectory, Verdict
+from tandem.services.protocol import GradeItem, Ticket, Trajectory, Verdict, import_user_module
 
 from .dataset import Prompt
 
@@ -50,7 +49,7 @@ class EpisodeContext:
 
 
 Workflow = Callable[[EpisodeContext, Prompt, Ticket], Awaitable[list[Trajectory]]]
-DEFAULT_WORKFLOW = "rollout.workflow:single_turn"
+DEFAULT_WORKFLOW = "tandem.rollout.workflow:single_turn"
 
 
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
@@ -137,7 +136,7 @@ def load_workflow(spec: str) -> Workflow:
     if not module_name or not fn_name:
         raise ValueError(f"rollout.workflow must look like 'module:function', got {spec!r}")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except ImportError as e:
         raise ValueError(f"rollout.workflow {spec!r}: cannot import {module_name!r} ({e})") from None
     fn = getattr(module, fn_name, None)

@@ -11,14 +11,14 @@ from __future__ import annotations
 def _controller(args) -> int:
     if args.status:
         return _status(args)
-    from services.controller.server import run_controller
+    from tandem.services.controller.server import run_controller
     return run_controller(args.exp, args.cfg.controller)
 
 
 def _status(args) -> int:
     import json
 
-    from services.protocol import ExpDir, StatusRequest, SyncRequestClient, load_keys, read_service
+    from tandem.services.protocol import ExpDir, StatusRequest, SyncRequestClient, load_keys, read_service
     exp = ExpDir(args.exp)
     try:
         address = read_service(exp, "controller", timeout_s=args.timeout)["address"]
@@ -38,7 +38,7 @@ def _status(args) -> int:
 
 
 def _keys_init(args) -> int:
-    from services.protocol import ExpDir, generate_keys, load_keys
+    from tandem.services.protocol import ExpDir, generate_keys, load_keys
 
     exp = ExpDir(args.dir)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.protocol import ExpDir, Trajectory, generate_keys
+from tandem.services.protocol import ExpDir, Trajectory, generate_keys
 
 # Roles and tests share two cores: keep each torch process to one thread.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -81,7 +81,7 @@ def exp(tmp_path) -> ExpDir:
 
 @pytest.fixture
 def keys(exp):
-    from services.protocol import load_keys
+    from tandem.services.protocol import load_keys
     return load_keys(exp.keys)
 
 
@@ -93,7 +93,7 @@ def python_bin() -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A real Hugging Face directory with a small Qwen2 model and a character tokenizer."""
-    tiny = pytest.importorskip("rollout.tiny_model")
+    tiny = pytest.importorskip("tandem.rollout.tiny_model")
     out = tmp_path_factory.mktemp("tiny-model")
     tiny.init_tiny(out, seed=0)
     return out
@@ -102,7 +102,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_model_dir(tmp_path_factory):
     """A real HF directory (the tiny model's code path) shrunk further: 2 layers, hidden 32."""
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
     out = tmp_path_factory.mktemp("small-model")
     init_tiny(out, layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, max_position=256, seed=0)
     return out

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer.backend import TrainBackend
+    from tandem.trainer.backend import TrainBackend
 
 
 def build_backend(cfg, model_dir: str | Path, seed: int) -> TrainBackend:
@@ -23,9 +23,9 @@ def build_backend(cfg, model_dir: str | Path, seed: int) -> TrainBackend:
     Imports are lazy so that `import trainer` loads neither torch model code nor Megatron.
     """
     if cfg.backend == "torch":
-        from trainer.torch_backend import TorchBackend
+        from tandem.trainer.torch_backend import TorchBackend
         return TorchBackend(cfg, Path(model_dir), seed)
     if cfg.backend == "megatron":
-        from trainer.megatron.backend import MegatronBackend
+        from tandem.trainer.megatron.backend import MegatronBackend
         return MegatronBackend(cfg, Path(model_dir), seed)
     raise ValueError(f"trainer.backend: unknown backend {cfg.backend!r} (expected torch or megatron)")

@@ -67,7 +67,7 @@ class Announcements:
     def send(self, version: int, message, sender=None):
         """Announce `message` in the background (with the transfer `sender`, e.g. a broadcast,
         running meanwhile); returns the call, whose result is the link's outcome dict."""
-        from trainer.weights import BackgroundCall  # the simulator imports this module: no torch
+        from tandem.trainer.weights import BackgroundCall  # the simulator imports this module: no torch
 
         def announce() -> dict:
             link = self.new_link()

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from services.protocol import collectives
-from trainer.objectives import LOSS_TERMS
+from tandem.services.protocol import collectives
+from tandem.trainer.objectives import LOSS_TERMS
 
 
 @dataclass

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.advantages import model_turns, sequence_advantages
-from trainer.backend import PackedBatch
-from trainer.buffer import Group
-from trainer.microbatch import allocate_for_ranks, pack
-from trainer.shaping import keep_samples, overlong_penalty
+from tandem.trainer.advantages import model_turns, sequence_advantages
+from tandem.trainer.backend import PackedBatch
+from tandem.trainer.buffer import Group
+from tandem.trainer.microbatch import allocate_for_ranks, pack
+from tandem.trainer.shaping import keep_samples, overlong_penalty
 
 
 @dataclass

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.protocol import ProtocolError, Trajectory, decode, encode
-from trainer.advantages import model_turns
+from tandem.services.protocol import ProtocolError, Trajectory, decode, encode
+from tandem.trainer.advantages import model_turns
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from services.protocol import collectives, numbered_dirs, remove_leftovers
+from tandem.services.protocol import collectives, numbered_dirs, remove_leftovers
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import os
 def _trainer(args) -> int:
     import torch
 
-    from services.protocol import ExpDir, setup_role_logging
-    from trainer.loop import run_trainer
+    from tandem.services.protocol import ExpDir, setup_role_logging
+    from tandem.trainer.loop import run_trainer
 
     threads = args.threads or int(os.environ.get("TANDEM_THREADS", "0")) or args.cfg.trainer.threads
     torch.set_num_threads(threads)
@@ -27,7 +27,7 @@ def _trainer(args) -> int:
     except SystemExit as e:  # a clear refusal (e.g. checkpoints exist without --resume)
         if isinstance(e.code, str):
             import logging
-            logging.getLogger("trainer").error(e.code)
+            logging.getLogger("tandem.trainer").error(e.code)
             return 2
         raise
 
@@ -36,7 +36,7 @@ def _export(args) -> int:
     import json
     import sys
 
-    from trainer.hf_export import NoSuchCheckpoint, NotConvertible, export_run
+    from tandem.trainer.hf_export import NoSuchCheckpoint, NotConvertible, export_run
 
     cfg = args.cfg
     try:

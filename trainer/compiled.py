@@ -63,7 +63,7 @@ def compile_layers(model) -> int:
 
 def compiled_chunk_fn():
     """trainer/logprobs.py's per-chunk function, compiled (dynamic shapes)."""
-    from trainer.logprobs import _rows
+    from tandem.trainer.logprobs import _rows
 
     _raise_recompile_limit()
     return torch.compile(_rows, backend=BACKEND, dynamic=True)

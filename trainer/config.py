@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 
 from omegaconf import II
 
-from trainer.lr_schedule import schedule_problems
-from trainer.megatron.config import MegatronConfig
-from trainer.presets import objective_problems
-from trainer.weights import METHODS as WEIGHT_SYNC_METHODS
+from tandem.trainer.lr_schedule import schedule_problems
+from tandem.trainer.megatron.config import MegatronConfig
+from tandem.trainer.presets import objective_problems
+from tandem.trainer.weights import METHODS as WEIGHT_SYNC_METHODS
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
-from services.protocol import (
+from tandem.services.protocol import (
     CurveKeys,
     ExpDir,
     Ok,
@@ -28,7 +28,7 @@ from services.protocol import (
     WeightsAck,
     read_service,
 )
-from trainer.weights import BackgroundCall
+from tandem.trainer.weights import BackgroundCall
 
 log = logging.getLogger(__name__)
 

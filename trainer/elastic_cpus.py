@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from services.protocol import ExpDir, MetricsWriter
+from tandem.services.protocol import ExpDir, MetricsWriter
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 --checkpoint` serves.
 
     tandem export --exp DIR [--version N] [--from auto|weights|checkpoint] [--adapter] OUT
-    python -m trainer.hf_export --checkpoints <exp>/checkpoints --version latest|N --model BASE --out DIR
-    python -m trainer.hf_export --adapter-dir <exp>/weights/vN --model BASE --out DIR
+    python -m tandem.trainer.hf_export --checkpoints <exp>/checkpoints --version latest|N --model BASE --out DIR
+    python -m tandem.trainer.hf_export --adapter-dir <exp>/weights/vN --model BASE --out DIR
 
 Which weights "version N" is, in the order `--from auto` tries them:
 
@@ -27,7 +27,7 @@ adapter directory (adapter_config.json, adapter_model.safetensors) that
 `PeftModel.from_pretrained(<base model>, OUT)` loads, from a checkpoint or an adapter publication
 (copied as it is).
 
-`python -m trainer.hf_export --adapter-dir <exp>/weights/vN --model BASE --out DIR` merges one
+`python -m tandem.trainer.hf_export --adapter-dir <exp>/weights/vN --model BASE --out DIR` merges one
 published adapter directory (what `tandem eval --checkpoint final` serves for such a run).
 
 Why here: only the trainer knows its checkpoint formats. The evaluator runs the module form as its
@@ -46,8 +46,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from services.protocol import numbered_dirs
-from trainer.hf_dir import save_plain_model
+from tandem.services.protocol import numbered_dirs
+from tandem.trainer.hf_dir import save_plain_model
 
 
 class NoSuchCheckpoint(ValueError):
@@ -85,7 +85,7 @@ def _hint(version: int, weights_root: Path | None) -> str:
 def backend_state(ckpt: Path, version: int, weights_root: Path | None = None) -> dict:
     """The torch backend's state in a per-rank checkpoint: the whole model's state_dict
     (`model`), or LoRA adapters (`adapter`) with their settings (`lora`)."""
-    from trainer import checkpoint
+    from tandem.trainer import checkpoint
 
     hint = _hint(version, weights_root)
     state, _ = checkpoint.load(ckpt, 0)
@@ -104,7 +104,7 @@ def _export_lora(state: dict, base_model: Path, out: Path, adapter: bool) -> Pat
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer import lora
+    from tandem.trainer import lora
 
     dtype = next(t.dtype for t in state["adapter"].values() if torch.is_floating_point(t))
     model = lora.wrap(AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype), state["lora"], seed=0)
@@ -116,8 +116,8 @@ def _export_lora(state: dict, base_model: Path, out: Path, adapter: bool) -> Pat
 def _export_sharded(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: Path | None,
                     vocab_multiple: int) -> Path:
     """A Megatron checkpoint's `dist/` through megatron-core, in this process (export.py)."""
-    from trainer import checkpoint
-    from trainer.megatron.export import hf_state_from_dist, write_hf_dir
+    from tandem.trainer import checkpoint
+    from tandem.trainer.megatron.export import hf_state_from_dist, write_hf_dir
 
     dist_dir = checkpoint.sharded_dir(ckpt)
     try:
@@ -137,7 +137,7 @@ def export(ckpt: Path, version: int, base_model: Path, out: Path, weights_root: 
     `adapter`: the checkpoint's LoRA adapters as peft's adapter directory instead."""
     from transformers import AutoConfig
 
-    from trainer import checkpoint
+    from tandem.trainer import checkpoint
 
     if (ckpt / checkpoint.SHARDED_DIR).is_dir():
         if adapter:
@@ -160,7 +160,7 @@ def lora_adapter_dir(path: Path) -> bool:
 
 def merge_published_adapter(adapter_dir: Path, base_model: Path, out: Path) -> Path:
     """A published adapter directory merged onto the run's base model: a plain HF directory."""
-    from trainer import lora
+    from tandem.trainer import lora
 
     lora.merge_adapter_dir(Path(adapter_dir), Path(base_model), Path(out))
     return Path(out)
@@ -232,7 +232,7 @@ def export_run(exp_root: Path, base_model: Path, out: Path, version: str | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.hf_export", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tandem.trainer.hf_export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoints", type=Path, help="<exp>/checkpoints")
     ap.add_argument("--adapter-dir", type=Path, default=None,
                     help="instead of a checkpoint: a published LoRA adapter directory (<exp>/weights/vN) to merge")
@@ -264,5 +264,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from services.protocol import exit_process
+    from tandem.services.protocol import exit_process
     exit_process(main())

@@ -21,9 +21,9 @@ import threading
 import time
 from typing import Any
 
-from services.protocol import Trajectory, TrajectorySink
-from trainer.buffer import validate
-from trainer.wal import TrajectoryLog
+from tandem.services.protocol import Trajectory, TrajectorySink
+from tandem.trainer.buffer import validate
+from tandem.trainer.wal import TrajectoryLog
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from trainer.backend import TokenOutputs, to_device
+from tandem.trainer.backend import TokenOutputs, to_device
 
 
 def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from services.protocol import (
+from tandem.services.protocol import (
     ExpDir,
     GroupsDropped,
     MetricsWriter,
@@ -44,20 +44,20 @@ from services.protocol import (
     load_keys,
     publish_service,
 )
-from services.protocol.trackers import TrackerFollower, start_trackers
-from trainer import build_backend, checkpoint
-from trainer import objective_step as objective
-from trainer.announcements import Announcements, coalesces_versions
-from trainer.backend import TrainBackend
-from trainer.batch import StepBatch, plan_step
-from trainer.buffer import ReplayBuffer
-from trainer.controller_link import ControllerLink
-from trainer.elastic_cpus import TrainerCpus
-from trainer.intake import Intake
-from trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
-from trainer.wal import replay as wal_replay
-from trainer.weights import BackgroundCall, build_publisher
-from trainer.weights.disk import keep_final
+from tandem.services.protocol.trackers import TrackerFollower, start_trackers
+from tandem.trainer import build_backend, checkpoint
+from tandem.trainer import objective_step as objective
+from tandem.trainer.announcements import Announcements, coalesces_versions
+from tandem.trainer.backend import TrainBackend
+from tandem.trainer.batch import StepBatch, plan_step
+from tandem.trainer.buffer import ReplayBuffer
+from tandem.trainer.controller_link import ControllerLink
+from tandem.trainer.elastic_cpus import TrainerCpus
+from tandem.trainer.intake import Intake
+from tandem.trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
+from tandem.trainer.wal import replay as wal_replay
+from tandem.trainer.weights import BackgroundCall, build_publisher
+from tandem.trainer.weights.disk import keep_final
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.hf_dir import copy_tokenizer_files, save_plain_model
+from tandem.trainer.hf_dir import copy_tokenizer_files, save_plain_model
 
 # The adapter name peft gives a single adapter (its state-dict names omit it).
 ADAPTER = "default"

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer import objectives as obj
-from trainer.backend import to_device
-from trainer.objectives import LOSS_TERMS
+from tandem.trainer import objectives as obj
+from tandem.trainer.backend import to_device
+from tandem.trainer.objectives import LOSS_TERMS
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from trainer.backend import PackedBatch
+from tandem.trainer.backend import PackedBatch
 
 
 def allocate(lengths: Sequence[int], max_tokens: int, min_count: int = 1) -> list[list[int]]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.backend import PackedBatch, TokenOutputs, TrainBackend
-from trainer.batch import MinibatchPlan, Shaping, StepPlan
-from trainer.loss import PPOSettings, ppo_token_loss
-from trainer.objectives import mismatch_sums
+from tandem.trainer.backend import PackedBatch, TokenOutputs, TrainBackend
+from tandem.trainer.batch import MinibatchPlan, Shaping, StepPlan
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
+from tandem.trainer.objectives import mismatch_sums
 
 # Stats the loss function adds to the loop's (summed, resp. maxed over micro-batches and ranks).
 EXTRA_SUMS = ("objective", "dual_clipped", "kl_sum", "sample_masked", "mismatch_tokens", "mismatch_k3_sum",

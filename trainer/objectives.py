@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.presets import (  # noqa: F401  (the settings' names, shared with config checks)
+from tandem.trainer.presets import (  # noqa: F401  (the settings' names, shared with config checks)
     AGGREGATIONS,
     KL_ESTIMATORS,
     PROXIMAL_MODES,

@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import trainer.compiled as compiled
-import trainer.lora as lora
-from services.protocol import attention_without_cudnn, collectives
-from trainer.backend import (
+import tandem.trainer.compiled as compiled
+import tandem.trainer.lora as lora
+from tandem.services.protocol import attention_without_cudnn, collectives
+from tandem.trainer.backend import (
     LossFn,
     PackedBatch,
     StepResult,
@@ -49,9 +49,9 @@ from trainer.backend import (
     stats_on_host,
     to_device,
 )
-from trainer.hf_dir import copy_tokenizer_files
-from trainer.logprobs import token_logprobs
-from trainer.lr_schedule import decay_updates, lr_factor
+from tandem.trainer.hf_dir import copy_tokenizer_files
+from tandem.trainer.logprobs import token_logprobs
+from tandem.trainer.lr_schedule import decay_updates, lr_factor
 
 log = logging.getLogger(__name__)
 

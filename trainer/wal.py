@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from services.protocol import ProtocolError, Trajectory, decode, encode
+from tandem.services.protocol import ProtocolError, Trajectory, decode, encode
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ reward.function_timeout_s); the built-in path reads them from the experiment.
 """
 from __future__ import annotations
 
-from reward.math_grader import grade_math
+from tandem.reward.math_grader import grade_math
 
 
 def grade(prompt: str, response: str, row: dict) -> dict:

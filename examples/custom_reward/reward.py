@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from reward.extract import answer_text, last_boxed
+from tandem.reward.extract import answer_text, last_boxed
 
 CORRECT, WRONG = 0.8, -0.8
 BOX_BONUS = 0.2          # the answer stated as \boxed{...}, right or wrong

@@ -4,7 +4,7 @@ The factory lives here, not in `base`, so the base never imports the backends bu
 """
 from __future__ import annotations
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 from ..config import ExperimentConfig
 from .base import Backend, Ended, LaunchError

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.protocol import STOP_GRACE_S, ExpDir, MetricsWriter, free_port, write_json_atomic
+from tandem.services.protocol import STOP_GRACE_S, ExpDir, MetricsWriter, free_port, write_json_atomic
 
 from ..config import ExperimentConfig
 from ..launcher_watch import SERVICES_STOP_AFTER_S, launcher_env, roles_of

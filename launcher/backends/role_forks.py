@@ -7,7 +7,7 @@ roles (generation server, trainer, rollout worker), more with evaluations and ra
 of a process that imported them once starts in milliseconds, and the pages stay shared.
 
 What stays as with a fresh interpreter: each role is its own process, in its own session, with
-its own console file, environment and CPU set; its command line (`python -m launcher.cli <role>
+its own console file, environment and CPU set; its command line (`python -m tandem.launcher.cli <role>
 ...`) is run as the interpreter runs `-m` (runpy, as `__main__`), and it exits the same way
 (`exit_process`: atexit callbacks, flushed files, the exit code). The supervisor sees a pid, a
 `poll()` and a `wait()`, as from `subprocess.Popen`. What differs: a role's CPU time
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # What every model role imports before its first line of work.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.masking_utils",
            "transformers.core_model_loading", "transformers.models.auto.modeling_auto",
-           "transformers.models.auto.tokenization_auto", "launcher.cli")
+           "transformers.models.auto.tokenization_auto", "tandem.launcher.cli")
 # Kinds of role that import torch (all but the rollout worker load a model).
 FORKED_KINDS = ("gen", "trainer", "rollout", "eval")
 # Environment variables read when the interpreter starts or a preloaded library is imported: a
@@ -238,7 +238,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# The server: `python -m launcher.backends.role_forks FD CONSOLE ROOM [MODULE ...]` (ROOM: see
+# The server: `python -m tandem.launcher.backends.role_forks FD CONSOLE ROOM [MODULE ...]` (ROOM: see
 # SHOW_ROOM; MODULEs: also preloaded).
 
 def serve(conn: Connection) -> tuple[list[str], dict[str, str], str] | None:
@@ -345,7 +345,7 @@ def _preload(also: list[str]) -> str | None:
 
 
 def main(fd: int, console: str, also_preload: list[str]) -> None:
-    from services.protocol import exit_process
+    from tandem.services.protocol import exit_process
     show_as([sys.executable, "-m", __spec__.name, str(fd), console, *also_preload])   # without the room
     conn = Connection(fd)
     try:

@@ -26,7 +26,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from services.protocol import STOP_GRACE_S, ExpDir
+from tandem.services.protocol import STOP_GRACE_S, ExpDir
 
 from ..config import ExperimentConfig
 from ..launcher_watch import HEARTBEAT_FILE, Heartbeat

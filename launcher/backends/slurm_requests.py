@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 from ..config import ExperimentConfig, SlurmSection, save_resolved
 from ..roles import Role

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.config import ConfigError
-from launcher.simulate.costs import Costs, Layout
+from tandem.launcher.config import ConfigError
+from tandem.launcher.simulate.costs import Costs, Layout
 
 # Windows whose prefill calls average within this factor of each other in tokens per call cannot
 # separate a per-call cost from a per-token one (_prefill_costs).

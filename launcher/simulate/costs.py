@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from launcher.config import ConfigError
-from launcher.simulate.hardware import GPU, ModelShape
-from trainer.weights import transfer_path
+from tandem.launcher.config import ConfigError
+from tandem.launcher.simulate.hardware import GPU, ModelShape
+from tandem.trainer.weights import transfer_path
 
 
 @dataclass
@@ -174,7 +174,7 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
         # not the servers. Not priced: each server's load of that copy from /dev/shm (memory
         # bandwidth, far faster than either network term).
         # Imported here: it brings the generation client (aiohttp), which no other price needs.
-        from rollout.client.relay import CHUNK_BYTES
+        from tandem.rollout.client.relay import CHUNK_BYTES
         node_net = gpu.node_network_bw * e.network
         publish = w / (disk_gbps * 1e9)
         chain = (layout.gen_nodes - 1) * CHUNK_BYTES / node_net

@@ -28,11 +28,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from launcher.config import ConfigError, ExperimentConfig
-from launcher.elastic_policy import choose_split
-from launcher.plan import PlanError, make_plan
-from launcher.simulate.engine import SimulationError
-from launcher.simulate.scenario import build, lengths_for, simulate, with_overrides
+from tandem.launcher.config import ConfigError, ExperimentConfig
+from tandem.launcher.elastic_policy import choose_split
+from tandem.launcher.plan import PlanError, make_plan
+from tandem.launcher.simulate.engine import SimulationError
+from tandem.launcher.simulate.scenario import build, lengths_for, simulate, with_overrides
 
 # Assumption: seconds before a moved unit works again, beyond the weight and checkpoint transfers
 # priced from the costs: an SGLang server's start (process, CUDA context, graph capture: tens of

@@ -29,8 +29,8 @@ from collections import Counter
 
 import numpy as np
 
-from launcher.simulate.costs import Costs
-from launcher.simulate.records import (
+from tandem.launcher.simulate.costs import Costs
+from tandem.launcher.simulate.records import (
     GroupRecord,
     SampleRecord,
     ServerState,
@@ -39,7 +39,7 @@ from launcher.simulate.records import (
     SimulationError,
     samples_used,
 )
-from launcher.simulate.trainer_side import (
+from tandem.launcher.simulate.trainer_side import (
     GRADED,
     LOAD_DONE,
     PUBLISH_DONE,
@@ -48,8 +48,8 @@ from launcher.simulate.trainer_side import (
     TRAINER_FREE,
     TrainerSide,
 )
-from rollout.server.cohorts import rows_to_set_apart
-from services.controller.admission import staleness_capacity
+from tandem.rollout.server.cohorts import rows_to_set_apart
+from tandem.services.controller.admission import staleness_capacity
 
 # Each running request keeps this fraction of max_new_tokens in reserve when new requests are
 # admitted, so the KV cache rarely overflows (SGLang's new-token-ratio idea; its floor is 0.1).

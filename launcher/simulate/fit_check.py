@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import ConfigError, ExperimentConfig, load_experiment
-from launcher.progress import run_steps
-from launcher.simulate.calibrate import Calibration, read_records
+from tandem.launcher.config import ConfigError, ExperimentConfig, load_experiment
+from tandem.launcher.progress import run_steps
+from tandem.launcher.simulate.calibrate import Calibration, read_records
 
 FIT_TOLERANCE = 0.15
 WORKLOAD_KEYS = ("prompt_tokens", "output_lengths", "output_median", "output_sigma")
@@ -94,8 +94,8 @@ def adopt_run_workload(cfg: ExperimentConfig, cal: Calibration, explicit: set[st
 def check_fit(cal: Calibration, exp_dir: str | Path) -> FitCheck:
     """Simulate the calibration run with its own fitted costs; compare seconds per step after
     its warm-up (max(simulate.warmup_steps, eta + 1) steps, as the simulator measures)."""
-    from launcher.simulate.engine import SimulationError
-    from launcher.simulate.scenario import simulate
+    from tandem.launcher.simulate.engine import SimulationError
+    from tandem.launcher.simulate.scenario import simulate
 
     path = Path(exp_dir)
     try:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from launcher.config import ConfigError
-from launcher.config_source import parse_yaml
+from tandem.launcher.config import ConfigError
+from tandem.launcher.config_source import parse_yaml
 
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "configs" / "hardware"
 

@@ -47,8 +47,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from launcher.config import ConfigError, longest_sequence
-from launcher.simulate.hardware import GPU, ModelShape, load_gpu, load_model_shape
+from tandem.launcher.config import ConfigError, longest_sequence
+from tandem.launcher.simulate.hardware import GPU, ModelShape, load_gpu, load_model_shape
 
 GB = 1e9
 # Share of each GPU left for the CUDA context, NCCL, allocator fragmentation (an assumption).
@@ -190,7 +190,7 @@ def generation_memory(cfg, m: ModelShape, gpu: GPU) -> RoleMemory:
 
 def estimate(cfg, train_dp: int) -> MemoryEstimate:
     """Every GPU role of `cfg` (the plan's data-parallel size for the trainer)."""
-    from launcher.plan import uses_gpus
+    from tandem.launcher.plan import uses_gpus
 
     gpu = load_gpu(cfg.simulate.hardware)
     try:

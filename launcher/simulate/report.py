@@ -6,8 +6,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launcher.simulate.engine import SimResult
-from launcher.simulate.scenario import Scenario, Sweep
+from tandem.launcher.simulate.engine import SimResult
+from tandem.launcher.simulate.scenario import Scenario, Sweep
 
 
 def staleness_text(counter) -> str:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, replace
 
-from launcher.config import ConfigError, ExperimentConfig
-from launcher.plan import Plan, PlanError, make_plan, plan_for
-from launcher.simulate.costs import Costs, Layout, physical_costs
-from launcher.simulate.engine import SimResult, SimSetup, Simulation, SimulationError
-from launcher.simulate.hardware import load_gpu, load_model_shape
-from launcher.simulate.records import samples_used
-from launcher.simulate.workload import grow_lengths, sample_lengths
-from trainer.announcements import coalesces_versions
+from tandem.launcher.config import ConfigError, ExperimentConfig
+from tandem.launcher.plan import Plan, PlanError, make_plan, plan_for
+from tandem.launcher.simulate.costs import Costs, Layout, physical_costs
+from tandem.launcher.simulate.engine import SimResult, SimSetup, Simulation, SimulationError
+from tandem.launcher.simulate.hardware import load_gpu, load_model_shape
+from tandem.launcher.simulate.records import samples_used
+from tandem.launcher.simulate.workload import grow_lengths, sample_lengths
+from tandem.trainer.announcements import coalesces_versions
 
 
 @dataclass

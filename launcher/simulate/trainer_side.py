@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 
-from trainer.announcements import oldest_allowed
+from tandem.trainer.announcements import oldest_allowed
 
 # Event kinds (engine.py dispatches them).
 SERVER, LOAD_DONE, GRADED, TRAIN_DONE, PUBLISH_DONE, TRAINER_FREE, ADMIT = range(7)

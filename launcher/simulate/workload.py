@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.config import ConfigError
+from tandem.launcher.config import ConfigError
 
 
 def read_output_lengths(path: str | Path) -> np.ndarray:

@@ -55,7 +55,7 @@ def resolve_device(name: str, cuda_available: bool | None = None):
     `cuda_available` is for tests (None: ask torch)."""
     import torch
 
-    from rollout.config import DEVICES
+    from tandem.rollout.config import DEVICES
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     if name not in DEVICES:
@@ -79,7 +79,7 @@ def load_engine(model_path: str, *, max_running: int, prefill_tokens_per_step: i
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.protocol import attention_without_cudnn
+    from tandem.services.protocol import attention_without_cudnn
 
     from .engine import Engine
     attention_without_cudnn()   # a graph build per decode step's new length (services/protocol/runtime.py)
@@ -122,11 +122,11 @@ async def serve(engine, *, host: str, port: int, api_key: str | None, server_arg
 def serve_from_args(args) -> int:
     import torch
 
-    from rollout.config import GenConfig
+    from tandem.rollout.config import GenConfig
     cfg: GenConfig = args.cfg.gen if getattr(args, "cfg", None) is not None else GenConfig()
     exp = metrics = None
     if args.exp:
-        from services.protocol import ExpDir, MetricsWriter, setup_role_logging
+        from tandem.services.protocol import ExpDir, MetricsWriter, setup_role_logging
         exp = ExpDir(args.exp)
         setup_role_logging(exp, "gen", args.rank)
         metrics = MetricsWriter(exp, "gen", args.rank)
@@ -180,7 +180,7 @@ def serve_from_args(args) -> int:
 
     def on_ready(host: str, port: int) -> None:
         if exp is not None:
-            from services.protocol import publish_service
+            from tandem.services.protocol import publish_service
             publish_service(exp, f"gen-{args.rank}", {
                 "url": f"http://{host}:{port}", "host": host, "port": port, "pid": os.getpid(),
                 "model": str(args.model), "backend": "embedded", "weight_version": engine.weight_version,

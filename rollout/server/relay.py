@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from rollout.client.relay import CHUNK_BYTES, encode_frame, recv_frame, split_address
+from tandem.rollout.client.relay import CHUNK_BYTES, encode_frame, recv_frame, split_address
 
 log = logging.getLogger(__name__)
 

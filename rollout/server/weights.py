@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from services.protocol.weight_group import join_weight_group, leave_weight_group
+from tandem.services.protocol.weight_group import join_weight_group, leave_weight_group
 
 from .lora import Adapter, AdapterBase, AdapterError, is_adapter_dir, read_adapter
 
@@ -145,7 +145,7 @@ class BroadcastGroup:
     def receive(self, group_name: str, names: list[str], dtypes: list[str], shapes: list[list[int]]
                 ) -> dict[str, torch.Tensor]:
         """Receive the announced tensors in order from rank 0 (blocking)."""
-        from services.protocol import collectives
+        from tandem.services.protocol import collectives
         if self.name != group_name:
             raise WeightError(f"no weight update group named {group_name!r}; call /init_weights_update_group")
         if not (len(names) == len(dtypes) == len(shapes)):

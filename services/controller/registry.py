@@ -22,7 +22,7 @@ import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
-from rollout.client import AdminClient, AdminError
+from tandem.rollout.client import AdminClient, AdminError
 
 log = logging.getLogger(__name__)
 

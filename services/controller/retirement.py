@@ -23,9 +23,9 @@ import logging
 import time
 from typing import Protocol
 
-from rollout.client import AdminClient
-from services.config import ControllerConfig
-from services.protocol import MetricsWriter, Ok, RetireServer
+from tandem.rollout.client import AdminClient
+from tandem.services.config import ControllerConfig
+from tandem.services.protocol import MetricsWriter, Ok, RetireServer
 
 from .registry import RegisteredServer, ServerRegistry
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import aiohttp
 
-from rollout.client import AdminClient, AdminError, parse_version, server_load
-from services.config import ControllerConfig
-from services.protocol import (
+from tandem.rollout.client import AdminClient, AdminError, parse_version, server_load
+from tandem.services.config import ControllerConfig
+from tandem.services.protocol import (
     AdmitReply,
     AdmitRequest,
     ExpDir,

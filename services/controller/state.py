@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgpack
 
-from services.protocol import write_json_atomic
+from tandem.services.protocol import write_json_atomic
 
 log = logging.getLogger(__name__)
 

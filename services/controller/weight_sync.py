@@ -23,8 +23,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from rollout.client import AdminClient
-from services.config import ControllerConfig
+from tandem.rollout.client import AdminClient
+from tandem.services.config import ControllerConfig
 
 from .registry import RegisteredServer, ServerRegistry
 from .weights import SyncResult, SyncRun, WeightApplier, build_appliers

@@ -46,6 +46,7 @@ from .runtime import (
     Shutdown,
     attention_without_cudnn,
     exit_process,
+    import_user_module,
     read_metrics,
     setup_role_logging,
 )
@@ -66,7 +67,7 @@ __all__ = [
     "RegisterServer", "RetireServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "numbered_dirs", "remove_leftovers", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
     "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
-    "MetricsWriter", "PhaseTimer", "Shutdown", "STOP_GRACE_S", "attention_without_cudnn", "exit_process", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
+    "MetricsWriter", "PhaseTimer", "Shutdown", "STOP_GRACE_S", "attention_without_cudnn", "exit_process", "import_user_module", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
     "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
     "serve_at_previous_address",
 ]

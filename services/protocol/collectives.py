@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from services.protocol import nccl_guard
+from tandem.services.protocol import nccl_guard
 
 ReduceOp = dist.ReduceOp
 # The one place the emulation switch is read: every process of a test run inherits it.

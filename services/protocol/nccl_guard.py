@@ -21,7 +21,8 @@ import threading
 import torch
 import torch.distributed as dist
 
-PROJECT_PACKAGES = ("trainer", "services", "rollout", "reward", "launcher", "benchmarks")
+# The project's own code: the installed package and the benchmarks run from the checkout.
+PROJECT_PACKAGES = ("tandem", "benchmarks")
 TENSOR_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
                       "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all",
                       "all_to_all_single", "send", "recv", "isend", "irecv")

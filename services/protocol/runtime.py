@@ -17,6 +17,20 @@ from typing import NoReturn
 from .expdir import ExpDir
 
 
+def import_user_module(name: str):
+    """A module of the user's code (a `reward.function` or `rollout.workflow`), imported as every
+    role imports it: the directory the run was launched in first on the path (roles start there as
+    `python -m ...`, which puts it first), then PYTHONPATH and the installed packages. The checks
+    before a launch import it the same way, from a `tandem` console script whose path would not
+    hold that directory at all."""
+    import importlib
+
+    here = os.getcwd()
+    if here not in sys.path[:1] and "" not in sys.path[:1]:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
 def setup_role_logging(exp: ExpDir, role: str, rank: int = 0, level: int = logging.INFO) -> Path:
     """Log to `<exp>/logs/<role>-<rank>.log` and stderr, each line tagged with the role."""
     exp.logs.mkdir(parents=True, exist_ok=True)

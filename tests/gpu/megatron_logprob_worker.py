@@ -35,7 +35,7 @@ def main() -> int:
     model_dir, mode, tokens, chunk, out = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     cuda = torch.cuda.is_available()
     be = MegatronBackend(mc.trainer_cfg(tp=1, params_dtype="bfloat16"), model_dir, seed=0)

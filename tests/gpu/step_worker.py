@@ -28,9 +28,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 
 import megatron_case as mc  # noqa: E402
 
-from trainer.backend import PackedBatch  # noqa: E402
-from trainer.config import LoraConfig, OptimConfig, TrainerConfig  # noqa: E402
-from trainer.megatron.config import MegatronConfig  # noqa: E402
+from tandem.trainer.backend import PackedBatch  # noqa: E402
+from tandem.trainer.config import LoraConfig, OptimConfig, TrainerConfig  # noqa: E402
+from tandem.trainer.megatron.config import MegatronConfig  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Adam's first steps move each weight by about lr: 1e-2 moves the policy far more than bf16's
@@ -45,12 +45,12 @@ def make_backend(backend: str, dtype: str, dist_opt: bool, model: Path, lora_ran
                  compute_dtype: str = "float32", recompute: bool = False, compile: bool = False):
     optim = OptimConfig(lr=LR, grad_clip=NO_CLIP, warmup_steps=1)
     if backend == "torch":
-        from trainer.torch_backend import TorchBackend
+        from tandem.trainer.torch_backend import TorchBackend
 
         cfg = TrainerConfig(backend="torch", optim=optim, lora=LoraConfig(rank=lora_rank, sync="merged"),
                             compute_dtype=compute_dtype, recompute=recompute, compile=compile)
         return TorchBackend(cfg, model, seed=0, dtype=DTYPES[dtype])
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     mcfg = MegatronConfig(params_dtype=dtype, use_distributed_optimizer=dist_opt, recompute=recompute)
     return MegatronBackend(TrainerConfig(backend="megatron", optim=optim, compile=compile), model, seed=0, mcfg=mcfg)
@@ -75,7 +75,7 @@ def host_syncs(be) -> dict:
     import traceback
     import warnings
 
-    from trainer import objective_step
+    from tandem.trainer import objective_step
 
     mb = mc.micro_batches(seed=0)[0].on(be.device)
 

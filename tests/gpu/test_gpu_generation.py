@@ -38,8 +38,8 @@ FP32_ATOL = 1e-4
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def server(request, tiny_model_dir, tmp_path_factory, on_gpu):
     """(dtype, the server, the device it must report) with gen.device and gen.dtype from --exp."""
-    from launcher.config import load_config, save_resolved
-    from services.protocol import ExpDir
+    from tandem.launcher.config import load_config, save_resolved
+    from tandem.services.protocol import ExpDir
     dtype = request.param
     device = "cuda" if on_gpu else "cpu"
     tmp = tmp_path_factory.mktemp(f"gpu-gen-{dtype}")
@@ -126,10 +126,10 @@ def test_a_lora_adapter_swapped_in_over_the_routes_serves_peft_merge(tiny_model_
     tokens' log-probs match peft's own merge run by transformers on the same device, in bf16."""
     from safetensors.torch import load_file, save_file
 
-    from launcher.config import load_config, save_resolved
-    from services.protocol import ExpDir
-    from trainer.config import LoraConfig
-    from trainer.lora import lora_settings, write_initial_adapter
+    from tandem.launcher.config import load_config, save_resolved
+    from tandem.services.protocol import ExpDir
+    from tandem.trainer.config import LoraConfig
+    from tandem.trainer.lora import lora_settings, write_initial_adapter
     pytest.importorskip("peft")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from local_run import finish, leftovers, steps, tandem, write_config
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]

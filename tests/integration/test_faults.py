@@ -24,7 +24,7 @@ import pytest
 from local_run import leftovers, steps
 
 from benchmarks.faults import nan_setting_refused, run_with_faults
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 pytestmark = pytest.mark.timeout(900)
 

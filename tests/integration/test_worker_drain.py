@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rollout.worker import DRAIN_S, drain
-from services.protocol import STOP_GRACE_S, TrajectorySink, TrajectorySource
+from tandem.rollout.worker import DRAIN_S, drain
+from tandem.services.protocol import STOP_GRACE_S, TrajectorySink, TrajectorySource
 
 
 def test_the_drain_fits_the_grace_and_names_what_the_dead_trainer_never_receipted(keys, traj):

@@ -27,8 +27,8 @@ USER_CONFIG = {"sandbox_cgroup": False}    # see the module docstring
 
 def why_not(user: str) -> str | None:
     """Why the sandbox cannot be run as `user` here (None: it can)."""
-    from reward.config import RewardConfig
-    from reward.sandbox import Sandbox
+    from tandem.reward.config import RewardConfig
+    from tandem.reward.sandbox import Sandbox
 
     if shutil.which("bwrap") is None or Sandbox(RewardConfig()).isolation != "bwrap":
         return "bubblewrap not installed or not permitted here"
@@ -41,9 +41,9 @@ def why_not(user: str) -> str | None:
 
 
 def _run_here(cases: list[dict], cfg: dict) -> list[dict]:
-    from reward.code_grader import grade_code
-    from reward.config import RewardConfig
-    from reward.sandbox import Sandbox
+    from tandem.reward.code_grader import grade_code
+    from tandem.reward.config import RewardConfig
+    from tandem.reward.sandbox import Sandbox
 
     config = RewardConfig(**cfg)
     out = []

@@ -14,7 +14,7 @@ from process_starts import start, wait_or_kill
 
 from benchmarks import faults
 from benchmarks.faults import as_terminal_foreground
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 def write_config(path: Path, model: Path, name: str, **extra: str) -> Path:
@@ -31,7 +31,7 @@ trainer: {{groups_per_step: 2, total_steps: 4, checkpoint_every: 1, max_tokens_p
 
 def tandem(*args, **kw) -> subprocess.Popen:
     """The launcher as a terminal's foreground job would run it (Ctrl-C reaches it)."""
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *map(str, args)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             preexec_fn=as_terminal_foreground, **kw)
 
@@ -51,7 +51,7 @@ def export(exp: ExpDir, out: Path, *args: str) -> dict:
     the JSON it reported."""
     console = out.parent / f"{out.name}.export.log"
     console.write_text("")
-    proc = start(["-m", "launcher.cli", "export", "--exp", str(exp.root), "--json", *args, str(out)], console)
+    proc = start(["-m", "tandem.launcher.cli", "export", "--exp", str(exp.root), "--json", *args, str(out)], console)
     wait_or_kill(proc, 300)
     text = console.read_text()
     assert proc.returncode == 0, text[-3000:]

@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from trainer.backend import PackedBatch
-from trainer.logprobs import token_logprobs
+from tandem.trainer.backend import PackedBatch
+from tandem.trainer.logprobs import token_logprobs
 
 TEMPERATURE = 0.7
 ENTROPY_COEF = 0.3
@@ -134,7 +134,7 @@ def compare(be, chunks=(8, 0)) -> dict:
     res = {"n_tokens": mb.n_tokens, "tp_rank": be.tp_rank, "tp_size": be.tp_size,
            "padded_vocab": be.padded_vocab, "widths": sorted(vocab_widths(be))}
     if be.tp_size == 1:   # the hidden states are what GPTModel's output layer takes
-        from trainer.megatron.logprob_head import output_weight
+        from tandem.trainer.megatron.logprob_head import output_weight
         with torch.no_grad():
             made = be._stage_forward(mb)[:, 0] @ output_weight(be._module()).T
             res["logits_from_hidden_err"] = float((made[:, : be.shape.vocab_size] - be._logits(mb)).abs().max())

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from trainer.backend import PackedBatch, TokenOutputs
-from trainer.batch import MinibatchPlan
-from trainer.config import OptimConfig, TrainerConfig
-from trainer.loss import PPOSettings
+from tandem.trainer.backend import PackedBatch, TokenOutputs
+from tandem.trainer.batch import MinibatchPlan
+from tandem.trainer.config import OptimConfig, TrainerConfig
+from tandem.trainer.loss import PPOSettings
 
 VOCAB = 61
 
@@ -62,7 +62,7 @@ def assert_logits_match(backend, hf, mb) -> list:
 
 def trainer_cfg(tp: int = 1, pp: int = 1, params_dtype: str = "bfloat16") -> TrainerConfig:
     """`params_dtype` matters on GPUs only (the CPU path is always float32)."""
-    from trainer.megatron.config import MegatronConfig
+    from tandem.trainer.megatron.config import MegatronConfig
     return TrainerConfig(backend="megatron", tensor_parallel=tp, pipeline_parallel=pp,
                          optim=OptimConfig(lr=1e-2, grad_clip=1.0, warmup_steps=2),
                          megatron=MegatronConfig(params_dtype=params_dtype))
@@ -140,7 +140,7 @@ def in_process_backend(model_dir: Path, params_dtype: str = "float32"):
     derived for it."""
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     created_group = not dist.is_initialized()
     be = MegatronBackend(trainer_cfg(tp=1, params_dtype=params_dtype), model_dir, seed=0)

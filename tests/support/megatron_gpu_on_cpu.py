@@ -50,9 +50,9 @@ def bf16_model(backend, seed: int = 0):
     """(GPTModel, TransformerConfig) of the GPU path (bf16 params, the local spec as on a GPU
     without TransformerEngine) built on CPU with the backend's own code, for the layout of the
     in-process `backend` (whose construction set up the process group and cpu_compat)."""
-    from trainer.megatron import cpu_compat
-    from trainer.megatron.model import build_gpt_model, layer_spec, transformer_config
-    from trainer.megatron.shape import decoder_shape
+    from tandem.trainer.megatron import cpu_compat
+    from tandem.trainer.megatron.model import build_gpt_model, layer_spec, transformer_config
+    from tandem.trainer.megatron.shape import decoder_shape
 
     shape = decoder_shape(backend.model_dir)
     config = transformer_config(shape, torch.bfloat16, on_gpu=False)
@@ -67,9 +67,9 @@ def bf16_model(backend, seed: int = 0):
 
 def gpu_optimizer(backend, model, config, distributed: bool):
     """(DDP-wrapped model, MegatronOptimizer) from the backend's own `gpu.wrap_model_and_optimizer`."""
-    from trainer.config import OptimConfig
-    from trainer.megatron import gpu
-    from trainer.megatron.config import MegatronConfig
+    from tandem.trainer.config import OptimConfig
+    from tandem.trainer.megatron import gpu
+    from tandem.trainer.megatron.config import MegatronConfig
 
     mcfg = MegatronConfig(use_distributed_optimizer=distributed)
     with cuda_on_cpu():

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rollout.workflow import EpisodeContext, single_turn
-from services.protocol import Verdict
+from tandem.rollout.workflow import EpisodeContext, single_turn
+from tandem.services.protocol import Verdict
 
 
 async def alternating(ctx: EpisodeContext, prompt, ticket):

@@ -25,11 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.backends.role_forks import READ_AT_IMPORT, ForkedRole, RoleForks, gpu_build_of_torch
+from tandem.launcher.backends.role_forks import READ_AT_IMPORT, ForkedRole, RoleForks, gpu_build_of_torch
 
 MEGATRON_WORKERS = Path(__file__).resolve().parents[1] / "integration" / "megatron"
 SGLANG_ORACLES = Path(__file__).resolve().parents[1] / "integration" / "contract"
-ALSO_PRELOAD = ("megatron.core", "trainer.megatron.backend")
+ALSO_PRELOAD = ("megatron.core", "tandem.trainer.megatron.backend")
 # What every started process gets on top of the test's environment (and the server has too, so
 # that the processes' variables read at import equal the server's).
 BASE = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -94,7 +94,7 @@ def gen_server(args: list[str], console: Path, env: dict[str, str] | None = None
     """`tandem gen serve --port 0 ARGS` (start): the process and the URL its "serving on URL"
     line names; RuntimeError with the end of its output when it does not come up."""
     console.write_text("")
-    proc = start(["-m", "launcher.cli", "gen", "serve", "--port", "0", *args], console,
+    proc = start(["-m", "tandem.launcher.cli", "gen", "serve", "--port", "0", *args], console,
                  {"TANDEM_THREADS": "1", **(env or {})})
     line = first_line(proc, console, "serving on ", timeout_s)
     if not line:

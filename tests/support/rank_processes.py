@@ -9,8 +9,8 @@ from pathlib import Path
 
 from process_starts import start, wait_or_kill
 
-from launcher.backends.local_ranks import rank_env
-from services.protocol import free_port
+from tandem.launcher.backends.local_ranks import rank_env
+from tandem.services.protocol import free_port
 
 
 def start_ranks(command: list[str], logs: Path, name: str, world: int = 2,

@@ -11,8 +11,8 @@ import gzip
 import json
 from pathlib import Path
 
-from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import ExpDir
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

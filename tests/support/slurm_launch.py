@@ -5,10 +5,10 @@ their own job shapes, and run them exactly as `tandem run` would: `run_experimen
 `SlurmBackend`."""
 from __future__ import annotations
 
-from launcher.backends.slurm import SlurmBackend
-from launcher.backends.slurm_requests import JobRequest
-from launcher.lifecycle import run_experiment
-from launcher.roles import Role
+from tandem.launcher.backends.slurm import SlurmBackend
+from tandem.launcher.backends.slurm_requests import JobRequest
+from tandem.launcher.lifecycle import run_experiment
+from tandem.launcher.roles import Role
 
 
 def job(name: str, command: list[str], kind: str = "cpu", ready_file: str | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 
 def write_synthetic_run(exp: ExpDir, n_steps: int = 60, step_s: float = 2.0, eval_every: int = 10) -> None:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 INSTALLED = all(importlib.util.find_spec(p) is not None for p in ("tensorboard", "wandb"))
 OVERRIDE = "experiment.trackers=[jsonl,tensorboard,wandb]"

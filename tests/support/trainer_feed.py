@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.protocol import ExpDir, TrajectorySource, load_keys, read_service
+from tandem.services.protocol import ExpDir, TrajectorySource, load_keys, read_service
 
 
 def send(exp: ExpDir, trajectories, old_pid=None):

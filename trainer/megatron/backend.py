@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import trainer.compiled as compiled
-from services.protocol import attention_without_cudnn, collectives
-from trainer.backend import (
+import tandem.trainer.compiled as compiled
+from tandem.services.protocol import attention_without_cudnn, collectives
+from tandem.trainer.backend import (
     LossFn,
     PackedBatch,
     StepResult,
@@ -45,12 +45,12 @@ from trainer.backend import (
     stats_on_host,
     to_device,
 )
-from trainer.lr_schedule import decay_updates, lr_factor
-from trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
-from trainer.megatron.config import MegatronConfig
-from trainer.megatron.export import write_hf_dir
-from trainer.megatron.logprob_head import hidden_logprobs
-from trainer.megatron.model import (
+from tandem.trainer.lr_schedule import decay_updates, lr_factor
+from tandem.trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
+from tandem.trainer.megatron.config import MegatronConfig
+from tandem.trainer.megatron.export import write_hf_dir
+from tandem.trainer.megatron.logprob_head import hidden_logprobs
+from tandem.trainer.megatron.model import (
     bounds_device,
     build_gpt_model,
     check_parallel_fits,
@@ -60,8 +60,8 @@ from trainer.megatron.model import (
     padded_vocab_size,
     transformer_config,
 )
-from trainer.megatron.pipeline import run_micro_batches
-from trainer.megatron.shape import decoder_shape
+from tandem.trainer.megatron.pipeline import run_micro_batches
+from tandem.trainer.megatron.shape import decoder_shape
 
 log = logging.getLogger(__name__)
 

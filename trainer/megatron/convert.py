@@ -28,7 +28,7 @@ import re
 
 import torch
 
-from trainer.megatron.shape import DecoderShape
+from tandem.trainer.megatron.shape import DecoderShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 # Megatron name -> HF name of Qwen3's per-head query/key RMSNorm weights (within a layer).

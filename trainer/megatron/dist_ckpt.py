@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from services.protocol import collectives
-from trainer.megatron import optim_state
+from tandem.services.protocol import collectives
+from tandem.trainer.megatron import optim_state
 
 
 def _model_sharded(backend) -> dict:

@@ -17,16 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.hf_dir import copy_tokenizer_files
-from trainer.megatron import convert, cpu_compat, dist_ckpt
-from trainer.megatron.model import (
+from tandem.trainer.hf_dir import copy_tokenizer_files
+from tandem.trainer.megatron import convert, cpu_compat, dist_ckpt
+from tandem.trainer.megatron.model import (
     build_gpt_model,
     init_parallel,
     layer_spec,
     padded_vocab_size,
     transformer_config,
 )
-from trainer.megatron.shape import decoder_shape
+from tandem.trainer.megatron.shape import decoder_shape
 
 
 def write_hf_dir(state: dict[str, torch.Tensor], model_dir: Path, out_dir: Path) -> None:

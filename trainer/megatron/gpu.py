@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.megatron.packing import thd_packed_seq_params
+from tandem.trainer.megatron.packing import thd_packed_seq_params
 
 if TYPE_CHECKING:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from services.protocol import collectives
-from trainer.backend import TokenOutputs
-from trainer.logprobs import scaled, token_logprobs
+from tandem.services.protocol import collectives
+from tandem.trainer.backend import TokenOutputs
+from tandem.trainer.logprobs import scaled, token_logprobs
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel

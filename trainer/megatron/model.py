@@ -12,7 +12,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from trainer.megatron.shape import DecoderShape
+from tandem.trainer.megatron.shape import DecoderShape
 
 
 def padded_vocab_size(vocab: int, multiple: int, tp: int) -> int:
@@ -113,7 +113,7 @@ def layer_spec(on_gpu: bool, qk_norm: bool = False):
 
     if uses_transformer_engine(on_gpu):
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
-    from trainer.megatron.varlen_attention import VarlenCoreAttention
+    from tandem.trainer.megatron.varlen_attention import VarlenCoreAttention
 
     spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
     # padding-free attention without TE: one causal SDPA per packed sequence (varlen_attention.py)

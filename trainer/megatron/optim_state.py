@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.protocol import collectives
+from tandem.services.protocol import collectives
 
 if TYPE_CHECKING:
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.backend import to_device
+from tandem.trainer.backend import to_device
 
 
 def block_diagonal_causal_mask(cu_seqlens: torch.Tensor, device=None) -> torch.Tensor:

@@ -24,8 +24,8 @@ from contextlib import nullcontext
 
 import torch
 
-from services.protocol import collectives
-from trainer.backend import PackedBatch
+from tandem.services.protocol import collectives
+from tandem.trainer.backend import PackedBatch
 
 # stage_forward(mb) -> this stage's output hidden states (the last stage's after the final norm).
 StageForward = Callable[[PackedBatch], torch.Tensor]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-from trainer.backend import packed_sequences
+from tandem.trainer.backend import packed_sequences
 
 
 class VarlenCoreAttention(DotProductAttention):

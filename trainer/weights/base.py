@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:   # the simulator reads METHODS without importing torch
-    from trainer.backend import TrainBackend
+    from tandem.trainer.backend import TrainBackend
 
 
 @dataclass

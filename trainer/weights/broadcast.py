@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 
-from services.protocol import WeightsBroadcast, collectives, free_port
-from services.protocol.weight_group import join_weight_group, leave_weight_group
-from trainer.backend import TrainBackend
+from tandem.services.protocol import WeightsBroadcast, collectives, free_port
+from tandem.services.protocol.weight_group import join_weight_group, leave_weight_group
+from tandem.trainer.backend import TrainBackend
 
 from .base import Publication, WeightPublisher
 

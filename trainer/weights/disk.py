@@ -19,8 +19,8 @@ import shutil
 import time
 from pathlib import Path
 
-from services.protocol import AdapterOnDisk, WeightsOnDisk, numbered_dirs, remove_leftovers
-from trainer.backend import TrainBackend
+from tandem.services.protocol import AdapterOnDisk, WeightsOnDisk, numbered_dirs, remove_leftovers
+from tandem.trainer.backend import TrainBackend
 
 from .base import Publication, WeightPublisher
 
@@ -112,7 +112,7 @@ def keep_final(backend: TrainBackend, root: Path, version: int, keep: int) -> bo
     takes the same branch. Returns whether it wrote them."""
     import torch
 
-    from services.protocol import collectives
+    from tandem.services.protocol import collectives
 
     missing = torch.tensor([float(backend.rank == 0 and not weights_dir(root, version).is_dir())])
     if backend.world_size > 1:

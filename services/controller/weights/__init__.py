@@ -6,7 +6,7 @@ message in `services/protocol/control.py` and its publisher in `trainer/weights/
 """
 from __future__ import annotations
 
-from services.config import ControllerConfig
+from tandem.services.config import ControllerConfig
 
 from .adapter import AdapterApplier
 from .base import SyncResult, SyncRun, WeightApplier

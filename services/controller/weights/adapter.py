@@ -22,8 +22,8 @@ catches up a restarted server (which starts with version 0's adapter under the n
 """
 from __future__ import annotations
 
-from rollout.client import AdminClient, AdminError
-from services.protocol import POLICY_ADAPTER, AdapterOnDisk
+from tandem.rollout.client import AdminClient, AdminError
+from tandem.services.protocol import POLICY_ADAPTER, AdapterOnDisk
 
 from ..registry import RegisteredServer
 from .base import SyncRun, WeightApplier

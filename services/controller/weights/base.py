@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from rollout.client import AdminClient, AdminError
-from services.config import ControllerConfig
+from tandem.rollout.client import AdminClient, AdminError
+from tandem.services.config import ControllerConfig
 
 from ..registry import RegisteredServer
 

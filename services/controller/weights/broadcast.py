@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services.protocol import WeightsBroadcast
+from tandem.services.protocol import WeightsBroadcast
 
 from ..registry import RegisteredServer, broadcast_ranks, learn_tp_size
 from .base import SyncRun, WeightApplier

@@ -8,7 +8,7 @@ first (weights/relay.py) and load that node-local copy; the others read the shar
 """
 from __future__ import annotations
 
-from services.protocol import WeightsOnDisk
+from tandem.services.protocol import WeightsOnDisk
 
 from ..registry import RegisteredServer
 from .base import SyncRun, WeightApplier

@@ -20,7 +20,7 @@ import logging
 import secrets
 import time
 
-from rollout.client.relay import RelayError, relay_fetch
+from tandem.rollout.client.relay import RelayError, relay_fetch
 
 from ..registry import RegisteredServer
 from .base import SyncRun

@@ -37,7 +37,7 @@ NO_SUCH_PATH = "/no_such_route_anywhere"
 def embedded_routes() -> list[tuple[str, str]]:
     """(method, path) of every route the embedded server's application registers (no model
     needed: the application is built around a stand-in engine and never started)."""
-    from rollout.server.http_api import GenServer
+    from tandem.rollout.server.http_api import GenServer
 
     engine = types.SimpleNamespace(model_path="/models/tiny", weight_version="0")
     app = GenServer(engine, api_key=API_KEY).app()

@@ -133,7 +133,7 @@ def test_every_request_field_of_the_release_is_decided(sglang_wheel):
     """Each field of the release's request models is honoured, accepted only at its neutral value,
     or ignored, on purpose: a field a new release adds, or a name misspelt here (which would
     silently fall among the fields the release drops), fails naming it."""
-    from rollout.server.openai_requests import CHAT, COMPLETIONS, HANDLED, IGNORED, NEUTRAL
+    from tandem.rollout.server.openai_requests import CHAT, COMPLETIONS, HANDLED, IGNORED, NEUTRAL
 
     fields = ask(sglang_wheel, {"request_fields": ["CompletionRequest", "ChatCompletionRequest"]})["request_fields"]
     problems = []

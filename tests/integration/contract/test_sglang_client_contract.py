@@ -29,9 +29,9 @@ import inspect
 import pytest
 from contract_recorder import RecordingSGLang
 
-from rollout.client import AdminClient, GenerationClient, ServerRef
-from rollout.client import admin as admin_module
-from services.protocol import POLICY_ADAPTER
+from tandem.rollout.client import AdminClient, GenerationClient, ServerRef
+from tandem.rollout.client import admin as admin_module
+from tandem.services.protocol import POLICY_ADAPTER
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -142,7 +142,7 @@ def test_every_admin_client_call_matches_the_pinned_release(sglang_wheel):
 
 # ---- GenerationClient ---------------------------------------------------------------------------
 async def run_generation_client(rec: RecordingSGLang, keys: dict) -> list[str]:
-    from rollout.config import RolloutConfig
+    from tandem.rollout.config import RolloutConfig
 
     fields = {f.name for f in dataclasses.fields(ServerRef)}
     kw = {"api_key": keys["api_key"]}
@@ -202,10 +202,10 @@ def _message_sample(msg_cls, version: int) -> tuple[object | None, list[str]]:
 
 
 async def run_controller(rec: RecordingSGLang, keys: dict, root) -> list[str]:
-    from services.config import ControllerConfig
-    from services.controller.server import Controller
-    from services.controller.weights import APPLIERS
-    from services.protocol import ExpDir, MetricsWriter, RegisterServer, generate_keys
+    from tandem.services.config import ControllerConfig
+    from tandem.services.controller.server import Controller
+    from tandem.services.controller.weights import APPLIERS
+    from tandem.services.protocol import ExpDir, MetricsWriter, RegisterServer, generate_keys
 
     exp = ExpDir(root)
     exp.root.mkdir(parents=True)

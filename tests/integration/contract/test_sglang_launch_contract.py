@@ -18,8 +18,8 @@ import zipfile
 
 import pytest
 
-from rollout import sglang_launch
-from rollout.sglang_launch import SGLangServerSpec, sglang_argv
+from tandem.rollout import sglang_launch
+from tandem.rollout.sglang_launch import SGLangServerSpec, sglang_argv
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,8 +45,8 @@ def launches(tmp_path) -> list[tuple[str, SGLangServerSpec, dict]]:
     key_expect = {"api_key": API_KEY, "admin_api_key": ADMIN_KEY} if keys else {}
     out = []
     try:
-        from rollout.config import GenConfig
-        from rollout.sglang_role import server_spec
+        from tandem.rollout.config import GenConfig
+        from tandem.rollout.sglang_role import server_spec
     except ImportError:
         server_spec = None
     if server_spec is not None:

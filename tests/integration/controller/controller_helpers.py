@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
-from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import ExpDir
 
 
 def write_config(exp: ExpDir, **controller) -> None:
@@ -32,7 +32,7 @@ class ControllerProcess:
 
     def start(self, timeout_s: float = 30.0) -> str:
         log = open(self.exp.root / "controller-stderr.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "controller", "--exp", str(self.exp.root)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", "controller", "--exp", str(self.exp.root)],
                                      stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout_s
         path = self.exp.service_file("controller")

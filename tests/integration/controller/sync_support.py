@@ -6,9 +6,9 @@ import asyncio
 
 from controller_helpers import RecordingGenServer
 
-from services.config import ControllerConfig
-from services.controller.server import Controller
-from services.protocol import MetricsWriter, RegisterServer
+from tandem.services.config import ControllerConfig
+from tandem.services.controller.server import Controller
+from tandem.services.protocol import MetricsWriter, RegisterServer
 
 KEY = "secret-key-for-tests"
 ADMIN_KEY = "admin-key-for-tests"

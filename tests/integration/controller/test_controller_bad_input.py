@@ -8,7 +8,7 @@ import pytest
 import zmq
 from controller_helpers import write_config
 
-from services.protocol import (
+from tandem.services.protocol import (
     AdmitRequest,
     GroupDone,
     PickServer,
@@ -25,8 +25,8 @@ from services.protocol import (
     generate_keys,
     load_keys,
 )
-from services.protocol.codec import MAX_FRAME_BYTES, PROTOCOL_VERSION
-from services.protocol.keys import make_client
+from tandem.services.protocol.codec import MAX_FRAME_BYTES, PROTOCOL_VERSION
+from tandem.services.protocol.keys import make_client
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ import contextlib
 import pytest
 from sync_support import make_controller, register, servers, shutdown
 
-from services.protocol import StatusRequest, WeightsBroadcast, WeightsOnDisk, read_metrics
+from tandem.services.protocol import StatusRequest, WeightsBroadcast, WeightsOnDisk, read_metrics
 
 pytestmark = pytest.mark.timeout(60)
 DISK = "/update_weights_from_disk"

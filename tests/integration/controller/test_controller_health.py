@@ -14,7 +14,7 @@ import asyncio
 import pytest
 from sync_support import make_controller, register, servers, settle, shutdown
 
-from services.protocol import WeightsOnDisk
+from tandem.services.protocol import WeightsOnDisk
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ from controller_helpers import write_config
 from process_starts import start
 from safetensors.torch import load_file, save_file
 
-from services.protocol import (
+from tandem.services.protocol import (
     POLICY_ADAPTER,
     AdapterOnDisk,
     RegisterServer,
@@ -28,8 +28,8 @@ from services.protocol import (
     free_port,
     load_keys,
 )
-from trainer.config import LoraConfig
-from trainer.lora import lora_settings, write_initial_adapter
+from tandem.trainer.config import LoraConfig
+from tandem.trainer.lora import lora_settings, write_initial_adapter
 
 pytestmark = pytest.mark.timeout(300)
 pytest.importorskip("peft")
@@ -57,7 +57,7 @@ class Gen:
         self.root, self.port = root, free_port()
         (root / "api").write_text(KEY + "\n")
         (root / "admin").write_text(ADMIN_KEY + "\n")
-        self.argv = ["-m", "launcher.cli", "gen", "serve", "--model", str(model), "--port",
+        self.argv = ["-m", "tandem.launcher.cli", "gen", "serve", "--model", str(model), "--port",
                      str(self.port), "--api-key-file", str(root / "api"), "--admin-api-key-file", str(root / "admin"),
                      "--lora-paths", f"{POLICY_ADAPTER}={v0}"]
         self.url = f"http://127.0.0.1:{self.port}"

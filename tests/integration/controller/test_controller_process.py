@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from controller_helpers import write_config
 
-from services.protocol import (
+from tandem.services.protocol import (
     AdmitRequest,
     GroupDone,
     Heartbeat,

@@ -21,9 +21,9 @@ from process_starts import start
 from safetensors.torch import load_file, save_file
 from sync_support import settle
 
-from services.config import ControllerConfig
-from services.controller.server import Controller
-from services.protocol import (
+from tandem.services.config import ControllerConfig
+from tandem.services.controller.server import Controller
+from tandem.services.protocol import (
     RegisterServer,
     StatusRequest,
     SyncRequestClient,
@@ -32,7 +32,7 @@ from services.protocol import (
     free_port,
     load_keys,
 )
-from services.protocol.weight_group import join_weight_group
+from tandem.services.protocol.weight_group import join_weight_group
 
 pytestmark = pytest.mark.timeout(180)
 KEY = "real-server-key"
@@ -62,7 +62,7 @@ def real_gen(tmp_path_factory, tiny_model_dir):
     admin_file = root / "gen-admin-api-key"
     admin_file.write_text(ADMIN_KEY + "\n")
     port = free_port()
-    proc = start(["-m", "launcher.cli", "gen", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+    proc = start(["-m", "tandem.launcher.cli", "gen", "serve", "--model", str(tiny_model_dir), "--port", str(port),
                   "--api-key-file", str(key_file), "--admin-api-key-file", str(admin_file)], root / "gen.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 150

@@ -19,9 +19,9 @@ import pytest
 from process_starts import gen_server
 from sync_support import ADMIN_KEY, KEY, make_controller
 
-from rollout.client import AdminClient, GenerationClient, server_load
-from rollout.worker_cli import ControllerRouting
-from services.protocol import (
+from tandem.rollout.client import AdminClient, GenerationClient, server_load
+from tandem.rollout.worker_cli import ControllerRouting
+from tandem.services.protocol import (
     PickServer,
     RegisterServer,
     RemoteError,
@@ -149,5 +149,5 @@ def test_retired_server_hands_its_requests_to_the_other(exp, two_servers):
 
 
 def _records(exp) -> list[dict]:
-    from services.protocol import read_metrics
+    from tandem.services.protocol import read_metrics
     return read_metrics(exp)

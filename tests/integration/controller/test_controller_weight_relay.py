@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sync_support import ADMIN_KEY, make_controller, servers, settle, shutdown
 
-from rollout.server.relay import WeightRelay
-from services.protocol import RegisterServer, StatusRequest, WeightsOnDisk, read_metrics
+from tandem.rollout.server.relay import WeightRelay
+from tandem.services.protocol import RegisterServer, StatusRequest, WeightsOnDisk, read_metrics
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,8 +17,8 @@ import pytest
 from controller_helpers import RecordingGenServer
 from sync_support import ADMIN_KEY, KEY, make_controller, register, servers, settle, shutdown
 
-from rollout.client import AdminClient, AdminError
-from services.protocol import PickServer, StatusRequest, WeightsBroadcast, WeightsOnDisk, read_metrics
+from tandem.rollout.client import AdminClient, AdminError
+from tandem.services.protocol import PickServer, StatusRequest, WeightsBroadcast, WeightsOnDisk, read_metrics
 
 pytestmark = pytest.mark.timeout(60)
 SESSION = ["/begin_weight_update", "/init_weights_update_group", "/update_weights_from_distributed",
@@ -138,7 +138,7 @@ def test_interrupt_modes_retract_pauses_in_retract_and_non_interruptible_never_p
             assert gen.paths()[before:] == ["/update_weights_from_disk"]
         finally:
             await shutdown(c, [gen])
-        from services.config import ControllerConfig
+        from tandem.services.config import ControllerConfig
         assert dict(ControllerConfig(groups_per_step=1, interrupt_mode="paused").problems())["interrupt_mode"] \
             == "must be 'abort', 'retract' or 'in_place', got 'paused'"
 
@@ -362,7 +362,7 @@ def test_a_resume_forgets_the_earlier_launch_and_its_abandoned_weights(exp):
     """--resume: the earlier launch's servers are gone (forgotten at LaunchStarted, not polled
     and updated for ever), and weights it published past the trainer's checkpoint are no longer
     what a new server is caught up to; the trainer's republished version then is (issue 19)."""
-    from services.protocol import LaunchStarted, TrainerResumed
+    from tandem.services.protocol import LaunchStarted, TrainerResumed
 
     async def main():
         (old_gen,) = await servers(1)

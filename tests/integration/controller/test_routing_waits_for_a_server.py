@@ -13,8 +13,8 @@ import time
 
 from sync_support import make_controller, register, servers, shutdown
 
-from rollout.worker_cli import BACKOFF_MAX_S, ControllerRouting
-from services.protocol import RequestClient, load_keys
+from tandem.rollout.worker_cli import BACKOFF_MAX_S, ControllerRouting
+from tandem.services.protocol import RequestClient, load_keys
 
 
 def test_routing_waits_out_an_outage_and_asks_a_few_times_a_second_at_most(exp):

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from local_run import finish, leftovers, steps, tandem
 
-from rollout.prompt_template import messages
-from rollout.synthetic import generate
-from rollout.workflow import chat_prompt_ids
-from services.protocol import ExpDir, read_metrics, read_service
+from tandem.rollout.prompt_template import messages
+from tandem.rollout.synthetic import generate
+from tandem.rollout.workflow import chat_prompt_ids
+from tandem.services.protocol import ExpDir, read_metrics, read_service
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -28,14 +28,14 @@ from types import SimpleNamespace
 import pytest
 from local_run import leftovers, write_config
 
-from launcher.audit import audit
-from launcher.backends.local import LocalBackend, LocalSupervisor
-from launcher.config import load_config, save_resolved
-from launcher.elastic import Decision, ElasticSplit, simulated_decision
-from launcher.lifecycle import run_experiment
-from launcher.placement import CpuPlacement
-from launcher.run import write_gen_keys
-from services.protocol import ExpDir, generate_keys, read_metrics
+from tandem.launcher.audit import audit
+from tandem.launcher.backends.local import LocalBackend, LocalSupervisor
+from tandem.launcher.config import load_config, save_resolved
+from tandem.launcher.elastic import Decision, ElasticSplit, simulated_decision
+from tandem.launcher.lifecycle import run_experiment
+from tandem.launcher.placement import CpuPlacement
+from tandem.launcher.run import write_gen_keys
+from tandem.services.protocol import ExpDir, generate_keys, read_metrics
 
 pytestmark = pytest.mark.timeout(900)
 # Long enough that the last split trains a window of its own after the move back. A new server

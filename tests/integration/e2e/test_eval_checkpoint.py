@@ -29,10 +29,10 @@ def run(tiny_model_dir, tmp_path_factory):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launcher.config import load_config, save_resolved
-    from rollout.tiny_model import init_tiny
-    from services.protocol import ExpDir
-    from trainer import checkpoint
+    from tandem.launcher.config import load_config, save_resolved
+    from tandem.rollout.tiny_model import init_tiny
+    from tandem.services.protocol import ExpDir
+    from tandem.trainer import checkpoint
 
     root = tmp_path_factory.mktemp("eval-ckpt")
     exp = ExpDir(root / "exp")
@@ -53,7 +53,7 @@ def greedy_answers(cfg, model, prompts) -> list[str]:
     import torch
     from transformers import AutoTokenizer
 
-    from rollout.workflow import chat_prompt_ids
+    from tandem.rollout.workflow import chat_prompt_ids
     tok = AutoTokenizer.from_pretrained(cfg.experiment.model)
     out = []
     for p in prompts:
@@ -66,11 +66,11 @@ def greedy_answers(cfg, model, prompts) -> list[str]:
 
 
 def eval_argv(exp, *args) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", "eval", "--exp", str(exp.root), *map(str, args)]
+    return [sys.executable, "-m", "tandem.launcher.cli", "eval", "--exp", str(exp.root), *map(str, args)]
 
 
 def test_a_checkpoint_is_scored_on_a_server_of_its_own(run, tmp_path):
-    from rollout.evaluation import held_out_prompts
+    from tandem.rollout.evaluation import held_out_prompts
     cfg, exp, trained, base = run
     answers_file = tmp_path / "answers.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -124,14 +124,14 @@ def test_checkpoint_errors_are_clear(run, tmp_path):
         import shutil
         shutil.rmtree(sharded)
     assert proc.returncode == 2 and "sharded checkpoint" in proc.stderr and "megatron" in proc.stderr, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "eval", "--exp", str(tmp_path), "--checkpoint", "v2"],
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "eval", "--exp", str(tmp_path), "--checkpoint", "v2"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "experiment directory" in proc.stderr, proc.stderr
     assert not list(exp.root.glob(".eval-*"))
 
 
 def test_versions_resolve_as_the_trainer_numbers_them(run):
-    from trainer.hf_export import NoSuchCheckpoint, resolve
+    from tandem.trainer.hf_export import NoSuchCheckpoint, resolve
     _, exp, _, _ = run
     assert resolve(exp.checkpoints, "latest") == (5, exp.checkpoints / "step-5")
     assert resolve(exp.checkpoints, "v2")[0] == resolve(exp.checkpoints, "2")[0] == 2
@@ -168,17 +168,17 @@ def test_an_ended_run_is_scored_on_its_final_weights(run, tmp_path, tiny_model_d
     assert "final policy" in proc.stderr and f"final weights, {published}" in proc.stderr, proc.stderr
     result = json.loads((exp.root / "eval-v6.json").read_text())
     assert result["version"] == 6 and result["n"] == N
-    from rollout.evaluation import held_out_prompts
+    from tandem.rollout.evaluation import held_out_prompts
     responses = [json.loads(line)["response"] for line in answers_file.read_text().splitlines()]
     assert responses == greedy_answers(cfg, trained, held_out_prompts(cfg, N))
     assert not list(exp.root.glob(".eval-*")) and not _processes_mentioning(str(exp.root))
 
 
 def test_an_ended_run_with_nothing_to_serve_is_said_in_one_line(run, tmp_path):
-    from launcher.config import save_resolved
+    from tandem.launcher.config import save_resolved
     cfg, _, _, _ = run
     save_resolved(cfg, tmp_path / "bare")
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "eval", "--exp", str(tmp_path / "bare")],
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "eval", "--exp", str(tmp_path / "bare")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -16,7 +16,7 @@ import time
 
 from local_run import leftovers, steps, tandem, write_config
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 
 def _wait(condition, what: str, proc, timeout_s: float = 300) -> None:
@@ -36,12 +36,12 @@ def test_a_second_launch_is_refused_the_output_outlives_its_reader_and_sighup_st
     assert proc.stdout.readline()      # the launcher is printing to us ...
     _wait(lambda: len(steps(exp)) >= 1, "a first step", proc)
     files = {p: p.read_bytes() for p in (exp.root / "config.yaml", *exp.keys.iterdir())}
-    second = subprocess.run([sys.executable, "-m", "launcher.cli", "run", str(cfg), "--resume",
+    second = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "run", str(cfg), "--resume",
                              "trainer.total_steps=400"], capture_output=True, text=True, timeout=300)
     assert second.returncode == 2 and f"is in use by another launch (pid {proc.pid} on " in second.stderr, \
         second.stderr[-2000:]
     assert {p: p.read_bytes() for p in files} == files   # nothing of the running launch touched
-    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", "--exp", str(exp.root)],
+    status = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "status", "--exp", str(exp.root)],
                             capture_output=True, text=True, timeout=120)
     assert f"launch running (pid {proc.pid} on " in status.stdout and " of 400, " in status.stdout, status.stdout
     assert "roles running here: \n" in status.stdout and "trainer --exp" in status.stdout, status.stdout
@@ -54,7 +54,7 @@ def test_a_second_launch_is_refused_the_output_outlives_its_reader_and_sighup_st
     text = out.read_text()
     assert "interrupted; stopping every role" in text and "stopping the trainer" in text, text[-3000:]
     assert leftovers(exp) == []
-    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", "--exp", str(exp.root)],
+    status = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "status", "--exp", str(exp.root)],
                             capture_output=True, text=True, timeout=120)
     assert f"no launch running (the last: pid {proc.pid} on " in status.stdout, status.stdout
     assert "roles running here: none" in status.stdout, status.stdout

@@ -10,7 +10,7 @@ import pytest
 import tracker_check
 from local_run import finish, leftovers, steps, tandem, write_config
 
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 @pytest.mark.parametrize("eta", [0, 2])
@@ -47,7 +47,7 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     else:  # updates land while groups generate: some samples carry tokens of two versions
         assert sum(g["multi_version"] for g in groups) > 0
     # What `tandem simulate --calibrate` needs is logged, and fits positive costs.
-    from launcher.simulate.calibrate import calibrate
+    from tandem.launcher.simulate.calibrate import calibrate
     cal = calibrate(exp.root)
     assert cal.d0 + cal.d1 > 0 and cal.t0 + cal.t1 > 0 and cal.prefill_per_request + cal.prefill_per_token > 0
     assert cal.publish_s > 0 and cal.load_s > 0 and cal.checkpoint_s > 0 and cal.train_world == 1

@@ -17,11 +17,11 @@ import torch
 from local_run import export, finish, leftovers, steps, tandem, write_config
 from safetensors.torch import load_file
 
-from services.protocol import ExpDir, read_metrics
-from trainer.batch import StepBatch, plan_step
-from trainer.buffer import Group
-from trainer.config import LoraConfig, TrainerConfig
-from trainer.loss import PPOSettings, ppo_token_loss
+from tandem.services.protocol import ExpDir, read_metrics
+from tandem.trainer.batch import StepBatch, plan_step
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import LoraConfig, TrainerConfig
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
 
 
 def test_a_lora_run_publishes_adapters_the_server_applies(tmp_path, tiny_model_dir):
@@ -75,16 +75,16 @@ def test_a_lora_run_publishes_adapters_the_server_applies(tmp_path, tiny_model_d
 
 def test_eval_of_a_final_adapter_version_serves_it_merged(small_model_dir, traj, tmp_path):
     """`tandem eval --checkpoint final` on an adapter publication (no checkpoint): the model it
-    serves is `python -m trainer.hf_export --adapter-dir` (a real subprocess), the trainer's
+    serves is `python -m tandem.trainer.hf_export --adapter-dir` (a real subprocess), the trainer's
     merged tensors."""
     import asyncio
 
     from transformers import AutoModelForCausalLM
 
-    from rollout.checkpoint_eval import model_for
-    from trainer import lora
-    from trainer.torch_backend import TorchBackend
-    from trainer.weights.disk import DiskPublisher
+    from tandem.rollout.checkpoint_eval import model_for
+    from tandem.trainer import lora
+    from tandem.trainer.torch_backend import TorchBackend
+    from tandem.trainer.weights.disk import DiskPublisher
 
     c = TrainerConfig(temperature=1.0, max_staleness=0)
     c.optim.lr = 1e-2

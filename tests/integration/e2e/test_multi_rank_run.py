@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 from local_run import leftovers
 
-from launcher.placement import available_cpus
-from services.protocol import ExpDir, read_metrics
+from tandem.launcher.placement import available_cpus
+from tandem.services.protocol import ExpDir, read_metrics
 
 pytestmark = pytest.mark.timeout(600)
 PINNED = len(available_cpus()) >= 3
@@ -86,7 +86,7 @@ def _run(tmp_path: Path, model: Path, ranks: int) -> tuple[ExpDir, dict[int, set
     exp = ExpDir(tmp_path / name)
     seen: dict[int, set[str]] = {}
     with open(tmp_path / f"{name}.out", "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "run", str(cfg),
+        proc = subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", "run", str(cfg),
                                  f"launcher.cpus.trainer_ranks={ranks}"], stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         deadline = time.monotonic() + 400

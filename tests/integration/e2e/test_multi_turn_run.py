@@ -1,5 +1,5 @@
 """The multi-turn code episode end to end: `tandem run` with `rollout.workflow:
-rollout.code_feedback:code_with_feedback` on the local backend (every role a real process,
+tandem.rollout.code_feedback:code_with_feedback` on the local backend (every role a real process,
 programs run in the reward sandbox). The untrained tiny model never passes the visible tests,
 so every sample takes every turn: the trainer's records, the evaluations and the summary must
 all say so, and the steps must train on the model's tokens only."""
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from local_run import finish, leftovers, steps, tandem, write_config
 
-from services.protocol import ExpDir, read_metrics
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 def test_feedback_episodes_train_and_evaluate_by_turn(tmp_path, tiny_model_dir):
     cfg = write_config(tmp_path / "exp.yaml", tiny_model_dir, "agent")
     out = finish(tandem("run", cfg, "rollout.dataset=synthetic:code", "reward.task=code",
-                        "rollout.workflow=rollout.code_feedback:code_with_feedback", "rollout.max_turns=2",
+                        "rollout.workflow=tandem.rollout.code_feedback:code_with_feedback", "rollout.max_turns=2",
                         "rollout.max_new_tokens=16", "rollout.eval_size=4", "trainer.total_steps=2",
                         "reward.allow_unisolated=true"))
     exp = ExpDir(tmp_path / "agent")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from local_run import finish, leftovers, steps, tandem, write_config
 
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 SUPPORT = Path(__file__).parents[2] / "support"
 

@@ -14,8 +14,8 @@ import json
 
 from local_run import finish, leftovers, steps, tandem, write_config
 
-from launcher.audit import audit
-from services.protocol import ExpDir, read_metrics
+from tandem.launcher.audit import audit
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 def test_a_prompt_sent_again_after_its_receipts_were_lost_is_refused(tmp_path, tiny_model_dir):

@@ -8,8 +8,8 @@ import json
 
 from local_run import finish, leftovers, steps, tandem, write_config
 
-from launcher.audit import audit
-from services.protocol import ExpDir, read_metrics
+from tandem.launcher.audit import audit
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 def test_a_relayed_run_trains_every_version_from_node_copies_and_leaves_none(tmp_path, tiny_model_dir):

@@ -7,7 +7,7 @@ import sys
 
 
 def sft(out, *extra):
-    return subprocess.run([sys.executable, "-m", "launcher.cli", "sft", "--task", "math", "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "sft", "--task", "math", "--out", str(out),
                            "--steps", "3", "--eval-n", "4", *extra], capture_output=True, text=True, timeout=300)
 
 
@@ -22,6 +22,6 @@ def test_warm_up_writes_a_model_and_reuses_it(tmp_path):
     assert AutoTokenizer.from_pretrained(out).chat_template
     again = sft(out)
     assert again.returncode == 0 and "using cached warm-up model" in again.stdout
-    bad = subprocess.run([sys.executable, "-m", "launcher.cli", "sft", "--task", "poetry", "--out", str(out)],
+    bad = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "sft", "--task", "poetry", "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--task must be math, code or code-agent" in bad.stderr

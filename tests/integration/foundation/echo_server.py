@@ -5,7 +5,13 @@ answers (a process about to die with requests in flight)."""
 import asyncio
 import sys
 
-from services.protocol import ExpDir, StatusReply, load_keys, publish_service, serve_at_previous_address
+from tandem.services.protocol import (
+    ExpDir,
+    StatusReply,
+    load_keys,
+    publish_service,
+    serve_at_previous_address,
+)
 
 
 async def main(exp_dir: str, hang: bool) -> None:

@@ -5,7 +5,7 @@ import socket
 
 import zmq
 
-from services.protocol.transport import bind
+from tandem.services.protocol.transport import bind
 
 
 def test_local_services_publish_what_they_bind(monkeypatch):

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import load_config
+from tandem.launcher.config import load_config
 
 
 def tandem(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "tandem.launcher.cli", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 

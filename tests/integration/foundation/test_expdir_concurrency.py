@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 
-from services.protocol import ExpDir, MetricsWriter, read_metrics
-from services.protocol.expdir import write_json_atomic
+from tandem.services.protocol import ExpDir, MetricsWriter, read_metrics
+from tandem.services.protocol.expdir import write_json_atomic
 
 
 def _writer(path, n):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from services.protocol import transport
+from tandem.services.protocol import transport
 
 
 def test_the_port_is_free_and_below_the_kernels_ephemeral_range():

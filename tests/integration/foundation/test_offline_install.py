@@ -108,8 +108,9 @@ def test_a_bundle_built_here_installs_and_imports_with_no_index(tmp_path):
     inst = subprocess.run([node_py, str(WHEELHOUSE), "install", "--wheelhouse", str(wh)], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=300)
     assert inst.returncode == 0, inst.stdout + inst.stderr[-4000:]
-    probe = ("import launcher.cli, trainer, services.protocol, rollout, reward, omegaconf, zmq, math_verify, "
-             "submitit, msgpack, torch; print(trainer.__file__); print(omegaconf.__file__); print(torch.__file__)")
+    probe = ("import tandem.launcher.cli, tandem.services.protocol, tandem.rollout, tandem.reward, omegaconf, zmq, "
+             "math_verify, submitit, msgpack, torch; import tandem.trainer as trainer; print(trainer.__file__); "
+             "print(omegaconf.__file__); print(torch.__file__)")
     out = subprocess.run([node_py, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr[-4000:]
     trainer_at, omegaconf_at, torch_at = out.stdout.split()

@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from services.protocol import (
+from tandem.services.protocol import (
     RemoteError,
     RequestClient,
     RequestServer,
@@ -26,8 +26,8 @@ from services.protocol import (
     generate_keys,
     read_service,
 )
-from services.protocol.codec import MAX_FRAME_BYTES, encode
-from services.protocol.transport import REPLY_BATCH
+from tandem.services.protocol.codec import MAX_FRAME_BYTES, encode
+from tandem.services.protocol.transport import REPLY_BATCH
 
 SERVER = Path(__file__).with_name("echo_server.py")
 
@@ -95,7 +95,7 @@ def test_garbage_gets_error_replies_and_service_survives(echo, keys):
 
 def test_remote_errors_surface_as_exceptions(echo, keys):
     client = SyncRequestClient(keys, echo, timeout_s=10)
-    from services.protocol import AdmitRequest
+    from tandem.services.protocol import AdmitRequest
     with pytest.raises(RemoteError) as e:
         client.request(AdmitRequest(worker_id="w"))
     assert e.value.code == "unsupported_op"
@@ -200,7 +200,7 @@ def test_a_burst_is_answered_in_batches_each_after_what_must_precede_its_replies
     request (the controller writes its journal there: never a reply before its record): at each
     call the client has received at most the replies of the requests handled before the previous
     one. And the burst costs one call per REPLY_BATCH requests, not one each."""
-    from services.protocol.keys import make_client
+    from tandem.services.protocol.keys import make_client
 
     handled, flushed, received, early = [], [], [0], []
     client = zmq.Context.instance().socket(zmq.DEALER)

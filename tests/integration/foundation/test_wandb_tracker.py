@@ -13,8 +13,8 @@ import pytest
 import yaml
 from wandb_offline import config, history, run_record
 
-from services.protocol import MetricsWriter
-from services.protocol.trackers import TrackerFollower, WandbConfig, build_sinks
+from tandem.services.protocol import MetricsWriter
+from tandem.services.protocol.trackers import TrackerFollower, WandbConfig, build_sinks
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="pip install 'tandem[trackers]'")
 

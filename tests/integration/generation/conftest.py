@@ -13,15 +13,15 @@ from gen_support import API_KEY, EXTERNAL_URL, SHARED_MAX_RUNNING, SHARED_RANK, 
 @pytest.fixture(scope="session")
 def model_v1(tmp_path_factory):
     """Same architecture as the tiny model, different weights (the 'next policy')."""
-    from rollout.tiny_model import init_tiny
+    from tandem.rollout.tiny_model import init_tiny
     return init_tiny(tmp_path_factory.mktemp("tiny-v1"), seed=1)
 
 
 @pytest.fixture(scope="session")
 def shared_exp(tiny_model_dir, tmp_path_factory):
     """An experiment directory whose `gen` section the shared server reads (via --exp)."""
-    from launcher.config import load_config, save_resolved
-    from services.protocol import ExpDir
+    from tandem.launcher.config import load_config, save_resolved
+    from tandem.services.protocol import ExpDir
     exp = ExpDir(tmp_path_factory.mktemp("gen-exp") / "exp")
     cfg = load_config(None, ["experiment.name=gen-test", f"experiment.model={tiny_model_dir}",
                              f"experiment.exp_dir={exp.root}", f"gen.max_running_requests={SHARED_MAX_RUNNING}"])

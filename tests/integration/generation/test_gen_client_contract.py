@@ -14,7 +14,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from rollout.client import GenerationClient, GenerationError, ServerRef
+from tandem.rollout.client import GenerationClient, GenerationError, ServerRef
 
 
 class StandIn:

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from rollout.client import GenerationClient, GenerationError, ServerRef
-from services.protocol import free_port
+from tandem.rollout.client import GenerationClient, GenerationError, ServerRef
+from tandem.services.protocol import free_port
 
 PROMPT = [1, 6, 57, 50, 58]
 

@@ -14,8 +14,8 @@ import time
 import pytest
 from gen_support import reference_logprobs
 
-from rollout.client import GenerationClient, ServerRef
-from services.protocol import free_port
+from tandem.rollout.client import GenerationClient, ServerRef
+from tandem.services.protocol import free_port
 
 PROMPT = [1, 6, 57, 50, 58, 61]
 NEW_TOKENS = 240
@@ -88,8 +88,8 @@ def test_interrupt_with_update_from_distributed(own_server, tmp_path):
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from rollout.tiny_model import init_tiny
-    from services.protocol.weight_group import join_weight_group, leave_weight_group
+    from tandem.rollout.tiny_model import init_tiny
+    from tandem.services.protocol.weight_group import join_weight_group, leave_weight_group
     old_dir, old = served(own_server)
     new_dir = init_tiny(tmp_path / "v-next", seed=2)
     new = load_file(str(new_dir / "model.safetensors"))

@@ -20,8 +20,8 @@ import torch
 from gen_support import ServerProcess
 from safetensors.torch import load_file, save_file
 
-from trainer.config import LoraConfig
-from trainer.lora import lora_settings, write_initial_adapter
+from tandem.trainer.config import LoraConfig
+from tandem.trainer.lora import lora_settings, write_initial_adapter
 
 pytest.importorskip("peft")
 PROMPT = [5, 9, 14, 3, 27, 8]

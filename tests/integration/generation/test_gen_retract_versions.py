@@ -18,12 +18,12 @@ import pytest
 import torch
 from gen_support import ServerProcess, reference_logprobs
 
-from rollout.client import GenerationClient, ServerRef
-from rollout.tiny_model import init_tiny
-from services.protocol import Trajectory
-from trainer.batch import StepBatch, sequence_tensors
-from trainer.buffer import Group
-from trainer.loss import PPOSettings, ppo_token_loss
+from tandem.rollout.client import GenerationClient, ServerRef
+from tandem.rollout.tiny_model import init_tiny
+from tandem.services.protocol import Trajectory
+from tandem.trainer.batch import StepBatch, sequence_tensors
+from tandem.trainer.buffer import Group
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
 
 PROMPT = [1, 6, 57, 50, 58, 61]
 NEW_TOKENS = 300

@@ -5,7 +5,7 @@ import json
 
 from gen_support import SHARED_MAX_RUNNING, SHARED_RANK, Api
 
-from services.protocol import read_service
+from tandem.services.protocol import read_service
 
 
 def test_serve_publishes_service_file_and_logs(shared_process, shared_exp, embedded_only):

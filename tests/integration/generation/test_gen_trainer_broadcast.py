@@ -16,11 +16,11 @@ import pytest
 import torch
 from gen_support import reference_logprobs
 
-from rollout.client import AdminClient
-from trainer.config import TrainerConfig
-from trainer.torch_backend import TorchBackend
-from trainer.weights import BackgroundCall
-from trainer.weights.broadcast import BroadcastPublisher
+from tandem.rollout.client import AdminClient
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.torch_backend import TorchBackend
+from tandem.trainer.weights import BackgroundCall
+from tandem.trainer.weights.broadcast import BroadcastPublisher
 
 PROMPT = [1, 6, 57, 50, 58]
 NEW_TOKENS = 24

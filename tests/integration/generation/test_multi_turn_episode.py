@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from gen_support import reference_logprobs
 
-from rollout.client import GenerationClient, ServerRef
-from rollout.code_feedback import checked_tests, code_with_feedback
-from rollout.dataset import Prompt
-from rollout.workflow import EpisodeContext, chat_prompt_ids
-from services.protocol import Ticket, Trajectory, decode, encode
-from trainer.batch import StepBatch, sequence_tensors
-from trainer.buffer import Group, validate
+from tandem.rollout.client import GenerationClient, ServerRef
+from tandem.rollout.code_feedback import checked_tests, code_with_feedback
+from tandem.rollout.dataset import Prompt
+from tandem.rollout.workflow import EpisodeContext, chat_prompt_ids
+from tandem.services.protocol import Ticket, Trajectory, decode, encode
+from tandem.trainer.batch import StepBatch, sequence_tensors
+from tandem.trainer.buffer import Group, validate
 
 TEMPERATURE = 1.0
 PROBLEM = "f(1)=7, f(2)=9, f(5)=15"
@@ -32,7 +32,7 @@ HIDDEN = {"fn_name": "f", "inputs": [[x] for x in (1, 2, 5, -1, 0, 3, 8)], "outp
 def test_episode_spanning_a_weight_update(own_server, model_v1, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from reward.code_grader import grade_code
+    from tandem.reward.code_grader import grade_code
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     info = own_server.api.get("/model_info")[1]
     old_dir, old = info["model_path"], int(info["weight_version"])

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.client.relay import CHUNK_BYTES, RelayError, encode_frame, recv_frame, relay_fetch
-from rollout.server.relay import KEEP, ServerRelay, WeightRelay, relay_root
+from tandem.rollout.client.relay import CHUNK_BYTES, RelayError, encode_frame, recv_frame, relay_fetch
+from tandem.rollout.server.relay import KEEP, ServerRelay, WeightRelay, relay_root
 
 pytestmark = pytest.mark.timeout(120)
 KEY = "relay-key-for-tests"
@@ -212,7 +212,7 @@ def test_server_relays_remove_the_node_copy_when_the_last_stops(tmp_path):
 def test_the_default_relay_directory_goes_with_the_last_experiment_using_it(tmp_path, monkeypatch):
     """Without gen.relay_dir the copies live under /dev/shm/tandem-relay-<uid> (here a stand-in
     directory): it stays while another experiment's copies are in it, and goes with the last."""
-    import rollout.server.relay as relay_mod
+    import tandem.rollout.server.relay as relay_mod
     base = tmp_path / "shm" / "tandem-relay-test"
     monkeypatch.setattr(relay_mod, "default_relay_dir", lambda: base)
     first = ServerRelay("", 0, tmp_path / "exp-a", KEY, "127.0.0.1")
@@ -229,7 +229,7 @@ def test_the_default_relay_directory_goes_with_the_last_experiment_using_it(tmp_
 
 def test_a_chain_across_processes(tmp_path):
     """Three relays in three processes (as on three nodes), chained by the test."""
-    code = ("import sys, time\nfrom rollout.server.relay import WeightRelay\n"
+    code = ("import sys, time\nfrom tandem.rollout.server.relay import WeightRelay\n"
             "r = WeightRelay(sys.argv[1], sys.argv[2], host='127.0.0.1').start()\n"
             "print(r.port, flush=True)\ntime.sleep(600)\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"p{i}"), KEY], stdout=subprocess.PIPE,
@@ -263,7 +263,7 @@ def test_the_relay_benchmark_runs_its_quick_size():
 def test_an_oversized_or_silent_request_is_dropped_and_the_relay_goes_on(tmp_path, relays, monkeypatch):
     import struct
 
-    from rollout.server import relay as relay_module
+    from tandem.rollout.server import relay as relay_module
 
     monkeypatch.setattr(relay_module, "REQUEST_TIMEOUT_S", 0.5)
     src = version_dir(tmp_path, 1, mb=1)

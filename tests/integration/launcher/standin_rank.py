@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.protocol import write_json_atomic
+from tandem.services.protocol import write_json_atomic
 
 
 def main(exp_root: str, mode: str) -> int:

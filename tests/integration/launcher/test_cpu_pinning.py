@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
-from launcher.placement import (
+from tandem.launcher.config import load_config
+from tandem.launcher.placement import (
     format_ranges,
     place_cpus,
 )
@@ -33,10 +33,10 @@ def test_supervisor_pins_a_started_role_and_sizes_its_threads(tmp_path, forked):
     the generation pool — not the light services' CPU the launcher itself moved to, which it
     would inherit unpinned — every thread of it, with TANDEM_THREADS and OMP_NUM_THREADS to match;
     whether started fresh or forked from the preloading server (launcher/backends/role_forks.py)."""
-    from launcher.backends.local import LocalSupervisor
-    from launcher.config import save_resolved
-    from launcher.roles import Role, tandem_argv
-    from services.protocol import ExpDir, generate_keys
+    from tandem.launcher.backends.local import LocalSupervisor
+    from tandem.launcher.config import save_resolved
+    from tandem.launcher.roles import Role, tandem_argv
+    from tandem.services.protocol import ExpDir, generate_keys
 
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
@@ -77,11 +77,11 @@ def test_tandem_pins_itself_from_the_environment(tmp_path):
     """`tandem` applies $TANDEM_CPUS before it runs a command (what a role does first)."""
     import subprocess
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    code = ("import os, sys; from launcher.placement import pin_from_env; pin_from_env(); "
+    code = ("import os, sys; from tandem.launcher.placement import pin_from_env; pin_from_env(); "
             "print(sorted(os.sched_getaffinity(0)))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TANDEM_CPUS": str(cpu)},
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"[{cpu}]"
-    bad = subprocess.run([sys.executable, "-m", "launcher.cli", "config", "check", "configs/math-tiny.yaml"],
+    bad = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "config", "check", "configs/math-tiny.yaml"],
                          env={**os.environ, "TANDEM_CPUS": "4096"}, capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot pin this process to CPU(s) 4096" in bad.stderr

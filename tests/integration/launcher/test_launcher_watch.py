@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launcher_watch import GRACE_ENV, PID_ENV, STOP_AFTER_ENV
+from tandem.launcher.launcher_watch import GRACE_ENV, PID_ENV, STOP_AFTER_ENV
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
@@ -49,7 +49,7 @@ def _role(tmp_path: Path, body: str, launcher_pid: int, stop_after: float, grace
         import os, signal, subprocess, sys, time
         if not {pidfd}:
             del os.pidfd_open          # a system without pidfds: the watch polls
-        from launcher.launcher_watch import watch_launcher_from_env
+        from tandem.launcher.launcher_watch import watch_launcher_from_env
         """) + textwrap.dedent(body)
     env = {**os.environ, PID_ENV: str(launcher_pid), STOP_AFTER_ENV: str(stop_after), GRACE_ENV: str(grace),
            "PYTHONUNBUFFERED": "1"}
@@ -120,9 +120,9 @@ def test_a_launcher_gone_before_the_watch_starts_stops_the_role_at_once(tmp_path
 LAUNCHER = """
 import sys, time
 from pathlib import Path
-from launcher.backends.local import LocalSupervisor
-from launcher.roles import Role, tandem_argv
-from services.protocol import ExpDir
+from tandem.launcher.backends.local import LocalSupervisor
+from tandem.launcher.roles import Role, tandem_argv
+from tandem.services.protocol import ExpDir
 exp = ExpDir(Path(sys.argv[1]))
 sup = LocalSupervisor(exp, None, fork_roles=sys.argv[2] == "forked")
 child = sup.start(Role("controller-0", tandem_argv("controller", "--exp", str(exp.root)), kind="controller",
@@ -140,10 +140,10 @@ def test_a_real_role_started_by_the_supervisor_stops_cleanly_when_the_launcher_i
     SIGTERM after the services' wait and shuts down on its own. A new launch of the experiment
     started at once (`--resume` right after the crash) waits for it rather than starting a second
     controller beside it."""
-    from launcher.backends.local import LocalBackend
-    from launcher.config import load_config, save_resolved
-    from launcher.launcher_watch import SERVICES_STOP_AFTER_S
-    from services.protocol import ExpDir, generate_keys
+    from tandem.launcher.backends.local import LocalBackend
+    from tandem.launcher.config import load_config, save_resolved
+    from tandem.launcher.launcher_watch import SERVICES_STOP_AFTER_S
+    from tandem.services.protocol import ExpDir, generate_keys
     exp = ExpDir(tmp_path / "exp")
     cfg = load_config("configs/math-tiny.yaml", [f"experiment.exp_dir={exp.root}"])
     save_resolved(cfg, exp.root)

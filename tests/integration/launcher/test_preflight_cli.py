@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def tandem(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "tandem.launcher.cli", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 

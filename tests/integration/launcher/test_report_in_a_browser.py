@@ -13,8 +13,8 @@ from PIL import Image
 from recorded_run import write_recorded_run
 from synthetic_run import write_synthetic_run
 
-from launcher.report import write_report
-from services.protocol import ExpDir
+from tandem.launcher.report import write_report
+from tandem.services.protocol import ExpDir
 
 BROWSER = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 

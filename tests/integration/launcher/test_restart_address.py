@@ -16,10 +16,10 @@ import time
 import pytest
 from model_dirs import checked_model_dir
 
-from launcher.backends.local import LocalBackend
-from launcher.roles import experiment_roles
-from launcher.run import prepare
-from services.protocol import StatusRequest, SyncRequestClient, load_keys
+from tandem.launcher.backends.local import LocalBackend
+from tandem.launcher.roles import experiment_roles
+from tandem.launcher.run import prepare
+from tandem.services.protocol import StatusRequest, SyncRequestClient, load_keys
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends.local import LocalSupervisor
-from launcher.backends.role_forks import RoleForks, differs_at_import
-from launcher.roles import Role
-from services.protocol import ExpDir
+from tandem.launcher.backends.local import LocalSupervisor
+from tandem.launcher.backends.role_forks import RoleForks, differs_at_import
+from tandem.launcher.roles import Role
+from tandem.services.protocol import ExpDir
 
 pytestmark = pytest.mark.timeout(180)
 SUPPORT = Path(__file__).resolve().parents[2] / "support"

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from model_dirs import checked_model_dir
 
-from launcher.backends.local import LocalBackend
-from launcher.config import ConfigError
-from launcher.launcher_watch import launcher_env
-from launcher.lifecycle import register_server
-from launcher.roles import GEN_ADMIN_KEY, GEN_API_KEY, experiment_roles
-from launcher.run import prepare
-from services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
+from tandem.launcher.backends.local import LocalBackend
+from tandem.launcher.config import ConfigError
+from tandem.launcher.launcher_watch import launcher_env
+from tandem.launcher.lifecycle import register_server
+from tandem.launcher.roles import GEN_ADMIN_KEY, GEN_API_KEY, experiment_roles
+from tandem.launcher.run import prepare
+from tandem.services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[3]
@@ -205,7 +205,7 @@ def test_launch_readiness_registration_restart_and_stop(tmp_path, standin):
 
 
 def _tandem_args(role) -> list[str]:
-    return role.command[role.command.index("launcher.cli") + 1:]
+    return role.command[role.command.index("tandem.launcher.cli") + 1:]
 
 
 def test_missing_sglang_is_a_clear_error(tmp_path):
@@ -213,7 +213,7 @@ def test_missing_sglang_is_a_clear_error(tmp_path):
     if subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True).returncode == 0:
         pytest.skip("sglang is installed in this interpreter")
     cfg, exp = _experiment(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "launcher.cli", "gen", "sglang", "--exp", str(exp.root),
+    out = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "gen", "sglang", "--exp", str(exp.root),
                           "--model", cfg.experiment.model], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2
     assert "sglang" in out.stderr and "tandem[gpu]" in out.stderr and "sglang==0.5.23" in out.stderr
@@ -225,7 +225,7 @@ def test_the_sglang_role_runs_the_weight_relay_beside_sglang(tmp_path, standin):
     the role stops."""
     import asyncio
 
-    from rollout.client.relay import relay_fetch
+    from tandem.rollout.client.relay import relay_fetch
 
     cfg, exp = _experiment(tmp_path, "gen.weight_relay=true", f"gen.relay_dir={tmp_path / 'relay'}")
     admin_key = (exp.keys / GEN_ADMIN_KEY).read_text().strip()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from config_cases import SMALL_SIMULATION
 
-from launcher.cli import main
+from tandem.launcher.cli import main
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks.faults import as_terminal_foreground
-from launcher.backends.local import LocalBackend
-from launcher.config import load_config
-from launcher.launcher_watch import stat_fields
-from launcher.lifecycle import run_experiment
-from launcher.roles import Role
-from services.protocol import ExpDir
+from tandem.launcher.backends.local import LocalBackend
+from tandem.launcher.config import load_config
+from tandem.launcher.launcher_watch import stat_fields
+from tandem.launcher.lifecycle import run_experiment
+from tandem.launcher.roles import Role
+from tandem.services.protocol import ExpDir
 
 pytestmark = pytest.mark.timeout(120)
 STANDIN = Path(__file__).with_name("standin_rank.py")
@@ -87,11 +87,11 @@ def test_one_rank_that_dies_fails_the_run_and_every_other_rank_is_stopped(tmp_pa
 # The launcher of the Ctrl-C test: `_setup`'s run (mode wait) in a process of its own, as `tandem run` is.
 DRIVER = """
 import sys
-from launcher.backends.local import LocalBackend
-from launcher.config import load_config
-from launcher.lifecycle import run_experiment
-from launcher.roles import Role
-from services.protocol import ExpDir
+from tandem.launcher.backends.local import LocalBackend
+from tandem.launcher.config import load_config
+from tandem.launcher.lifecycle import run_experiment
+from tandem.launcher.roles import Role
+from tandem.services.protocol import ExpDir
 exp = ExpDir(sys.argv[1])
 exp.root.mkdir(parents=True)
 cfg = load_config(None, ["experiment.name=ranks", f"experiment.exp_dir={exp.root}", "experiment.model=/m",

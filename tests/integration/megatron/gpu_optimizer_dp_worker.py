@@ -32,8 +32,8 @@ def main() -> int:
     import torch.distributed as dist
     from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
 
-    from trainer.megatron import dist_ckpt, optim_state
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron import dist_ckpt, optim_state
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

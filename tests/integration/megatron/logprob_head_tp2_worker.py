@@ -19,7 +19,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -24,7 +24,7 @@ def main() -> int:
     import torch.distributed as dist
     from safetensors.torch import load_file
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

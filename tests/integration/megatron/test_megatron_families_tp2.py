@@ -39,7 +39,7 @@ def tp2(qwen3_dir, tmp_path_factory) -> dict:
 def test_qwen3_tp2_dist_checkpoint_exports_the_trained_weights(qwen3_dir, tp2):
     """`tandem export`'s path (trainer/megatron/export.py): the TP=2 checkpoint, resharded into
     one CPU process, names q/k norms as transformers does and holds the step-1 weights exactly."""
-    from trainer.megatron.export import hf_state_from_dist
+    from tandem.trainer.megatron.export import hf_state_from_dist
 
     state = hf_state_from_dist(tp2["dir"] / "dist", qwen3_dir)
     assert sorted(state) == sorted(tp2["hf_step1"])

@@ -27,7 +27,7 @@ import torch
 from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
 from rank_processes import rank_errors, reap, start_ranks
 
-from trainer.megatron import dist_ckpt, gpu, optim_state
+from tandem.trainer.megatron import dist_ckpt, gpu, optim_state
 
 pytestmark = pytest.mark.timeout(300)
 SIDES = ("cpu", "float16", "distributed")

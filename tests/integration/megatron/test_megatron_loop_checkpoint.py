@@ -31,8 +31,8 @@ import torch
 from rank_processes import reap, start_ranks, tails
 from safetensors.torch import load_file
 
-from launcher.config import load_config, save_resolved
-from services.protocol import (
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import (
     ExpDir,
     Trajectory,
     TrajectorySource,
@@ -97,7 +97,7 @@ class _Controller:
 
 def _run_trainer(exp: ExpDir, world: int, *extra: str, send: list[Trajectory] = ()) -> None:
     """Start `world` trainer ranks (env:// rendezvous as the launcher does), feed them, wait."""
-    procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra], exp.root, "trainer",
+    procs, logs = start_ranks(["-m", "tandem.launcher.cli", "trainer", "--exp", str(exp.root), *extra], exp.root, "trainer",
                               world)
     try:
         if send:

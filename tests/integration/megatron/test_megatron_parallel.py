@@ -14,7 +14,7 @@ import pytest
 import torch
 from rank_processes import reap, start_ranks, tails
 
-from trainer.backend import PackedBatch
+from tandem.trainer.backend import PackedBatch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -102,7 +102,7 @@ def test_tp2_export_loads_in_transformers(tp2_job):
     hf = _hf_model(tp2_job["dir"] / "hf_step1")
     train = tp2_job["train"]
     mb = mc.micro_batches()[0]
-    from trainer.logprobs import token_logprobs
+    from tandem.trainer.logprobs import token_logprobs
     refs = []
     for s in range(mb.n_seqs):
         one = _seq(mb, s)

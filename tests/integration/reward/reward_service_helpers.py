@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir, SyncRequestClient, generate_keys, load_keys, read_service
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import ExpDir, SyncRequestClient, generate_keys, load_keys, read_service
 
 SECRET = "tandem-test-secret-6f1c"
 SANDBOX_UID_BASE = 200000
@@ -25,7 +25,7 @@ class RunningService:
         return SyncRequestClient(self.keys, self.address, timeout_s)
 
     def status(self) -> dict:
-        from services.protocol import StatusRequest
+        from tandem.services.protocol import StatusRequest
         c = self.client(10)
         try:
             return c.request(StatusRequest()).state

@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from reward_service_helpers import start_service, stop_service
 
-from reward.config import RewardConfig
-from reward.remote_reward import RemoteGrader, budget_s
-from services.protocol import GradeItem, GradeRequest, free_port
+from tandem.reward.config import RewardConfig
+from tandem.reward.remote_reward import RemoteGrader, budget_s
+from tandem.services.protocol import GradeItem, GradeRequest, free_port
 
 
 class Endpoint(BaseHTTPRequestHandler):

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from reward.code_grader import grade_code
-from reward.config import RewardConfig
-from reward.sandbox import Sandbox
+from tandem.reward.code_grader import grade_code
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import Sandbox
 
 CFG = RewardConfig(code_test_timeout_s=1.0, code_total_timeout_s=6.0)
 RLIMITS = RewardConfig(code_test_timeout_s=1.0, code_total_timeout_s=6.0, sandbox="rlimits", allow_unisolated=True)

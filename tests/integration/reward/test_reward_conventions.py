@@ -13,9 +13,9 @@ import shutil
 
 import pytest
 
-from reward.code_grader import grade_code
-from reward.config import RewardConfig
-from reward.sandbox import Sandbox
+from tandem.reward.code_grader import grade_code
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import Sandbox
 
 CFG = RewardConfig(code_test_timeout_s=2.0, code_total_timeout_s=10.0)
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(CFG).isolation != "bwrap",

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from reward_service_helpers import start_service, stop_service
 
-from rollout.dataset import Prompt
-from rollout.workflow import grade_item
-from services.protocol import GradeItem, GradeRequest, read_metrics
+from tandem.rollout.dataset import Prompt
+from tandem.rollout.workflow import grade_item
+from tandem.services.protocol import GradeItem, GradeRequest, read_metrics
 
 SUPPORT = str(Path(__file__).parents[2] / "support")
 OVERRIDES = ["reward.num_workers=2", "reward.function_timeout_s=1.0", "reward.function=reward_fns:dispatch"]
@@ -134,8 +134,8 @@ def test_a_function_that_does_not_import_stops_the_service_at_start(tmp_path):
 
 
 def test_offline_grading_gives_the_function_each_input_row(tmp_path, monkeypatch, capsys):
-    from reward.config import RewardConfig
-    from reward.offline import grade_file
+    from tandem.reward.config import RewardConfig
+    from tandem.reward.offline import grade_file
 
     for key, value in _env(tmp_path).items():
         monkeypatch.setenv(key, value)      # the pool's workers inherit it

@@ -18,9 +18,9 @@ from reward_service_helpers import (
     wait_no_sandbox_processes,
 )
 
-from reward.config import RewardConfig
-from reward.sandbox import Sandbox
-from services.protocol import GradeItem, GradeRequest
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import Sandbox
+from tandem.services.protocol import GradeItem, GradeRequest
 
 VAR_TMP_FILE = f"/var/tmp/tandem-pwned-{os.getpid()}"
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(RewardConfig()).isolation != "bwrap",

@@ -26,7 +26,7 @@ def worker_processes() -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
         try:
-            if not name.isdigit() or b"reward.worker" not in Path(f"/proc/{name}/cmdline").read_bytes():
+            if not name.isdigit() or b"tandem.reward.worker" not in Path(f"/proc/{name}/cmdline").read_bytes():
                 continue
             status = Path(f"/proc/{name}/status").read_text()
             ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
@@ -81,7 +81,7 @@ def test_all_valid_rows_exit_zero(tmp_path):
 
 
 def test_rewards_come_from_the_experiment_config(tmp_path):
-    from launcher.config import load_config, save_resolved
+    from tandem.launcher.config import load_config, save_resolved
     root = tmp_path / "exp"
     save_resolved(load_config(None, ["experiment.name=t", "experiment.model=none", f"experiment.exp_dir={root}",
                                      "reward.correct_reward=1.0", "reward.wrong_reward=0.0"]), root)

@@ -11,7 +11,7 @@ import time
 import pytest
 from reward_service_helpers import wait_no_sandbox_processes
 
-from services.protocol import GradeItem, GradeRequest, RemoteError, RequestClient
+from tandem.services.protocol import GradeItem, GradeRequest, RemoteError, RequestClient
 
 # Within the answer contract's shape limits (reward/answer_contract.py), yet sympy needs far
 # longer than math_timeout_s (2 s) to compare it: the timeout is the backstop.

@@ -16,8 +16,8 @@ import pytest
 from grader_users import USERS, run_as, why_not
 from reward_service_helpers import scan_own_memory
 
-from reward.config import RewardConfig
-from reward.sandbox import Sandbox
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import Sandbox
 
 CFG = {"code_test_timeout_s": 2.0, "code_total_timeout_s": 8.0, "code_memory_mb": 256}
 SECRET = "expected-53117"
@@ -233,7 +233,7 @@ def test_without_isolation_the_work_directory_is_removed_whatever_it_holds(tmp_p
 
 def test_task_cgroups_left_by_a_dead_grader_are_removed():
     """A grader killed mid-task leaves its task's cgroup; the next grader process removes it."""
-    from reward import sandbox_cgroup
+    from tandem.reward import sandbox_cgroup
 
     if why_not("root") or not sandbox_cgroup.available():
         pytest.skip(why_not("root") or "no writable cgroup here")

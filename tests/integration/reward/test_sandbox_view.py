@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from grader_users import USERS, run_as, why_not
 
-from reward.code_grader import grade_code
-from reward.config import RewardConfig
-from reward.sandbox import Sandbox
-from reward.sandbox_root import library_stage, shared_libraries
+from tandem.reward.code_grader import grade_code
+from tandem.reward.config import RewardConfig
+from tandem.reward.sandbox import Sandbox
+from tandem.reward.sandbox_root import library_stage, shared_libraries
 
 CFG = RewardConfig(code_test_timeout_s=5.0, code_total_timeout_s=10.0)
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or Sandbox(CFG).isolation != "bwrap",

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from reward_service_helpers import REWARD_OVERRIDES, start_service, stop_service
 
-from services.protocol import GradeItem, GradeRequest, RequestClient
+from tandem.services.protocol import GradeItem, GradeRequest, RequestClient
 
 DOUBLE = "```python\nprint(int(input()) * 2)\n```"
 TESTS = {"inputs": ["2\n", "5\n"], "outputs": ["4", "10"]}

@@ -39,7 +39,7 @@ def slurm_cluster():
 def shared_exp(slurm_cluster, tmp_path_factory):
     """An experiment directory the jobs can write (pytest's tmp is on this machine's disk, which
     is the 'shared filesystem' of the local cluster)."""
-    from services.protocol import ExpDir, generate_keys
+    from tandem.services.protocol import ExpDir, generate_keys
 
     e = ExpDir(tmp_path_factory.mktemp("slurm") / "exp")
     e.root.mkdir(parents=True)

@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from services.protocol import write_json_atomic
+from tandem.services.protocol import write_json_atomic
 
 ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "SLURMD_NODENAME", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "TANDEM_ADVERTISE_HOST")

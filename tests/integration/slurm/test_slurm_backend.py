@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from slurm_launch import job, launch
 
-from launcher.backends.slurm import SlurmRun
-from launcher.backends.slurm_requests import JobRequest, SlurmPolicy
-from launcher.config import load_config
-from launcher.slurm_jobs import read_record, recorded_job_ids
+from tandem.launcher.backends.slurm import SlurmRun
+from tandem.launcher.backends.slurm_requests import JobRequest, SlurmPolicy
+from tandem.launcher.config import load_config
+from tandem.launcher.slurm_jobs import read_record, recorded_job_ids
 
 STANDIN = str(Path(__file__).with_name("standin_role.py"))
 FAST = SlurmPolicy(poll_s=1.0, ready_timeout_s=90.0)
@@ -145,7 +145,7 @@ def test_scancel_of_one_role_is_reported_and_tears_down_the_rest(shared_exp, slu
 def test_tandem_cancel_leaves_no_job_in_squeue(shared_exp, slurm_cluster, capfd):
     import argparse
 
-    from launcher import slurm_cli
+    from tandem.launcher import slurm_cli
 
     cfg = _cfg(shared_exp, slurm_cluster)
     bg = _Background(cfg, shared_exp, _stack(shared_exp))
@@ -245,9 +245,9 @@ def test_a_second_launch_refuses_while_jobs_of_the_first_still_run(shared_exp, s
 
 KILLED_LAUNCHER = """
 import sys
-from launcher.backends.slurm_requests import SlurmPolicy
-from launcher.config import load_config
-from services.protocol import ExpDir
+from tandem.launcher.backends.slurm_requests import SlurmPolicy
+from tandem.launcher.config import load_config
+from tandem.services.protocol import ExpDir
 from slurm_launch import job, launch
 exp, partition, standin = ExpDir(sys.argv[1]), sys.argv[2], sys.argv[3]
 cfg = load_config(None, ["experiment.name=slurmtest", f"experiment.exp_dir={exp.root}", "experiment.model=/nonexistent",
@@ -271,8 +271,8 @@ def test_jobs_of_a_sigkilled_launcher_stop_their_roles_when_its_lease_runs_out(s
     COMPLETED; nothing is left in squeue, and a --resume is no longer refused."""
     import os
 
-    from launcher.backends.slurm import live_jobs_of_earlier_launch
-    from launcher.slurm_jobs import query_states
+    from tandem.launcher.backends.slurm import live_jobs_of_earlier_launch
+    from tandem.launcher.slurm_jobs import query_states
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] / "support"),
                                                          os.environ.get("PYTHONPATH", "")])}

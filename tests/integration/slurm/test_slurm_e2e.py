@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.slurm_jobs import read_record, recorded_job_ids
-from services.protocol import ExpDir
+from tandem.launcher.slurm_jobs import read_record, recorded_job_ids
+from tandem.services.protocol import ExpDir
 
 pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[3]

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from model_dirs import checked_model_dir
 
-from launcher.backends.slurm import SlurmBackend
-from launcher.backends.slurm_requests import SlurmPolicy, job_requests
-from launcher.lifecycle import run_experiment
-from launcher.roles import Role, experiment_roles
-from launcher.run import prepare
-from launcher.slurm_jobs import read_record, recorded_job_ids
-from services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
+from tandem.launcher.backends.slurm import SlurmBackend
+from tandem.launcher.backends.slurm_requests import SlurmPolicy, job_requests
+from tandem.launcher.lifecycle import run_experiment
+from tandem.launcher.roles import Role, experiment_roles
+from tandem.launcher.run import prepare
+from tandem.launcher.slurm_jobs import read_record, recorded_job_ids
+from tandem.services.protocol import StatusRequest, SyncRequestClient, load_keys, read_service
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,7 +77,7 @@ def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_pa
              if r.name in ("controller-0", "gen-0")]
     (gen,) = job_requests(cfg, [r for r in roles if r.kind == "gen"], backend.plan)
     command = gen.role.command
-    assert command[command.index("launcher.cli") + 1:][:2] == ["gen", "sglang"] and gen.gpus_per_node == 2
+    assert command[command.index("tandem.launcher.cli") + 1:][:2] == ["gen", "sglang"] and gen.gpus_per_node == 2
     roles.append(Role("trainer-0", [sys.executable, "-c", TRAINER, str(exp.root)], kind="trainer",
                       ready_file="trainer"))
     result = {}

@@ -18,7 +18,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from services.protocol import (
+from tandem.services.protocol import (
     ExpDir,
     Ok,
     RequestServer,
@@ -66,7 +66,7 @@ def receive(ready, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from services.protocol.weight_group import join_weight_group, leave_weight_group
+    from tandem.services.protocol.weight_group import join_weight_group, leave_weight_group
 
     pg = join_weight_group(ready.master_address, ready.master_port, 1, ready.world_size, ready.group_name,
                            backend="gloo", timeout_s=60)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.config import TrainerConfig
-from trainer.microbatch import pack
-from trainer.torch_backend import TorchBackend
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.microbatch import pack
+from tandem.trainer.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.timeout(600)
 

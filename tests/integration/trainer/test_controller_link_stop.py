@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
-from services.protocol import GroupsDropped, Shutdown, WeightsOnDisk, free_port, publish_service
-from trainer.controller_link import ControllerLink
+from tandem.services.protocol import GroupsDropped, Shutdown, WeightsOnDisk, free_port, publish_service
+from tandem.trainer.controller_link import ControllerLink
 
 
 def test_a_request_to_a_dead_controller_ends_when_the_trainer_is_told_to_stop(exp, keys):

@@ -27,8 +27,8 @@ from rank_processes import reap, start_ranks, tails
 from safetensors.torch import load_file
 from trainer_feed import send
 
-from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir, Trajectory, generate_keys, read_service
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import ExpDir, Trajectory, generate_keys, read_service
 
 pytestmark = pytest.mark.timeout(600)
 FAKE_CONTROLLER = Path(__file__).with_name("fake_controller.py")
@@ -70,7 +70,7 @@ def _train(exp: ExpDir, world: int, trajectories) -> None:
     procs, logs = [], []
     try:
         read_service(exp, "controller", timeout_s=30)
-        procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root)], exp.root, "trainer", world)
+        procs, logs = start_ranks(["-m", "tandem.launcher.cli", "trainer", "--exp", str(exp.root)], exp.root, "trainer", world)
         send(exp, trajectories)
         deadline = time.monotonic() + 400
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -135,7 +135,7 @@ def test_the_default_is_the_final_version_and_it_generates(run):
 def test_export_refusals_name_what_exists(run):
     """... before torch is imported (-X importtime lists every import): a typo is answered at once."""
     backend, exp, tmp = run
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher.cli", "export", "--exp", str(exp.root),
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "tandem.launcher.cli", "export", "--exp", str(exp.root),
                            "--version", "7", str(tmp / "nope")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no version 7" in proc.stderr
     assert "published weights: v1, v2; checkpoints: v1, v2" in proc.stderr
@@ -143,6 +143,6 @@ def test_export_refusals_name_what_exists(run):
     assert not (tmp / "nope").exists()
     (tmp / "taken").mkdir()
     (tmp / "taken" / "x").write_text("")
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "export", "--exp", str(exp.root), str(tmp / "taken")],
+    proc = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "export", "--exp", str(exp.root), str(tmp / "taken")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not an empty directory" in proc.stderr

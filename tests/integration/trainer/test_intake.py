@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from services.protocol import TrajectorySink, TrajectorySource
-from trainer.intake import Intake
-from trainer.wal import TrajectoryLog, replay
+from tandem.services.protocol import TrajectorySink, TrajectorySource
+from tandem.trainer.intake import Intake
+from tandem.trainer.wal import TrajectoryLog, replay
 
 
 def _intake(keys, tmp_path):

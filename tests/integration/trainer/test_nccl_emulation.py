@@ -25,7 +25,7 @@ from rank_processes import rank_errors, reap, start_ranks
 from test_trainer_loop import SPECS, FakeController, groups, make_exp
 from trainer_feed import send
 
-from services.protocol import read_metrics
+from tandem.services.protocol import read_metrics
 
 pytestmark = pytest.mark.timeout(300)
 EMULATE = {"TANDEM_EMULATE_NCCL": "1", "OMP_NUM_THREADS": "1"}
@@ -36,11 +36,11 @@ def test_the_guard_refuses_a_cpu_tensor_that_collectives_did_not_place(python_bi
     tensor through `collectives` is not (one gloo rank in a fresh process)."""
     probe = textwrap.dedent("""
         import torch, torch.distributed as dist
-        from services.protocol import collectives
+        from tandem.services.protocol import collectives
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         t = torch.ones(3)
         assert collectives.all_reduce(t) is t and t.tolist() == [1.0, 1.0, 1.0]
-        scope = {"__name__": "trainer.probe", "dist": dist, "t": t}
+        scope = {"__name__": "tandem.trainer.probe", "dist": dist, "t": t}
         try:
             exec("dist.all_reduce(t)", scope)
         except RuntimeError as e:
@@ -64,7 +64,7 @@ def test_two_ranks_train_a_step_under_nccls_device_rule(tmp_path, small_model_di
     ctl = FakeController(exp, python_bin)
     procs = []
     try:
-        procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root)], tmp_path, "trainer",
+        procs, logs = start_ranks(["-m", "tandem.launcher.cli", "trainer", "--exp", str(exp.root)], tmp_path, "trainer",
                                   env=EMULATE)
         send(exp, groups(traj, SPECS[:2]))
         errors = rank_errors(procs, logs)

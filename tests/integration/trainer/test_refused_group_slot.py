@@ -17,8 +17,8 @@ import time
 import pytest
 from trainer_feed import send
 
-from launcher.config import load_config, save_resolved
-from services.protocol import (
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import (
     AdmitRequest,
     ExpDir,
     GroupDone,
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _start(exp: ExpDir, *role: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *role, "--exp", str(exp.root)],
+    return subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", *role, "--exp", str(exp.root)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -10,11 +10,11 @@ import textwrap
 
 import torch
 
-from services.protocol import WeightsBroadcast
-from trainer.config import TrainerConfig
-from trainer.torch_backend import TorchBackend
-from trainer.weights import BackgroundCall
-from trainer.weights.broadcast import BroadcastPublisher
+from tandem.services.protocol import WeightsBroadcast
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.torch_backend import TorchBackend
+from tandem.trainer.weights import BackgroundCall
+from tandem.trainer.weights.broadcast import BroadcastPublisher
 
 
 def backend(model_dir):
@@ -25,7 +25,7 @@ RECEIVER = textwrap.dedent('''
     """A generation-server stand-in: joins with the rendezvous every server uses, receives tensors."""
     import json, os, sys
     import torch, torch.distributed as dist
-    from services.protocol.weight_group import join_weight_group, leave_weight_group
+    from tandem.services.protocol.weight_group import join_weight_group, leave_weight_group
     ready = json.loads(sys.argv[1])
     pg = join_weight_group(ready["master_address"], ready["master_port"], 1, ready["world_size"],
                            ready["group_name"], backend="gloo", timeout_s=60)

@@ -20,9 +20,9 @@ from rank_processes import rank_errors, reap, start_ranks
 from safetensors.torch import load_file
 from trainer_feed import send
 
-from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir, generate_keys, read_metrics, read_service
-from trainer.wal import replay, wal_path, wal_seqs
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import ExpDir, generate_keys, read_metrics, read_service
+from tandem.trainer.wal import replay, wal_path, wal_seqs
 
 
 class FakeController:
@@ -80,7 +80,7 @@ def make_exp(tmp_path, name, model_dir, **overrides) -> ExpDir:
 
 def start_trainer(exp: ExpDir, *extra):
     """`tandem trainer` (process_starts.start), its output appended to <exp>/trainer.console."""
-    return start(["-m", "launcher.cli", "trainer", "--exp", str(exp.root), *extra], exp.root / "trainer.console")
+    return start(["-m", "tandem.launcher.cli", "trainer", "--exp", str(exp.root), *extra], exp.root / "trainer.console")
 
 
 def groups(traj, specs):
@@ -216,7 +216,7 @@ def test_two_data_parallel_ranks_match_one_rank(tmp_path, small_model_dir, traj,
     ctl = FakeController(exp, python_bin)
     procs = []
     try:
-        procs, logs = start_ranks(["-m", "launcher.cli", "trainer", "--exp", str(exp.root)], tmp_path, "trainer")
+        procs, logs = start_ranks(["-m", "tandem.launcher.cli", "trainer", "--exp", str(exp.root)], tmp_path, "trainer")
         send(exp, groups(traj, SPECS[:2]))
         errors = rank_errors(procs, logs, timeout_s=120)
     finally:

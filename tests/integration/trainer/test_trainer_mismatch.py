@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.config import load_config
-from services.protocol import ExpDir, Trajectory, generate_keys
-from trainer.batch import StepBatch
-from trainer.buffer import Group
-from trainer.loop import Trainer
+from tandem.launcher.config import load_config
+from tandem.services.protocol import ExpDir, Trajectory, generate_keys
+from tandem.trainer.batch import StepBatch
+from tandem.trainer.buffer import Group
+from tandem.trainer.loop import Trainer
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "generation"))
 from gen_support import ServerProcess  # noqa: E402  (the generation tests' server helper)

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from launcher.config import load_config
-from services.protocol import ExpDir, generate_keys
-from trainer.batch import StepBatch
-from trainer.buffer import Group
-from trainer.loop import Trainer
-from trainer.microbatch import pack
-from trainer.presets import PRESETS
-from trainer.torch_backend import TorchBackend
+from tandem.launcher.config import load_config
+from tandem.services.protocol import ExpDir, generate_keys
+from tandem.trainer.batch import StepBatch
+from tandem.trainer.buffer import Group
+from tandem.trainer.loop import Trainer
+from tandem.trainer.microbatch import pack
+from tandem.trainer.presets import PRESETS
+from tandem.trainer.torch_backend import TorchBackend
 
 MISMATCH = ("mismatch_k3", "mismatch_ratio_mean", "mismatch_ratio_max", "mismatch_tokens", "mismatch_source")
 
@@ -28,7 +28,7 @@ def step_batches(small_model_dir, traj):
     """Two steps of 4 groups x 2 samples: behaviour log-probs = the initial model's + noise (sd 0.1);
     step 2's samples carry tokens of version 0 (first half) and 1 (second half); one sample per
     step stopped at the length limit."""
-    from trainer.config import TrainerConfig
+    from tandem.trainer.config import TrainerConfig
     be = TorchBackend(TrainerConfig(temperature=1.0, max_staleness=1), small_model_dir, 0)
     rng = np.random.default_rng(0)
     out = []

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.batch import StepBatch
-from trainer.buffer import Group
-from trainer.config import TrainerConfig
-from trainer.loop import Trainer
-from trainer.microbatch import pack
-from trainer.torch_backend import TorchBackend
+from tandem.trainer.batch import StepBatch
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.loop import Trainer
+from tandem.trainer.microbatch import pack
+from tandem.trainer.torch_backend import TorchBackend
 
 
 def experiment(model_dir, **trainer_kw):
@@ -109,7 +109,7 @@ def test_a_non_finite_loss_stops_the_step_by_name(exp, small_model_dir, traj, ca
     t = groups[0].samples[0]
     t.output_logprobs = t.output_logprobs.copy()
     t.output_logprobs[1] = np.nan
-    with caplog.at_level("ERROR", logger="trainer.loop"):
+    with caplog.at_level("ERROR", logger="tandem.trainer.loop"):
         rec, grads = run_step(exp, small_model_dir, groups, ppo_n_minibatches=2)
     assert grads == []                                   # the optimizer never stepped
     assert rec["nonfinite_loss"] == {"policy": 1} and rec["updates_not_run"] == 1

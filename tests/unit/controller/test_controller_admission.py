@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from services.controller.admission import AdmissionLedger, staleness_capacity
+from tandem.services.controller.admission import AdmissionLedger, staleness_capacity
 
 # (B, eta, version, accepted, running, max_concurrent) -> capacity
 CAPACITY_TABLE = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.controller.registry import RegisteredServer, broadcast_ranks
+from tandem.services.controller.registry import RegisteredServer, broadcast_ranks
 
 pytestmark = pytest.mark.timeout(60)
 

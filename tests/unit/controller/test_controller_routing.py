@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.controller.registry import ServerRegistry
+from tandem.services.controller.registry import ServerRegistry
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.controller.admission import AdmissionLedger
-from services.controller.state import StateStore
+from tandem.services.controller.admission import AdmissionLedger
+from tandem.services.controller.state import StateStore
 
 
 def _opened(tmp_path) -> tuple[StateStore, AdmissionLedger]:
@@ -125,7 +125,7 @@ def test_a_journal_written_before_the_fields_had_names_still_resumes(tmp_path):
 
 
 def test_every_event_the_ledger_writes_uses_the_named_fields():
-    from services.controller.admission import EVENT_FIELDS
+    from tandem.services.controller.admission import EVENT_FIELDS
 
     ledger = AdmissionLedger(2, 0, 10)
     written = [ledger.admit("w", 2, 0.0)[1], ledger.finish("w", "0-0", "accepted", 0.0)[1],

@@ -11,9 +11,9 @@ import pytest
 
 from examples.custom_reward.builtin_math import grade
 from examples.custom_reward.reward import score
-from reward.config import RewardConfig
-from reward.math_grader import grade_math
-from reward.user_function import verdict_from
+from tandem.reward.config import RewardConfig
+from tandem.reward.math_grader import grade_math
+from tandem.reward.user_function import verdict_from
 
 TINY = RewardConfig(correct_reward=1.0, wrong_reward=-1.0)   # configs/math-tiny.yaml's range
 

@@ -22,15 +22,15 @@ def cudnn_attention_on():
 
 
 def test_the_torch_backend_turns_cudnn_attention_off(cudnn_attention_on, small_model_dir):
-    from trainer.config import TrainerConfig
-    from trainer.torch_backend import TorchBackend
+    from tandem.trainer.config import TrainerConfig
+    from tandem.trainer.torch_backend import TorchBackend
 
     TorchBackend(TrainerConfig(backend="torch"), small_model_dir, seed=0)
     assert not torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_the_embedded_servers_engine_turns_cudnn_attention_off(cudnn_attention_on, small_model_dir):
-    from rollout.server.main import load_engine
+    from tandem.rollout.server.main import load_engine
 
     engine = load_engine(str(small_model_dir), max_running=4, prefill_tokens_per_step=64, dtype="float32",
                          weight_version="0", seed=0)

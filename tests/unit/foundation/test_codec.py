@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.protocol import REGISTRY, Envelope, ProtocolError, Trajectory, decode, encode
+from tandem.services.protocol import REGISTRY, Envelope, ProtocolError, Trajectory, decode, encode
 
 
 def sample(tp, depth=0):

@@ -15,7 +15,7 @@ from pathlib import Path
 from test_import_cycles import PACKAGES, project_modules
 
 REPO = Path(__file__).resolve().parents[3]
-ALLOWED = {"services.protocol.collectives"}
+ALLOWED = {"tandem.services.protocol.collectives"}
 # torch.distributed's collectives and point-to-point calls (object variants included).
 COLLECTIVES = {
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce", "reduce_scatter",
@@ -70,7 +70,7 @@ def violations(path: Path, root: Path) -> list[str]:
 
 def test_collectives_are_called_only_through_the_collectives_module():
     modules = project_modules(REPO, PACKAGES)
-    assert "services.protocol.collectives" in modules and "trainer.loop" in modules
+    assert "tandem.services.protocol.collectives" in modules and "tandem.trainer.loop" in modules
     found = [v for name, path in sorted(modules.items()) if name not in ALLOWED
              for v in violations(path, REPO)]
     assert not found, ("call these through services.protocol.collectives (it puts tensors on the "

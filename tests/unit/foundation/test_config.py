@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import ConfigError, load_config, load_experiment, save_resolved
-from launcher.config_docs import render
+from tandem.launcher.config import ConfigError, load_config, load_experiment, save_resolved
+from tandem.launcher.config_docs import render
 
 
 def write(tmp_path, text, name="exp.yaml") -> Path:

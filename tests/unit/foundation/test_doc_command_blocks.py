@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from doc_commands import REPO, command_blocks, fenced_blocks, strip_comment, unlabelled_command_fences
 
-from launcher.config import load_config
+from tandem.launcher.config import load_config
 
 BLOCKS = command_blocks()
 COMMANDS = [(b, c) for b in BLOCKS for c in b.commands()]
@@ -68,7 +68,7 @@ TANDEM = [(b, c) for b, c in COMMANDS if _tandem_argv(c.text) is not None]
 
 @pytest.mark.parametrize(("block", "cmd"), TANDEM, ids=_ids(TANDEM))
 def test_every_tandem_command_line_parses_and_its_config_loads(block, cmd, monkeypatch, tmp_path):
-    from launcher.cli import build_parser
+    from tandem.launcher.cli import build_parser
     monkeypatch.delenv("TANDEM_MODELS", raising=False)
     monkeypatch.delenv("TANDEM_RUNS", raising=False)
     monkeypatch.chdir(REPO)

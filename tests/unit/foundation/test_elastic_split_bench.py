@@ -20,14 +20,14 @@ import pytest
 from recorded_run import write_recorded_run
 
 import benchmarks.common as common
-import launcher.plan
+import tandem.launcher.plan as plan_module
 from benchmarks import elastic_split as bench
-from launcher.config import load_config
-from launcher.elastic_moves import possible_moves
-from launcher.plan import cpu_placement_for
-from launcher.preflight import layout_problems
-from launcher.simulate.calibrate import calibrate
-from services.protocol import ExpDir
+from tandem.launcher.config import load_config
+from tandem.launcher.elastic_moves import possible_moves
+from tandem.launcher.plan import cpu_placement_for
+from tandem.launcher.preflight import layout_problems
+from tandem.launcher.simulate.calibrate import calibrate
+from tandem.services.protocol import ExpDir
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_the_refusal_is_the_preflights_own_check(monkeypatch):
     layout = bench.layout_for((0, 1))
     cfg = load_config(bench.CONFIG, [*bench.base_overrides(False), *layout.overrides(layout.middle),
                                      "launcher.elastic=true"])
-    monkeypatch.setattr(launcher.plan, "available_cpus", lambda: (0, 1))
+    monkeypatch.setattr(plan_module, "available_cpus", lambda: (0, 1))
     problems = layout_problems(cfg)
     assert problems and all(message in bench.elastic_refusal((0, 1)) for _, message in problems), problems
 
@@ -93,7 +93,7 @@ def test_on_16_cpus_every_split_is_disjoint_and_the_preflight_accepts_elastic(mo
     layout = bench.layout_for(cpus)
     assert layout.services == (0, 1) and layout.pool == tuple(range(2, 16))
     assert layout.candidates == list(range(1, 14)) and layout.middle == 7
-    monkeypatch.setattr(launcher.plan, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(plan_module, "available_cpus", lambda: cpus)
     for k in layout.candidates:
         cfg = load_config(bench.CONFIG, [*bench.base_overrides(False), *layout.overrides(k), "launcher.elastic=true"])
         placement = cpu_placement_for(cfg, available=cpus)

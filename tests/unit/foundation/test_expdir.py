@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
-from services.protocol import ExpDir, numbered_dirs, publish_service, read_service
+from tandem.services.protocol import ExpDir, numbered_dirs, publish_service, read_service
 
 
 def test_publish_and_read_service(tmp_path):

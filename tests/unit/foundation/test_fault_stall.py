@@ -4,7 +4,7 @@ fault counted from its resumed launch's first step (the resume's start-up is not
 from __future__ import annotations
 
 from benchmarks.faults import stall_s
-from launcher.audit import Audit
+from tandem.launcher.audit import Audit
 
 STEPS = Audit(step_times=[0.0, 1.0, 2.0, 20.0, 21.0, 22.0, 90.0, 91.0, 92.0])
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from benchmarks import growing_lengths as g
-from rollout.dataset import Prompt
-from rollout.workflow import EpisodeContext
-from services.protocol import Ticket, Verdict
+from tandem.rollout.dataset import Prompt
+from tandem.rollout.workflow import EpisodeContext
+from tandem.services.protocol import Ticket, Verdict
 
 
 def lengths_at(version: int, cap: int = 10_000, n: int = 4000, **shape) -> list[int]:

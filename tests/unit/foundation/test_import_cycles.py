@@ -25,14 +25,20 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-# Every Python package of the project (slurm/ holds shell scripts and an sbatch file only).
-PACKAGES = ("launcher", "services", "trainer", "rollout", "reward", "benchmarks")
+# The folders that install as tandem.<folder> (setup.cfg's package_dir).
+UNDER_TANDEM = ("launcher", "services", "trainer", "rollout", "reward")
+# Every Python package of the project (slurm/ holds shell scripts and an sbatch file only);
+# benchmarks/ runs from the checkout under its own name.
+PACKAGES = ("tandem", *UNDER_TANDEM, "benchmarks")
 
 
 def module_name(path: Path, root: Path) -> str:
+    """The name the module imports as: `trainer/loop.py` is `tandem.trainer.loop`."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in UNDER_TANDEM:
+        parts.insert(0, "tandem")
     return ".".join(parts)
 
 

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from launcher.cli import main
-from services.protocol import ExpDir, load_keys
+from tandem.launcher.cli import main
+from tandem.services.protocol import ExpDir, load_keys
 
 
 def test_keys_init_creates_private_keys_once_and_keeps_them(tmp_path, capsys):

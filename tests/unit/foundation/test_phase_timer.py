@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from services.protocol import PhaseTimer
+from tandem.services.protocol import PhaseTimer
 
 
 def test_phases_are_named_fields_that_add_up_within_the_total():

@@ -8,7 +8,7 @@ import os
 
 from transformers.utils import logging as hf_logging
 
-from services.protocol import ExpDir, setup_role_logging
+from tandem.services.protocol import ExpDir, setup_role_logging
 
 
 def test_a_roles_console_gets_its_lines_and_no_progress_bars(tmp_path, monkeypatch, capsys):

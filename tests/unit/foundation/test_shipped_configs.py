@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load_config
+from tandem.launcher.config import load_config
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 
@@ -28,7 +28,7 @@ def test_the_paper_shape_is_what_the_cluster_config_says():
 
 
 def test_the_multi_turn_cluster_config_runs_the_feedback_episode(monkeypatch, tmp_path):
-    from rollout.workflow import load_workflow
+    from tandem.rollout.workflow import load_workflow
     monkeypatch.setenv("TANDEM_RUNS", str(tmp_path / "runs"))
     cfg = load_config(Path(__file__).parents[3] / "configs" / "code-agent-r1-14b.yaml")
     assert load_workflow(cfg.rollout.workflow).__name__ == "code_with_feedback"

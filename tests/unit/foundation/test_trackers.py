@@ -13,10 +13,10 @@ import math
 import pytest
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import ConfigError, load_config
-from services.protocol import ExpDir, MetricsWriter
-from services.protocol.tracker_sinks import TensorBoardSink
-from services.protocol.trackers import TrackerFollower, WandbConfig, start_trackers, tracker_hints
+from tandem.launcher.config import ConfigError, load_config
+from tandem.services.protocol import ExpDir, MetricsWriter
+from tandem.services.protocol.tracker_sinks import TensorBoardSink
+from tandem.services.protocol.trackers import TrackerFollower, WandbConfig, start_trackers, tracker_hints
 
 
 class Recorder:

@@ -19,10 +19,10 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from rollout.server import engine as engine_mod
-from rollout.server.engine import Engine, Request
-from rollout.server.main import DeviceError, resolve_device
-from rollout.server.sampling import SamplingParams, sample_rows
+from tandem.rollout.server import engine as engine_mod
+from tandem.rollout.server.engine import Engine, Request
+from tandem.rollout.server.main import DeviceError, resolve_device
+from tandem.rollout.server.sampling import SamplingParams, sample_rows
 
 META = torch.device("meta")
 
@@ -130,7 +130,7 @@ def test_resolve_device():
 
 
 def test_config_checks_the_device_value():
-    from rollout.config import GenConfig
+    from tandem.rollout.config import GenConfig
     assert GenConfig().device == "auto" and not GenConfig().problems()
     assert [f for f, _ in GenConfig(device="gpu").problems()] == ["device"]
 

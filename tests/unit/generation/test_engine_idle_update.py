@@ -15,9 +15,9 @@ import threading
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rollout.server import engine as engine_mod
-from rollout.server.engine import Engine, Request
-from rollout.server.sampling import SamplingParams
+from tandem.rollout.server import engine as engine_mod
+from tandem.rollout.server.engine import Engine, Request
+from tandem.rollout.server.sampling import SamplingParams
 
 
 class Tokenizer:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.server.auth import AuthLevel, decide
+from tandem.rollout.server.auth import AuthLevel, decide
 
 API, ADMIN = "api-key-1", "admin-key-2"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.client.generate import seed_mode_from_server_info, token_versions
+from tandem.rollout.client.generate import seed_mode_from_server_info, token_versions
 
 
 def test_token_versions_from_spans():

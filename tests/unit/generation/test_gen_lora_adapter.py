@@ -16,14 +16,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from rollout.server import weights
-from trainer import lora
-from trainer.batch import StepBatch, plan_step
-from trainer.buffer import Group
-from trainer.config import LoraConfig, TrainerConfig
-from trainer.loss import PPOSettings, ppo_token_loss
-from trainer.torch_backend import TorchBackend
-from trainer.weights.disk import DiskPublisher
+from tandem.rollout.server import weights
+from tandem.trainer import lora
+from tandem.trainer.batch import StepBatch, plan_step
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import LoraConfig, TrainerConfig
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
+from tandem.trainer.torch_backend import TorchBackend
+from tandem.trainer.weights.disk import DiskPublisher
 
 PROMPTS = [[3, 17, 42, 9, 100, 5], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
 

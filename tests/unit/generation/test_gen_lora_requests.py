@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.server.lora_routes import parse_lora_paths, request_adapter
-from rollout.server.sampling import BadRequest
+from tandem.rollout.server.lora_routes import parse_lora_paths, request_adapter
+from tandem.rollout.server.sampling import BadRequest
 
 
 def test_lora_path_is_taken_off_the_body_and_must_name_one_adapter():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.sglang_launch import (
+from tandem.rollout.sglang_launch import (
     SGLangServerSpec,
     key_config,
     servers_for_node,

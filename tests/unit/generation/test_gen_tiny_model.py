@@ -5,7 +5,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout.tiny_model import init_tiny
+from tandem.rollout.tiny_model import init_tiny
 
 
 def test_loads_with_auto_classes(tiny_model_dir):
@@ -46,7 +46,7 @@ def test_same_seed_same_weights_other_seed_differs(tmp_path, tiny_model_dir):
 
 def test_cli_init_tiny(tmp_path):
     out = tmp_path / "m"
-    from launcher.cli import main
+    from tandem.launcher.cli import main
     assert main(["model", "init-tiny", str(out), "--layers", "2", "--hidden", "64", "--heads", "2",
                  "--kv-heads", "1", "--intermediate", "128"]) == 0
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.server.window import GenWindow
+from tandem.rollout.server.window import GenWindow
 
 
 def test_a_window_reports_step_weighted_means_and_the_unexplained_time():

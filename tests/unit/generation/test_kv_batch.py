@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from rollout.server import cohorts, kv_rows
-from rollout.server.cohorts import rows_to_set_apart
-from rollout.server.kv_batch import KVBatch
-from rollout.server.kv_rows import RowBuffer, RowKV
+from tandem.rollout.server import cohorts, kv_rows
+from tandem.rollout.server.cohorts import rows_to_set_apart
+from tandem.rollout.server.kv_batch import KVBatch
+from tandem.rollout.server.kv_rows import RowBuffer, RowKV
 
 
 def _model():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.server.openai_requests import OpenAIBadRequest, parse_chat, parse_completion
+from tandem.rollout.server.openai_requests import OpenAIBadRequest, parse_chat, parse_completion
 
 CTX = 512
 USER = [{"role": "user", "content": "2+3?"}]

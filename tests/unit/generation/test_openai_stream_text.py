@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.server.openai_routes import StreamedText
-from rollout.server.sampling import SamplingParams
+from tandem.rollout.server.openai_routes import StreamedText
+from tandem.rollout.server.sampling import SamplingParams
 
 EOS = 0
 

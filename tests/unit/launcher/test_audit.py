@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from launcher.audit import audit
-from launcher.cli import main
-from launcher.config import load_config, save_resolved
-from services.protocol import ExpDir, MetricsWriter
+from tandem.launcher.audit import audit
+from tandem.launcher.cli import main
+from tandem.launcher.config import load_config, save_resolved
+from tandem.services.protocol import ExpDir, MetricsWriter
 
 
 def _stream(exp: ExpDir, records: list[tuple[str, dict]]) -> None:

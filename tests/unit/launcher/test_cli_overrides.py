@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import build_parser, parse
+from tandem.launcher.cli import build_parser, parse
 
 
 @pytest.mark.parametrize("argv, overrides", [

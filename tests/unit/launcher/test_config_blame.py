@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import ConfigError, load_config
+from tandem.launcher.config import ConfigError, load_config
 
 WITH_SAMPLING = GOOD_EXPERIMENT + "rollout:\n  temperature: 1.0\ncontroller:\n  max_staleness: 2\n"
 

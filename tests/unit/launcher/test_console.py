@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import os
 
-from launcher.console import Console, Fallback
+from tandem.launcher.console import Console, Fallback
 
 
 def _closed_pipe() -> io.TextIOWrapper:

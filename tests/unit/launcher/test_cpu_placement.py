@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import main
-from launcher.config import ConfigError, load_config, parse_cpus
-from launcher.placement import (
+from tandem.launcher.cli import main
+from tandem.launcher.config import ConfigError, load_config, parse_cpus
+from tandem.launcher.placement import (
     CpuPlacement,
     PlacementError,
     format_ranges,
     physical_cores,
     place_cpus,
 )
-from launcher.plan import cpu_placement_for
+from tandem.launcher.plan import cpu_placement_for
 
 
 def _disjoint_cover(p: CpuPlacement) -> None:
@@ -158,7 +158,7 @@ def test_tandem_plan_prints_the_cpu_placement(capsys):
 
 def test_role_cpu_sums_a_process_group_from_proc(tmp_path):
     """Fake /proc entries (the layout of proc(5)): a role's CPU is its whole process group's."""
-    from launcher.role_cpu import _TICK, RoleCpuMeter, group_cpu_seconds
+    from tandem.launcher.role_cpu import _TICK, RoleCpuMeter, group_cpu_seconds
 
     def stat(pid: int, comm: str, pgrp: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0):
         d = tmp_path / str(pid)

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config import load_config
-from launcher.elastic_moves import MoveRefused, elastic_problems, gen_to_train, possible_moves, train_to_gen
-from launcher.placement import CpuPlacement, place_cpus
-from launcher.preflight import layout_problems
+from tandem.launcher.config import load_config
+from tandem.launcher.elastic_moves import (
+    MoveRefused,
+    elastic_problems,
+    gen_to_train,
+    possible_moves,
+    train_to_gen,
+)
+from tandem.launcher.placement import CpuPlacement, place_cpus
+from tandem.launcher.preflight import layout_problems
 
 
 def eight_cpus(servers: int = 3) -> CpuPlacement:

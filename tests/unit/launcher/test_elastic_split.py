@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from launcher.config import load_config
-from launcher.elastic import Decision, ElasticSplit, MetricsTail
-from launcher.placement import place_cpus
-from launcher.roles import Role
-from services.protocol import MetricsWriter, read_metrics
-from trainer.elastic_cpus import CPUS_FILE
+from tandem.launcher.config import load_config
+from tandem.launcher.elastic import Decision, ElasticSplit, MetricsTail
+from tandem.launcher.placement import place_cpus
+from tandem.launcher.roles import Role
+from tandem.services.protocol import MetricsWriter, read_metrics
+from tandem.trainer.elastic_cpus import CPUS_FILE
 
 
 def make_split(exp, decide, every: int = 2) -> ElasticSplit:

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from launcher.exp_lock import ExperimentInUse, hold_experiment
+from tandem.launcher.exp_lock import ExperimentInUse, hold_experiment
 
 
 def test_an_experiment_is_held_by_one_launch_and_a_second_is_told_who_holds_it(tmp_path):
@@ -23,7 +23,7 @@ def test_a_lock_held_from_another_host_is_waited_for_then_refused(tmp_path, monk
     out: a launch from another host waits (a requeued job), and only then refuses."""
     import json
 
-    import launcher.exp_lock as exp_lock
+    import tandem.launcher.exp_lock as exp_lock
     root = tmp_path / "exp"
     hold_experiment(root)
     (root / exp_lock.LOCK_FILE).write_text(json.dumps({"pid": 7, "host": "dead-node", "started": 0}))
@@ -38,7 +38,7 @@ def test_the_last_launch_runs_only_if_its_pid_began_when_the_launch_did(tmp_path
     time tells them apart."""
     import json
 
-    import launcher.exp_lock as exp_lock
+    import tandem.launcher.exp_lock as exp_lock
     root = tmp_path / "exp"
     assert exp_lock.last_launch(root) is None
     hold_experiment(root)

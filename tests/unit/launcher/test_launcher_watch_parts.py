@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from launcher.launcher_watch import (
+from tandem.launcher.launcher_watch import (
     GRACE_ENV,
     PID_ENV,
     SERVICES_STOP_AFTER_S,
@@ -16,7 +16,7 @@ from launcher.launcher_watch import (
     launcher_env,
     watch_launcher_from_env,
 )
-from services.protocol import STOP_GRACE_S
+from tandem.services.protocol import STOP_GRACE_S
 
 
 @pytest.mark.parametrize("kind", ["controller", "reward", "gen"])
@@ -46,7 +46,7 @@ def test_a_garbled_environment_is_named(monkeypatch):
 
 def test_a_lease_runs_out_only_after_the_heartbeat_has_not_changed_for_the_whole_lease(tmp_path, monkeypatch):
     """Lease (a SLURM job's side), on this process's clock: what counts is the content changing."""
-    import launcher.launcher_watch as watch
+    import tandem.launcher.launcher_watch as watch
     now = [1000.0]
     monkeypatch.setattr(watch.time, "monotonic", lambda: now[0])
     path = tmp_path / watch.HEARTBEAT_FILE
@@ -74,7 +74,7 @@ def test_the_heartbeat_renews_the_file_until_stopped(tmp_path):
     import json
     import time
 
-    from launcher.launcher_watch import HEARTBEAT_FILE, Heartbeat, heartbeat_interval
+    from tandem.launcher.launcher_watch import HEARTBEAT_FILE, Heartbeat, heartbeat_interval
     assert heartbeat_interval(600) == 30 and heartbeat_interval(1) == 0.5   # a tenth, within bounds
     path = tmp_path / HEARTBEAT_FILE
     beat = Heartbeat(path, 1.0).start()

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from launcher import lifecycle
+from tandem.launcher import lifecycle
 
 
 @pytest.fixture

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backends.base import Ended
-from launcher.backends.local_ranks import TrainerRanks, rank_env, rank_roles
-from launcher.config import ConfigError, load_config
-from launcher.placement import format_ranges
-from launcher.plan import PlanError, cpu_placement_for, local_trainer_world, plan_for
-from launcher.roles import Role, gpu_layout
+from tandem.launcher.backends.base import Ended
+from tandem.launcher.backends.local_ranks import TrainerRanks, rank_env, rank_roles
+from tandem.launcher.config import ConfigError, load_config
+from tandem.launcher.placement import format_ranges
+from tandem.launcher.plan import PlanError, cpu_placement_for, local_trainer_world, plan_for
+from tandem.launcher.roles import Role, gpu_layout
 
 CPU = ["experiment.name=ranks", "experiment.exp_dir=/tmp/unused", "experiment.model=/m"]
 ONE_NODE = [*CPU, "launcher.backend=local", "gen.backend=sglang", "launcher.nodes=1",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
-from launcher.config import ConfigError, load_config, longest_sequence
-from launcher.plan import plan_for
-from launcher.simulate.memory import estimate
+from tandem.launcher.cli import main
+from tandem.launcher.config import ConfigError, load_config, longest_sequence
+from tandem.launcher.plan import plan_for
+from tandem.launcher.simulate.memory import estimate
 
 CONFIGS = sorted((Path(__file__).parents[3] / "configs").glob("*.yaml"))
 GB = 1e9
@@ -113,8 +113,8 @@ def test_a_generation_server_without_room_for_one_sequence_is_refused(capsys):
     assert "raise gen.tp_size" in err
 
 
-@pytest.mark.parametrize("workflow, need", [("rollout.workflow:single_turn", 2048 + 1024),
-                                            ("rollout.code_feedback:code_with_feedback", 2048 + 3 * 1024)])
+@pytest.mark.parametrize("workflow, need", [("tandem.rollout.workflow:single_turn", 2048 + 1024),
+                                            ("tandem.rollout.code_feedback:code_with_feedback", 2048 + 3 * 1024)])
 def test_a_micro_batch_smaller_than_the_longest_sample_is_refused_naming_both_keys(workflow, need):
     base = ["experiment.name=x", "experiment.model=m", f"rollout.workflow={workflow}", "rollout.max_turns=3",
             "rollout.max_prompt_tokens=2048", "rollout.max_new_tokens=1024"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.cli import main
-from launcher.config import load_config
-from launcher.plan import PlanError, make_plan, plan_for
+from tandem.launcher.cli import main
+from tandem.launcher.config import load_config
+from tandem.launcher.plan import PlanError, make_plan, plan_for
 
 # nodes, gen_tp, train_tp, train_pp -> (gen GPUs, gen nodes, servers, train GPUs, train nodes, DP)
 PAPER_SHAPES = {

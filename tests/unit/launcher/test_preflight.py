@@ -13,9 +13,9 @@ import json
 import pytest
 from model_dirs import checked_model_dir
 
-from launcher.config import ConfigError, load_config_traced
-from launcher.preflight import check_before_launch
-from launcher.run import prepare
+from tandem.launcher.config import ConfigError, load_config_traced
+from tandem.launcher.preflight import check_before_launch
+from tandem.launcher.run import prepare
 
 CLUSTER = """\
 experiment:
@@ -105,8 +105,8 @@ def test_the_model_and_the_episode_function_are_checked(tmp_path, files):
         _check(path)
     with pytest.raises(ConfigError, match=r"^command line: rollout\.workflow: cannot import 'no_such_module'"):
         _check(_write(tmp_path, model, data), "rollout.workflow=no_such_module:episode")
-    with pytest.raises(ConfigError, match=r"rollout\.workflow: rollout\.workflow has no function 'nope'"):
-        _check(_write(tmp_path, model, data), "rollout.workflow=rollout.workflow:nope")
+    with pytest.raises(ConfigError, match=r"rollout\.workflow: tandem\.rollout\.workflow has no function 'nope'"):
+        _check(_write(tmp_path, model, data), "rollout.workflow=tandem.rollout.workflow:nope")
 
 
 def test_a_hub_name_where_a_path_belongs_is_refused_saying_how_to_bring_it(tmp_path, files):

@@ -14,9 +14,9 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from model_dirs import checked_model_dir  # noqa: E402
 
-from launcher.cli import main  # noqa: E402
-from launcher.config import ConfigError, load_config_traced  # noqa: E402
-from launcher.preflight import check_before_launch  # noqa: E402
+from tandem.launcher.cli import main  # noqa: E402
+from tandem.launcher.config import ConfigError, load_config_traced  # noqa: E402
+from tandem.launcher.preflight import check_before_launch  # noqa: E402
 
 EXP = """\
 experiment:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from synthetic_run import write_synthetic_run
 
-from launcher.report import build_figure, held_out_points, smooth, write_report, zoom_window
-from services.protocol import ExpDir, read_metrics
+from tandem.launcher.report import build_figure, held_out_points, smooth, write_report, zoom_window
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 def test_smoothing_is_a_centred_mean_that_shrinks_at_the_ends():

@@ -12,9 +12,9 @@ import pytest
 from recorded_run import write_recorded_run
 from synthetic_run import write_synthetic_run
 
-from launcher.cli import main
-from launcher.report import build_figure
-from services.protocol import ExpDir
+from tandem.launcher.cli import main
+from tandem.launcher.report import build_figure
+from tandem.services.protocol import ExpDir
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import itertools
 
 import pytest
 
-from launcher.backends.base import Announcement
-from launcher.config import load_config
-from launcher.roles import eval_role, experiment_roles, waves
-from services.protocol import publish_service
+from tandem.launcher.backends.base import Announcement
+from tandem.launcher.config import load_config
+from tandem.launcher.roles import eval_role, experiment_roles, waves
+from tandem.services.protocol import publish_service
 
 
 def _cfg(exp, *overrides):
@@ -17,7 +17,7 @@ def _cfg(exp, *overrides):
 
 
 def _args(role):
-    return role.command[role.command.index("launcher.cli") + 1:]
+    return role.command[role.command.index("tandem.launcher.cli") + 1:]
 
 
 def test_roles_start_in_dependency_order_and_servers_start_as_one_wave(exp):
@@ -81,6 +81,6 @@ def test_a_lora_adapter_run_starts_every_server_on_version_0s_adapter(exp):
                                              ("3,-1,2", ["3"]), ("-1", []), ("", []), ("MIG-9f", ["MIG-9f"])])
 def test_the_gpus_a_launcher_may_use_are_its_own_cuda_visible_devices(monkeypatch, value, gpus):
     """As CUDA reads the list: up to its first invalid entry."""
-    from launcher.roles import visible_gpus
+    from tandem.launcher.roles import visible_gpus
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     assert visible_gpus() == gpus

@@ -6,7 +6,7 @@ import json
 
 from model_dirs import checked_model_dir
 
-from launcher.run_info import (
+from tandem.launcher.run_info import (
     git_commit,
     read_launches,
     record_launch,
@@ -14,7 +14,7 @@ from launcher.run_info import (
     resume_times_from_steps,
     run_info,
 )
-from services.protocol import ExpDir
+from tandem.services.protocol import ExpDir
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -75,7 +75,7 @@ def test_run_info_names_the_run_and_why_the_held_out_panel_is_empty(tmp_path):
 
 def test_tandem_run_records_its_launches(tmp_path):
     """`prepare` (what `tandem run` does before starting anything) appends the launch."""
-    from launcher.run import prepare
+    from tandem.launcher.run import prepare
     checked_model_dir(tmp_path / "model")
     exp_yaml = tmp_path / "exp.yaml"
     exp_yaml.write_text(f"experiment: {{name: rec, model: {tmp_path / 'model'}, exp_dir: {tmp_path / 'rec'}}}\n"

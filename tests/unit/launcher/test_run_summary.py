@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from launcher.progress import Progress, mark_resumed, run_steps, summarize
-from services.protocol import MetricsWriter, read_metrics
+from tandem.launcher.progress import Progress, mark_resumed, run_steps, summarize
+from tandem.services.protocol import MetricsWriter, read_metrics
 
 
 def _steps(exp, numbers, **extra):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from model_dirs import checked_model_dir
 
-from launcher.config import ConfigError
-from launcher.run import prepare
+from tandem.launcher.config import ConfigError
+from tandem.launcher.run import prepare
 
 pytestmark = pytest.mark.timeout(240)
 CONFIG = """\

@@ -9,7 +9,7 @@ import megatron_case as mc
 import megatron_families as mf
 import pytest
 
-from launcher.simulate.hardware import load_model_shape
+from tandem.launcher.simulate.hardware import load_model_shape
 
 
 @pytest.mark.parametrize("family", ["qwen2", *mf.FAMILIES])

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import main
-from launcher.config import ConfigError
-from launcher.simulate.hardware import HARDWARE_DIR, _read_yaml, load_model_shape, shape_name_for
+from tandem.launcher.cli import main
+from tandem.launcher.config import ConfigError
+from tandem.launcher.simulate.hardware import HARDWARE_DIR, _read_yaml, load_model_shape, shape_name_for
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER = str(REPO / "configs" / "math-r1-1.5b.yaml")

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from config_cases import SMALL_SIMULATION
 
-from launcher.cli import main
-from launcher.config import ConfigError, load_config
-from launcher.simulate.calibrate import calibrate
-from launcher.simulate.hardware import HARDWARE_DIR, load_gpu
-from launcher.simulate.scenario import simulate
-from launcher.simulate.workload import read_output_lengths, sample_lengths
+from tandem.launcher.cli import main
+from tandem.launcher.config import ConfigError, load_config
+from tandem.launcher.simulate.calibrate import calibrate
+from tandem.launcher.simulate.hardware import HARDWARE_DIR, load_gpu
+from tandem.launcher.simulate.scenario import simulate
+from tandem.launcher.simulate.workload import read_output_lengths, sample_lengths
 
 
 @pytest.fixture
@@ -208,7 +208,7 @@ def test_every_datasheet_number_cites_a_source_and_assumptions_say_so():
 
 
 def test_model_shape_from_the_experiments_config_json(tmp_path):
-    from launcher.simulate.hardware import load_model_shape
+    from tandem.launcher.simulate.hardware import load_model_shape
     (tmp_path / "config.json").write_text(json.dumps({
         "num_hidden_layers": 28, "hidden_size": 1536, "num_attention_heads": 12,
         "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,

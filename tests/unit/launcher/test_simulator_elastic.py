@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from launcher.cli import main
-from launcher.config import ConfigError, load_config
-from launcher.elastic_policy import choose_split
-from launcher.simulate.elastic import candidate_splits, predict, replay
-from launcher.simulate.scenario import build, lengths_for, samples_used, simulate
-from launcher.simulate.workload import grow_lengths
+from tandem.launcher.cli import main
+from tandem.launcher.config import ConfigError, load_config
+from tandem.launcher.elastic_policy import choose_split
+from tandem.launcher.simulate.elastic import candidate_splits, predict, replay
+from tandem.launcher.simulate.scenario import build, lengths_for, samples_used, simulate
+from tandem.launcher.simulate.workload import grow_lengths
 
 SPLITS = ["1:3", "2:2", "3:1"]
 

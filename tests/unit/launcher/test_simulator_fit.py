@@ -9,13 +9,13 @@ import re
 import pytest
 from recorded_run import CONFIG, REPO, write_recorded_run
 
-from launcher.cli import main
-from launcher.config import load_experiment
-from launcher.progress import run_steps
-from launcher.simulate.calibrate import calibrate
-from launcher.simulate.fit_check import check_fit
-from launcher.simulate.scenario import simulate
-from services.protocol import ExpDir, read_metrics
+from tandem.launcher.cli import main
+from tandem.launcher.config import load_experiment
+from tandem.launcher.progress import run_steps
+from tandem.launcher.simulate.calibrate import calibrate
+from tandem.launcher.simulate.fit_check import check_fit
+from tandem.launcher.simulate.scenario import simulate
+from tandem.services.protocol import ExpDir, read_metrics
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from launcher.config import ConfigError, load_config
-from launcher.simulate.costs import Costs
-from launcher.simulate.engine import SimSetup, Simulation, SimulationError
-from launcher.simulate.hardware import load_model_shape
-from launcher.simulate.scenario import build, simulate
+from tandem.launcher.config import ConfigError, load_config
+from tandem.launcher.simulate.costs import Costs
+from tandem.launcher.simulate.engine import SimSetup, Simulation, SimulationError
+from tandem.launcher.simulate.hardware import load_model_shape
+from tandem.launcher.simulate.scenario import build, simulate
 
 
 def _cfg(*overrides):

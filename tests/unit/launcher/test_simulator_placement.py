@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from launcher.cli import main
-from launcher.config import load_config
-from launcher.simulate.calibrate import calibrate
-from launcher.simulate.costs import Costs
-from launcher.simulate.engine import SimSetup, Simulation
-from launcher.simulate.scenario import build, resubmits_interrupted
-from rollout.server import cohorts
-from rollout.server.window import GenWindow
+from tandem.launcher.cli import main
+from tandem.launcher.config import load_config
+from tandem.launcher.simulate.calibrate import calibrate
+from tandem.launcher.simulate.costs import Costs
+from tandem.launcher.simulate.engine import SimSetup, Simulation
+from tandem.launcher.simulate.scenario import build, resubmits_interrupted
+from tandem.rollout.server import cohorts
+from tandem.rollout.server.window import GenWindow
 
 PLACEMENT = {"role": "launcher", "event": "cpu_placement", "source": "planned", "available": "0-1",
              "gen": "0", "train": "1", "services": "0", "servers": ["0"],

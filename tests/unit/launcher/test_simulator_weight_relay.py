@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from launcher.config import load_config
-from launcher.simulate.costs import Layout, physical_costs
-from launcher.simulate.hardware import load_gpu, load_model_shape
-from launcher.simulate.scenario import build, simulate
-from rollout.client.relay import CHUNK_BYTES
+from tandem.launcher.config import load_config
+from tandem.launcher.simulate.costs import Layout, physical_costs
+from tandem.launcher.simulate.hardware import load_gpu, load_model_shape
+from tandem.launcher.simulate.scenario import build, simulate
+from tandem.rollout.client.relay import CHUNK_BYTES
 
 GPU = load_gpu("H800")
 MODEL = load_model_shape("R1-Distill-Qwen-1.5B")

@@ -44,11 +44,11 @@ import megatron_case as mc
 import pytest
 import torch
 
-from trainer.config import OptimConfig
-from trainer.megatron import dist_ckpt, gpu
-from trainer.megatron.config import MegatronConfig
-from trainer.megatron.model import transformer_config
-from trainer.megatron.shape import decoder_shape
+from tandem.trainer.config import OptimConfig
+from tandem.trainer.megatron import dist_ckpt, gpu
+from tandem.trainer.megatron.config import MegatronConfig
+from tandem.trainer.megatron.model import transformer_config
+from tandem.trainer.megatron.shape import decoder_shape
 
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[3]
@@ -122,7 +122,7 @@ def backend(tmp_path_factory):
     """A TP=1 CPU backend in this process (Megatron's process-group state is global)."""
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     created_group = not dist.is_initialized()
     torch.backends.cuda.enable_cudnn_sdp(True)   # test_the_backend_turns_cudnn_attention_off

@@ -12,10 +12,10 @@ import megatron_case as mc
 import pytest
 import torch
 
-from trainer.megatron import convert
-from trainer.megatron.model import check_parallel_fits
-from trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
-from trainer.megatron.shape import decoder_shape
+from tandem.trainer.megatron import convert
+from tandem.trainer.megatron.model import check_parallel_fits
+from tandem.trainer.megatron.packing import block_diagonal_causal_mask, thd_packed_seq_params
+from tandem.trainer.megatron.shape import decoder_shape
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -111,7 +111,7 @@ def test_varlen_core_attention_equals_megatron_attention_under_the_block_diagona
     from megatron.core.transformer.enums import AttnMaskType
     from op_count import OpCount
 
-    from trainer.megatron.varlen_attention import VarlenCoreAttention
+    from tandem.trainer.megatron.varlen_attention import VarlenCoreAttention
 
     cfg = backend.config
     dense = DotProductAttention(cfg, 1, AttnMaskType.causal, "self")
@@ -175,7 +175,7 @@ def test_a_non_finite_loss_term_refuses_the_update(backend):
     """The same loss (trainer/loss.py) and the same refusal (trainer/backend.py agreed_nonfinite)
     as the torch backend: a NaN advantage in one micro-batch names the policy term, and no
     parameter moves (Megatron's bf16 optimizer, with no loss scaler, would otherwise apply it)."""
-    from trainer.loss import PPOSettings, ppo_token_loss
+    from tandem.trainer.loss import PPOSettings, ppo_token_loss
 
     mbs = mc.micro_batches(seed=5)
     total = mc.n_valid(mbs)

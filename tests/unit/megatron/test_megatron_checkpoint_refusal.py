@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(300)
 def test_checkpoints_of_the_other_backend_are_refused_by_name(tmp_path):
     """A per-rank (torch backend) checkpoint has no dist/: a sharded backend refuses it, naming
     it; a sharded checkpoint read by a job with more ranks than the writer keeps fresh RNG."""
-    from trainer import checkpoint
+    from tandem.trainer import checkpoint
 
     checkpoint.save(tmp_path, 1, 0, {"backend": {"w": torch.zeros(1)}}, {"version": 1}, keep=1)
     with pytest.raises(ValueError, match=r"step-1: holds no sharded checkpoint"):

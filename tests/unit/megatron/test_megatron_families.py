@@ -16,8 +16,8 @@ import megatron_families as mf
 import pytest
 import torch
 
-from trainer.megatron import convert
-from trainer.megatron.shape import decoder_shape
+from tandem.trainer.megatron import convert
+from tandem.trainer.megatron.shape import decoder_shape
 
 pytestmark = pytest.mark.timeout(240)
 

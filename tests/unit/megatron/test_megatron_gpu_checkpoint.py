@@ -27,7 +27,7 @@ import pytest
 import torch
 from megatron_gpu_on_cpu import bf16_model, cuda_on_cpu, gpu_optimizer
 
-from trainer.megatron import gpu, optim_state
+from tandem.trainer.megatron import gpu, optim_state
 
 pytestmark = pytest.mark.timeout(240)
 

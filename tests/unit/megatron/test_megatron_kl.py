@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trainer import objective_step as objective
-from trainer.batch import StepBatch, plan_step
-from trainer.buffer import Group
-from trainer.config import OptimConfig, TrainerConfig
-from trainer.torch_backend import TorchBackend
+from tandem.trainer import objective_step as objective
+from tandem.trainer.batch import StepBatch, plan_step
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import OptimConfig, TrainerConfig
+from tandem.trainer.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.timeout(240)
 T = 0.9
@@ -63,7 +63,7 @@ def _step(be, plan, cfg) -> dict:
 def test_same_batch_same_weights_same_kl_and_loss_on_both_backends(models, traj):
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     initial, trained = models
     plan = _plan(traj)
@@ -103,7 +103,7 @@ def test_same_batch_same_weights_same_kl_and_loss_on_both_backends(models, traj)
 def test_without_a_kl_penalty_no_reference_model_is_built(models):
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     created = not dist.is_initialized()
     cfg = dataclasses.replace(_cfg("megatron"), kl_coef=0.0)

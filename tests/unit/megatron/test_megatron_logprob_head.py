@@ -65,10 +65,10 @@ def test_through_megatron_ddp_the_gradients_land_in_main_grad(tmp_path):
     from megatron.core.distributed import DistributedDataParallel
     from megatron_gpu_on_cpu import cuda_on_cpu
 
-    from trainer.megatron import cpu_compat, gpu
-    from trainer.megatron.config import MegatronConfig
-    from trainer.megatron.logprob_head import hidden_logprobs
-    from trainer.megatron.model import build_gpt_model, layer_spec
+    from tandem.trainer.megatron import cpu_compat, gpu
+    from tandem.trainer.megatron.config import MegatronConfig
+    from tandem.trainer.megatron.logprob_head import hidden_logprobs
+    from tandem.trainer.megatron.model import build_gpt_model, layer_spec
 
     backend = mc.in_process_backend(mc.make_model_dir(tmp_path, tied=True))
     be = next(backend)

@@ -26,7 +26,7 @@ def _after_one_update(model_dir, monkeypatch, logprob_chunk=0, **megatron):
     import torch.distributed as dist
     from megatron.core import tensor_parallel
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
 
     recomputed = []
     real = tensor_parallel.checkpoint
@@ -59,7 +59,7 @@ def _after_one_update(model_dir, monkeypatch, logprob_chunk=0, **megatron):
 
 
 def test_recompute_and_chunking_leave_log_probs_and_the_update_unchanged(tmp_path, monkeypatch):
-    from trainer.megatron.backend import read_hf_tensors
+    from tandem.trainer.megatron.backend import read_hf_tensors
 
     model_dir = mc.make_model_dir(tmp_path / "m", tied=False)
     plain = _after_one_update(model_dir, monkeypatch)
@@ -80,8 +80,8 @@ def test_recompute_and_chunking_leave_log_probs_and_the_update_unchanged(tmp_pat
 
 
 def test_recompute_is_megatrons_full_layer_recompute_and_compile_its_fused_swiglu():
-    from trainer.megatron.model import transformer_config
-    from trainer.megatron.shape import DecoderShape
+    from tandem.trainer.megatron.model import transformer_config
+    from tandem.trainer.megatron.shape import DecoderShape
 
     shape = DecoderShape(vocab_size=61, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                          intermediate_size=128, rms_norm_eps=1e-6, rope_theta=1e4, max_position_embeddings=128,
@@ -89,7 +89,7 @@ def test_recompute_is_megatrons_full_layer_recompute_and_compile_its_fused_swigl
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from trainer.megatron.model import init_parallel
+    from tandem.trainer.megatron.model import init_parallel
     created = not dist.is_initialized()
     init_parallel(1, 1)
     try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from reward.config import RewardConfig
-from reward.math_grader import grade_math
+from tandem.reward.config import RewardConfig
+from tandem.reward.math_grader import grade_math
 
 CFG = RewardConfig(math_timeout_s=5.0)
 

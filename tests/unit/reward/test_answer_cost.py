@@ -10,10 +10,10 @@ from math_verify import LatexExtractionConfig, parse
 from sympy import evaluate
 from sympy.core.parameters import global_parameters
 
-import reward.math_grader as grader
-from reward.answer_cost import MAX_NODES, _Walk, tree_cost
-from reward.config import RewardConfig
-from reward.math_grader import grade_math
+import tandem.reward.math_grader as grader
+from tandem.reward.answer_cost import MAX_NODES, _Walk, tree_cost
+from tandem.reward.config import RewardConfig
+from tandem.reward.math_grader import grade_math
 
 CFG = RewardConfig(math_timeout_s=2.0)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-import reward.extract as extract
-from reward.config import RewardConfig
-from reward.extract import box_spans, boxes, extract_program, fenced_blocks
-from reward.math_grader import grade_math
+import tandem.reward.extract as extract
+from tandem.reward.config import RewardConfig
+from tandem.reward.extract import box_spans, boxes, extract_program, fenced_blocks
+from tandem.reward.math_grader import grade_math
 
 
 class ScanCounter(str):
@@ -79,7 +79,7 @@ def test_box_positions_and_contents():
 def test_nested_boxes_are_graded_with_one_scan(monkeypatch):
     """12,000 nested boxes: one pass finds the outermost box, whose content is refused by its
     length; it is not unwrapped box by box (one scan per level: quadratic)."""
-    import reward.math_grader as grader
+    import tandem.reward.math_grader as grader
     calls = []
     real = grader.box_spans
     monkeypatch.setattr(grader, "box_spans", lambda text: calls.append(len(text)) or real(text))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reward.config import RewardConfig
-from reward.math_grader import grade_math
+from tandem.reward.config import RewardConfig
+from tandem.reward.math_grader import grade_math
 
 CORPUS = Path(__file__).resolve().parents[2] / "reward" / "math_corpus.jsonl"
 ROWS = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]

@@ -10,10 +10,10 @@ import json
 import pytest
 from model_dirs import checked_model_dir
 
-from launcher.config import ConfigError, load_config_traced
-from launcher.preflight import check_before_launch
-from reward.config import RewardConfig
-from reward.user_function import RewardFunctionError, load_reward_function
+from tandem.launcher.config import ConfigError, load_config_traced
+from tandem.launcher.preflight import check_before_launch
+from tandem.reward.config import RewardConfig
+from tandem.reward.user_function import RewardFunctionError, load_reward_function
 
 CONFIG = """\
 experiment:

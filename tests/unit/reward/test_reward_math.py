@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from reward.config import RewardConfig
-from reward.extract import answer_text, extract_program, last_boxed
-from reward.math_grader import grade_math
+from tandem.reward.config import RewardConfig
+from tandem.reward.extract import answer_text, extract_program, last_boxed
+from tandem.reward.math_grader import grade_math
 
 CFG = RewardConfig(math_timeout_s=2.0)
 

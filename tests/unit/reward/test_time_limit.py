@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from reward.time_limit import TimeLimitExpired, time_limit
+from tandem.reward.time_limit import TimeLimitExpired, time_limit
 
 
 def _spin(seconds: float) -> None:

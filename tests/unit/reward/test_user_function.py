@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from reward.config import RewardConfig
-from reward.user_function import FunctionGrader, verdict_from
-from services.protocol import Verdict, item_row
+from tandem.reward.config import RewardConfig
+from tandem.reward.user_function import FunctionGrader, verdict_from
+from tandem.services.protocol import Verdict, item_row
 
 CFG = RewardConfig(correct_reward=5.0, wrong_reward=-5.0, function="x.y:z", function_timeout_s=0.3)
 BASE = {"task": "math", "grader": "function"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from reward.verdict_cache import VerdictCache, item_key
-from services.protocol import GradeItem, Verdict
+from tandem.reward.verdict_cache import VerdictCache, item_key
+from tandem.services.protocol import GradeItem, Verdict
 
 CODE = GradeItem(task="code", response="print(1)", tests={"inputs": ["\n"], "outputs": ["1"]})
 

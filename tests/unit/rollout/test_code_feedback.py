@@ -7,12 +7,12 @@ import random
 import numpy as np
 import pytest
 
-from rollout.code_feedback import checked_tests, describe_failure, feedback_message, visible_passed
-from rollout.synthetic import CODE_TEMPLATES, code_problem, code_revision
-from rollout.workflow import chat_prompt_ids, next_turn_ids
-from services.protocol import Verdict
-from trainer.batch import StepBatch, sequence_tensors
-from trainer.buffer import Group, validate
+from tandem.rollout.code_feedback import checked_tests, describe_failure, feedback_message, visible_passed
+from tandem.rollout.synthetic import CODE_TEMPLATES, code_problem, code_revision
+from tandem.rollout.workflow import chat_prompt_ids, next_turn_ids
+from tandem.services.protocol import Verdict
+from tandem.trainer.batch import StepBatch, sequence_tensors
+from tandem.trainer.buffer import Group, validate
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_environment_tokens_are_never_trained(traj):
     batch = StepBatch.from_groups([Group("g", 0, 0, [t])])
     _, fields = sequence_tensors(batch, 0, 1.0)
     assert fields["loss_mask"].tolist() == [False] * 5 + [True, True, False, False, True, True]
-    from trainer.batch import plan_step
+    from tandem.trainer.batch import plan_step
     plan = plan_step(batch, 1, 1000, 1, 0, group_baseline=False, normalize=False)
     assert plan.minibatches[0].n_valid == 4
 

@@ -13,7 +13,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from rollout.dataset import DatasetError, load_file, load_prompts  # noqa: E402
+from tandem.rollout.dataset import DatasetError, load_file, load_prompts  # noqa: E402
 
 MAPPING = {"prompt": "question", "answer": "final_answer", "id": "uid"}
 ROWS = [

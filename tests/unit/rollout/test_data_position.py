@@ -2,7 +2,7 @@
 skips the prompts in flight nor repeats the finished ones (issue 19, defect 8)."""
 from __future__ import annotations
 
-from rollout.data_position import DataPosition
+from tandem.rollout.data_position import DataPosition
 
 
 def test_a_restart_issues_exactly_the_prompts_nobody_finished(tmp_path):

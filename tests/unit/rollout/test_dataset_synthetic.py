@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from rollout.dataset import DatasetError, PromptStream, load_file
-from rollout.synthetic import generate, write_jsonl
+from tandem.rollout.dataset import DatasetError, PromptStream, load_file
+from tandem.rollout.synthetic import generate, write_jsonl
 
 
 def test_synthetic_math_solutions_are_right_and_lengths_long_tailed():
@@ -91,7 +91,7 @@ def test_code_rows_the_grader_could_not_grade_are_skipped_at_load(tmp_path, capl
 
 
 def test_prompt_stream_is_deterministic_and_resumes_exactly():
-    from rollout.dataset import Prompt
+    from tandem.rollout.dataset import Prompt
     prompts = [Prompt(str(i), f"p{i}", "math", {"answer": str(i)}) for i in range(7)]
     a = PromptStream(prompts, seed=5)
     first = [a.next().id for _ in range(20)]

@@ -11,8 +11,8 @@ import zlib
 
 import pytest
 
-from rollout.dataset import load_file
-from rollout.livecodebench import LiveCodeBenchRowError, livecodebench_prompt
+from tandem.rollout.dataset import load_file
+from tandem.rollout.livecodebench import LiveCodeBenchRowError, livecodebench_prompt
 
 
 def _compressed(cases) -> str:

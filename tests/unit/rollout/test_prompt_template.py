@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollout.code_feedback import code_with_feedback
-from rollout.dataset import Prompt
-from rollout.prompt_template import messages, render, template_problem
-from rollout.workflow import EpisodeContext, chat_prompt_ids, single_turn
-from services.protocol import Ticket, Verdict
+from tandem.rollout.code_feedback import code_with_feedback
+from tandem.rollout.dataset import Prompt
+from tandem.rollout.prompt_template import messages, render, template_problem
+from tandem.rollout.workflow import EpisodeContext, chat_prompt_ids, single_turn
+from tandem.services.protocol import Ticket, Verdict
 
 SYSTEM, TEMPLATE = "You are careful.", "Solve: {prompt}\nEnd with \\boxed{{}}."
 
@@ -108,8 +108,8 @@ def test_a_multi_turn_episode_keeps_the_system_prompt_in_its_conversation(tok):
 
 
 def test_the_held_out_evaluation_asks_as_training_does(tok):
-    from rollout.evaluation import evaluate_prompts
-    from rollout.workflow import DEFAULT_WORKFLOW
+    from tandem.rollout.evaluation import evaluate_prompts
+    from tandem.rollout.workflow import DEFAULT_WORKFLOW
 
     gen = _Generator(tok, "\\boxed{2}")
 

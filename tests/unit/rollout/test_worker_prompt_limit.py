@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from rollout.worker import RolloutWorker
-from services.protocol import Ticket, Trajectory
+from tandem.rollout.worker import RolloutWorker
+from tandem.services.protocol import Ticket, Trajectory
 
 
 def _trajectory(prompt_len: int) -> Trajectory:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from rollout.worker import RolloutWorker
+from tandem.rollout.worker import RolloutWorker
 
 
 def _worker(deterministic: bool, seed: int = 1) -> RolloutWorker:

@@ -7,11 +7,17 @@ import pickle
 
 import pytest
 
-from launcher.backends import LaunchError
-from launcher.backends.slurm_requests import SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
-from launcher.config import load_config
-from launcher.roles import experiment_roles
-from launcher.slurm_task import RoleCommand, console_name
+from tandem.launcher.backends import LaunchError
+from tandem.launcher.backends.slurm_requests import (
+    SlurmPolicy,
+    adopt_plan,
+    job_requests,
+    policy_of,
+    time_minutes,
+)
+from tandem.launcher.config import load_config
+from tandem.launcher.roles import experiment_roles
+from tandem.launcher.slurm_task import RoleCommand, console_name
 
 
 def _cfg(exp, *overrides):
@@ -58,7 +64,7 @@ def test_gpu_level_split_and_exclusive_only_for_whole_node_jobs(exp):
 def test_sglang_servers_are_sglang_jobs_on_their_gpus(exp):
     """gen.backend: sglang: each gen job runs `tandem gen sglang` (which starts SGLang's launcher)
     on gen.tp_size GPUs, picking its HTTP and NCCL ports on its node; no key is on the command."""
-    from launcher.run import write_gen_keys
+    from tandem.launcher.run import write_gen_keys
 
     write_gen_keys(exp)
     cfg = _cfg(exp, "launcher.nodes=2", "launcher.gpus_per_node=4", "gen.backend=sglang", "gen.tp_size=2")
@@ -69,7 +75,7 @@ def test_sglang_servers_are_sglang_jobs_on_their_gpus(exp):
     assert len(gens) == 3 and cfg.gen.num_servers == 3      # 6 of 8 GPUs at 3:1, TP 2
     for g in gens:
         cmd = g.role.command
-        assert cmd[cmd.index("launcher.cli") + 1:][:2] == ["gen", "sglang"]
+        assert cmd[cmd.index("tandem.launcher.cli") + 1:][:2] == ["gen", "sglang"]
         assert (cmd[cmd.index("--port") + 1], cmd[cmd.index("--nccl-port") + 1]) == ("0", "0")
         assert cmd[cmd.index("--host") + 1] == "{node}" and g.gpus_per_node == 2 and g.role.kind == "gen"
         assert g.role.threads == 4       # CPUs for 2 schedulers, the tokenizer and the detokenizer

@@ -24,12 +24,12 @@ import megatron_case as mc
 import pytest
 import torch
 
-import trainer.megatron.backend as megatron_backend
-import trainer.torch_backend as torch_backend
-from trainer import objective_step
-from trainer.backend import add_stats, stats_on_host
-from trainer.config import TrainerConfig
-from trainer.torch_backend import VARLEN_ATTENTION, TorchBackend
+import tandem.trainer.megatron.backend as megatron_backend
+import tandem.trainer.torch_backend as torch_backend
+from tandem.trainer import objective_step
+from tandem.trainer.backend import add_stats, stats_on_host
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.torch_backend import VARLEN_ATTENTION, TorchBackend
 
 META = torch.device("meta")
 

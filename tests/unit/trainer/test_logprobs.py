@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.logprobs import token_logprobs
+from tandem.trainer.logprobs import token_logprobs
 
 
 def _case(n: int = 23, vocab: int = 37, dtype=torch.float32):

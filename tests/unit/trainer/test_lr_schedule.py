@@ -9,9 +9,9 @@ import math
 import megatron_case as mc
 import pytest
 
-from trainer.config import OptimConfig, TrainerConfig
-from trainer.lr_schedule import decay_updates, lr_factor
-from trainer.torch_backend import TorchBackend
+from tandem.trainer.config import OptimConfig, TrainerConfig
+from tandem.trainer.lr_schedule import decay_updates, lr_factor
+from tandem.trainer.torch_backend import TorchBackend
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,7 +90,7 @@ def _updates(be, n: int) -> list[float]:
 def _megatron(model_dir):
     import torch.distributed as dist
 
-    from trainer.megatron.backend import MegatronBackend
+    from tandem.trainer.megatron.backend import MegatronBackend
     created = not dist.is_initialized()
     be = MegatronBackend(_cfg("megatron"), model_dir, seed=0)
 

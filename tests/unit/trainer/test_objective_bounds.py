@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from trainer import objectives as obj
-from trainer.backend import StepResult, agreed_nonfinite
-from trainer.config import TrainerConfig
-from trainer.loss import LOSS_TERMS, PPOSettings, ppo_token_loss
-from trainer.objective_step import NonFiniteStop, nonfinite_fields, settings_from_config
-from trainer.presets import PRESETS
+from tandem.trainer import objectives as obj
+from tandem.trainer.backend import StepResult, agreed_nonfinite
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.loss import LOSS_TERMS, PPOSettings, ppo_token_loss
+from tandem.trainer.objective_step import NonFiniteStop, nonfinite_fields, settings_from_config
+from tandem.trainer.presets import PRESETS
 
 
 def preset_settings(name: str) -> PPOSettings:
@@ -172,9 +172,9 @@ def test_the_stop_message_names_the_term_and_the_step():
 
 
 def test_torch_backend_refuses_the_update_when_a_term_is_not_finite(small_model_dir, traj):
-    from trainer import build_backend
-    from trainer.batch import StepBatch, plan_step
-    from trainer.buffer import Group
+    from tandem.trainer import build_backend
+    from tandem.trainer.batch import StepBatch, plan_step
+    from tandem.trainer.buffer import Group
 
     t = TrainerConfig(temperature=1.0, max_staleness=0)
     t.optim.lr = 1e-2

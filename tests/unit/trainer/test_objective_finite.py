@@ -12,9 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainer.config import TrainerConfig
-from trainer.loss import ppo_token_loss
-from trainer.objective_step import settings_from_config
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.loss import ppo_token_loss
+from tandem.trainer.objective_step import settings_from_config
 
 EXTREMES = (-1e4, -50.0, 50.0, 0.0, -1e-6)
 

@@ -9,9 +9,9 @@ import re
 import pytest
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import ConfigError, load_config
-from trainer.config import TrainerConfig
-from trainer.presets import PRESETS
+from tandem.launcher.config import ConfigError, load_config
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.presets import PRESETS
 
 
 def problems(**kw) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from op_count import OpCount
 
-from trainer.backend import packed_sequences
+from tandem.trainer.backend import packed_sequences
 
 
 def test_the_parts_are_the_sequences_and_a_row_they_do_not_cover_is_refused():
@@ -24,7 +24,7 @@ def test_the_parts_are_the_sequences_and_a_row_they_do_not_cover_is_refused():
 
 
 def test_the_torch_backends_packed_attention_slices_nothing_and_equals_per_sequence_sdpa():
-    from trainer.torch_backend import varlen_sdpa_attention
+    from tandem.trainer.torch_backend import varlen_sdpa_attention
 
     cu = torch.tensor([0, 5, 6, 13, 24, 32], dtype=torch.int32)
     gen = torch.Generator().manual_seed(0)

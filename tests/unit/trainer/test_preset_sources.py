@@ -11,11 +11,11 @@ import pytest
 import torch
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import load_config
-from trainer.advantages import sequence_advantages
-from trainer.loss import ppo_token_loss
-from trainer.objective_step import settings_from_config, shaping_from_config
-from trainer.presets import PRESETS, SOURCES
+from tandem.launcher.config import load_config
+from tandem.trainer.advantages import sequence_advantages
+from tandem.trainer.loss import ppo_token_loss
+from tandem.trainer.objective_step import settings_from_config, shaping_from_config
+from tandem.trainer.presets import PRESETS, SOURCES
 
 
 def resolved(tmp_path, name, *overrides):

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.advantages import sequence_advantages
+from tandem.trainer.advantages import sequence_advantages
 
 
 def test_group_baseline_subtracts_each_groups_mean():

@@ -3,8 +3,8 @@
 announcements are stand-in calls the test answers."""
 from __future__ import annotations
 
-from services.protocol import WeightsAck, WeightsOnDisk
-from trainer.announcements import Announcements, coalesces_versions, oldest_allowed
+from tandem.services.protocol import WeightsAck, WeightsOnDisk
+from tandem.trainer.announcements import Announcements, coalesces_versions, oldest_allowed
 
 
 class Call:
@@ -73,7 +73,7 @@ def test_coalescing_needs_non_interruptible_generation_disk_weights_and_no_wait_
 
 
 def test_the_link_reads_a_superseded_ack_as_answered_not_failed():
-    from trainer.controller_link import ControllerLink
+    from tandem.trainer.controller_link import ControllerLink
 
     link = ControllerLink.__new__(ControllerLink)
     link.timeout_s = 1.0

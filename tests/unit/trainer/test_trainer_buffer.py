@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.buffer import ReplayBuffer
+from tandem.trainer.buffer import ReplayBuffer
 
 
 def fill(buf, traj, groups):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer.wal import TrajectoryLog, replay, wal_path
+from tandem.trainer import checkpoint
+from tandem.trainer.wal import TrajectoryLog, replay, wal_path
 
 
 def test_save_load_latest_and_prune(tmp_path):

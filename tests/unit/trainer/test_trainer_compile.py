@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import trainer.compiled as compiled
-from trainer.config import LoraConfig, TrainerConfig
-from trainer.microbatch import pack
-from trainer.torch_backend import TorchBackend
+import tandem.trainer.compiled as compiled
+from tandem.trainer.config import LoraConfig, TrainerConfig
+from tandem.trainer.microbatch import pack
+from tandem.trainer.torch_backend import TorchBackend
 
 
 def cfg(**kw) -> TrainerConfig:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.protocol import MetricsWriter, read_metrics, write_json_atomic
-from trainer.elastic_cpus import CPUS_FILE, TrainerCpus, pin_all_threads
+from tandem.services.protocol import MetricsWriter, read_metrics, write_json_atomic
+from tandem.trainer.elastic_cpus import CPUS_FILE, TrainerCpus, pin_all_threads
 
 
 def allowed_lists() -> dict[int, str]:
@@ -90,7 +90,7 @@ def test_stale_and_garbled_files_are_ignored_with_a_warning(exp, restored, caplo
              (json.dumps({"seq": 1, "cpus": [], "written": time.time()}), "non-empty list"),
              (json.dumps({"seq": 1, "cpus": [0], "written": time.time() - 3600}), "before this trainer started"),
              (json.dumps({"seq": 1, "cpus": [100000], "written": time.time()}), "cannot pin")]
-    with caplog.at_level(logging.WARNING, logger="trainer.elastic_cpus"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.elastic_cpus"):
         for text, why in cases:
             caplog.clear()
             path.write_text(text)
@@ -115,5 +115,5 @@ def test_an_unreadable_file_never_raises(exp, restored, monkeypatch):
 
     def broken(*a, **k):
         raise RuntimeError("boom")
-    monkeypatch.setattr("trainer.elastic_cpus.pin_all_threads", broken)
+    monkeypatch.setattr("tandem.trainer.elastic_cpus.pin_all_threads", broken)
     assert follower.check() is False and follower.seq == -1

@@ -11,16 +11,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from launcher.config import ConfigError, load_config
-from trainer import checkpoint, lora
-from trainer.batch import StepBatch, plan_step
-from trainer.buffer import Group
-from trainer.config import LoraConfig, TrainerConfig
-from trainer.hf_export import NotConvertible, export_run
-from trainer.loss import PPOSettings, ppo_token_loss
-from trainer.microbatch import pack
-from trainer.torch_backend import TorchBackend
-from trainer.weights.disk import DiskPublisher
+from tandem.launcher.config import ConfigError, load_config
+from tandem.trainer import checkpoint, lora
+from tandem.trainer.batch import StepBatch, plan_step
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import LoraConfig, TrainerConfig
+from tandem.trainer.hf_export import NotConvertible, export_run
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
+from tandem.trainer.microbatch import pack
+from tandem.trainer.torch_backend import TorchBackend
+from tandem.trainer.weights.disk import DiskPublisher
 
 
 def cfg(rank=8, sync="merged", **kw) -> TrainerConfig:

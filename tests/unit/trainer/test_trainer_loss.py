@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainer.loss import PPOSettings, ppo_token_loss
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
 
 
 def reference_loss_and_grad(logp, behav, prox, adv, mask, eps, cap, decoupled):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.microbatch import allocate, allocate_for_ranks, fixed_size_batches, pack
+from tandem.trainer.microbatch import allocate, allocate_for_ranks, fixed_size_batches, pack
 
 CAPACITY = 32768
 

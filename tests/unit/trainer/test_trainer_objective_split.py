@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import objective_step
-from trainer.batch import Shaping, StepBatch, plan_step
-from trainer.buffer import Group
-from trainer.config import TrainerConfig
-from trainer.loss import PPOSettings
-from trainer.microbatch import pack
-from trainer.torch_backend import TorchBackend
+from tandem.trainer import objective_step
+from tandem.trainer.batch import Shaping, StepBatch, plan_step
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.loss import PPOSettings
+from tandem.trainer.microbatch import pack
+from tandem.trainer.torch_backend import TorchBackend
 
 
 def _batch(traj, backend):

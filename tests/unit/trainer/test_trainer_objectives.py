@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer import objectives as obj
-from trainer.loss import PPOSettings, ppo_token_loss
+from tandem.trainer import objectives as obj
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
 
 E = math.e
 

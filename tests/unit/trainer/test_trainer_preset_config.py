@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from config_cases import GOOD_EXPERIMENT
 
-from launcher.config import ConfigError, ExperimentConfig, load_config, load_experiment, save_resolved
-from trainer.presets import ALGORITHM_KEYS, PRESETS
+from tandem.launcher.config import ConfigError, ExperimentConfig, load_config, load_experiment, save_resolved
+from tandem.trainer.presets import ALGORITHM_KEYS, PRESETS
 
 
 def write(tmp_path, text):

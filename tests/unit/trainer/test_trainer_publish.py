@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.protocol import WeightsOnDisk
-from trainer.config import TrainerConfig
-from trainer.torch_backend import TorchBackend
-from trainer.weights import build_publisher, transfer_path
-from trainer.weights.broadcast import BroadcastPublisher
-from trainer.weights.disk import DiskPublisher, published_versions, stale_versions
+from tandem.services.protocol import WeightsOnDisk
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.torch_backend import TorchBackend
+from tandem.trainer.weights import build_publisher, transfer_path
+from tandem.trainer.weights.broadcast import BroadcastPublisher
+from tandem.trainer.weights.disk import DiskPublisher, published_versions, stale_versions
 
 
 def backend(model_dir):
@@ -105,7 +105,7 @@ def test_the_broadcast_group_counts_every_tp_rank_of_every_sglang_server():
     (the WeightsBroadcast world size is 13); an embedded server is one process, one rank."""
     from types import SimpleNamespace
 
-    from trainer.loop import Trainer
+    from tandem.trainer.loop import Trainer
 
     def ranks(**gen):
         return Trainer._receiver_ranks(SimpleNamespace(cfg=SimpleNamespace(gen=SimpleNamespace(**gen))))

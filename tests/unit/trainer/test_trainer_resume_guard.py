@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer.config import TrainerConfig
-from trainer.loop import Trainer
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.loop import Trainer
 
 
 def experiment(model_dir, **trainer_kw):

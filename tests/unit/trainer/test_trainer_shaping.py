@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from trainer.advantages import sequence_advantages
-from trainer.batch import Shaping, StepBatch, plan_step
-from trainer.shaping import keep_samples, overlong_penalty
+from tandem.trainer.advantages import sequence_advantages
+from tandem.trainer.batch import Shaping, StepBatch, plan_step
+from tandem.trainer.shaping import keep_samples, overlong_penalty
 
 
 def test_leave_one_out_baseline():
@@ -46,7 +46,7 @@ def test_truncated_samples_are_the_ones_without_eos():
 
 
 def test_plan_applies_the_penalty_before_advantages_and_masks_truncated(traj):
-    from trainer.buffer import Group
+    from tandem.trainer.buffer import Group
     # one group of two samples: rewards 5 and 5, lengths 4 and 10; L = 10, B = 5
     a = traj("g", 0, out_len=4, reward=5.0)
     b = traj("g", 1, out_len=10, reward=5.0)

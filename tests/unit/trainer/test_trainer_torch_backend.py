@@ -6,13 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer import build_backend
-from trainer.batch import StepBatch, plan_step
-from trainer.buffer import Group
-from trainer.config import TrainerConfig
-from trainer.loss import PPOSettings, ppo_token_loss
-from trainer.microbatch import pack
-from trainer.torch_backend import TorchBackend
+from tandem.trainer import build_backend
+from tandem.trainer.batch import StepBatch, plan_step
+from tandem.trainer.buffer import Group
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.loss import PPOSettings, ppo_token_loss
+from tandem.trainer.microbatch import pack
+from tandem.trainer.torch_backend import TorchBackend
 
 
 def cfg(**kw) -> TrainerConfig:

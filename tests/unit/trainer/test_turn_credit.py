@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.protocol import decode, encode
-from trainer.advantages import model_turns
-from trainer.batch import Shaping, StepBatch, plan_step
-from trainer.buffer import Group, validate
+from tandem.services.protocol import decode, encode
+from tandem.trainer.advantages import model_turns
+from tandem.trainer.batch import Shaping, StepBatch, plan_step
+from tandem.trainer.buffer import Group, validate
 
 
 def test_model_turns_are_the_runs_of_mask_one():
