@@ -102,7 +102,8 @@ def measure(work: Path, n: int, mb: int, repeats: int, fs_mb_s: float) -> dict:
     src_root = work / "fs"
     for v in range(2 * repeats):
         d = src_root / f"v{v}"
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(src_root, 0o700)   # a relay's directory is its user's alone (it refuses others)
         (d / "model.safetensors").write_bytes(os.urandom(mb << 20))
     fs_proc, fs = _start(src_root, fs_mb_s)
     procs = [_start(work / f"node{i}", 0) for i in range(n)]

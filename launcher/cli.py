@@ -14,6 +14,7 @@ from tandem.launcher.config import ConfigError, load_config, load_config_traced,
 from tandem.launcher.launcher_watch import watch_launcher_from_env
 from tandem.launcher.placement import pin_from_env
 from tandem.services.protocol import exit_process
+from tandem.services.protocol.private import set_umask
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
 COMMAND_MODULES = tuple(f"tandem.{name}" for name in (
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         watch_launcher_from_env()
         if getattr(args, "exp", None):
             args.cfg = load_experiment(args.exp)
+            # What the role writes into the run is its user's own (the group's to read with
+            # experiment.group_access): services/protocol/private.py.
+            set_umask(args.cfg.experiment.group_access)
         code = args.func(args)
     except ConfigError as e:
         print(f"tandem: config error: {e}", file=sys.stderr)

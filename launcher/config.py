@@ -54,6 +54,10 @@ class ExperimentSection:
     # wandb (see experiment.wandb); the trainer's rank 0 feeds them from metrics.jsonl.
     trackers: list[str] = field(default_factory=lambda: ["jsonl"])
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    # false: exp_dir and everything the run writes are yours alone (0700 directories, 0600
+    # files); true: your group may read them (0750 / 0640), never write. Others: never
+    # (services/protocol/private.py; docs/cluster.md, "Running on a shared cluster").
+    group_access: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         return tracker_problems(self.trackers, self.wandb)

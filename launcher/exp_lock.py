@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from tandem.services.protocol.private import open_private
+
 from .launcher_watch import stat_fields
 
 LOCK_FILE = "launcher.lock"
@@ -39,7 +41,8 @@ def hold_experiment(root: Path) -> None:
     """Lock `root` for this process's lifetime, or raise ExperimentInUse naming the holder."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_FILE
-    f = open(path, "a+")   # noqa: SIM115 (held open until the process exits)
+    # Never through a symlink, never another user's file (services/protocol/private.py).
+    f = os.fdopen(open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+")
     deadline = None
     while True:
         try:

@@ -16,6 +16,13 @@ import tempfile
 from pathlib import Path
 
 from tandem.services.protocol import ExpDir, generate_keys
+from tandem.services.protocol.private import (
+    NotPrivate,
+    check_ancestors,
+    check_private_dir,
+    make_private_dir,
+    set_umask,
+)
 
 from .backends import backend_for
 from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
@@ -39,13 +46,16 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
     exp = check_launch_target(cfg, resume)
     # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
     adapter = initial_adapter(cfg) if cfg.trainer.lora.adapter_sync and not exp.initial_adapter.is_dir() else None
+    set_umask(cfg.experiment.group_access)   # what the launcher and the roles it starts create: private
     try:
-        exp.root.mkdir(parents=True, exist_ok=True)
+        make_private_dir(exp.root, cfg.experiment.group_access)
         if exclusive:
             hold_experiment(exp.root)
     except (ExperimentInUse, OSError) as e:
         if adapter is not None:
             shutil.rmtree(adapter.parent, ignore_errors=True)
+        if isinstance(e, NotPrivate):
+            raise ConfigError(f"experiment.exp_dir: {e}") from None
         if isinstance(e, OSError):
             raise ConfigError(f"experiment.exp_dir: cannot create {exp.root}: {e.strerror or e}") from None
         raise
@@ -64,6 +74,13 @@ def check_launch_target(cfg: ExperimentConfig, resume: bool) -> ExpDir:
     launch into a directory that holds an experiment, a resume of one that holds none or of one
     whose groups per step or model architecture differ."""
     exp = ExpDir(cfg.experiment.exp_dir)
+    group = cfg.experiment.group_access
+    try:
+        check_ancestors(exp.root)
+        if exp.root.exists() or exp.root.is_symlink():
+            check_private_dir(exp.root, group)
+    except NotPrivate as e:
+        raise ConfigError(f"experiment.exp_dir: {e}") from None
     if exp.config.exists():
         if not resume:
             raise ConfigError(f"{exp.root} already holds an experiment; pass --resume to continue it, "

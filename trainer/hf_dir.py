@@ -21,7 +21,8 @@ def copy_tokenizer_files(base_dir: Path, out_dir: Path) -> None:
     for f in Path(base_dir).iterdir():
         if f.is_file() and not f.name.endswith(WEIGHT_FILES) and f.name != "config.json" \
                 and not (out_dir / f.name).exists():
-            shutil.copy2(f, out_dir / f.name)
+            # Content only: the copy's mode is the run's (private), not the source model's 0644.
+            shutil.copyfile(f, out_dir / f.name)
 
 
 def save_plain_model(state: dict, config, base_dir: Path, out_dir: Path) -> Path:

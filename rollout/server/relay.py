@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 from tandem.rollout.client.relay import CHUNK_BYTES, encode_frame, recv_frame, split_address
+from tandem.services.protocol.keys import experiment_identity
+from tandem.services.protocol.private import make_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +81,17 @@ class _Server(socketserver.ThreadingTCPServer):
 class WeightRelay:
     """This server's relay: a TCP service (one thread per connection) over the node's directory."""
 
-    def __init__(self, root: str | Path, key: str, host: str = "0.0.0.0", port: int = 0):
+    def __init__(self, root: str | Path, key: str, host: str = "0.0.0.0", port: int = 0,
+                 sources: str | Path | None = None):
         if not key:
             raise ValueError("a weight relay needs the servers' admin key (it serves the model's weights)")
         self.root, self._key = Path(root), key.encode()
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The only directory a fetch may read (the trainer's `<exp>/weights/`): a holder of the
+        # key must not make the relay copy, and serve, whatever this server can read.
+        self.sources = Path(sources).resolve() if sources is not None else None
+        # /dev/shm is shared by every user of the node: a directory someone else made (or may
+        # write) there could hold their "versions", which would be served as already copied.
+        make_private_dir(self.root)
         self._copies: dict[int, _Copy] = {}
         self._lock = threading.Condition()
         relay = self
@@ -126,7 +134,7 @@ class WeightRelay:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(mode=0o700)
             if source.startswith("/"):
-                total = self._copy_from_dir(copy, Path(source))
+                total = self._copy_from_dir(copy, self._source_dir(source))
             else:
                 total = self._copy_from_relay(copy, source, t0 + timeout_s)
             final = self.root / f"v{version}"
@@ -147,6 +155,12 @@ class WeightRelay:
             raise
         self._prune(version)
         return {"path": str(final), "bytes": total, "seconds": time.monotonic() - t0, "copied": True}
+
+    def _source_dir(self, source: str) -> Path:
+        path = Path(source).resolve()
+        if self.sources is not None and not path.is_relative_to(self.sources):
+            raise PermissionError(f"{source} is not under {self.sources}: a relay copies the run's weights only")
+        return path
 
     def _copy_from_dir(self, copy: _Copy, src: Path) -> int:
         if not src.is_dir():
@@ -304,9 +318,12 @@ def _size(path: Path) -> int:
 def relay_root(relay_dir: str, rank: int, exp_root: str | Path) -> Path:
     """The directory a server's relay keeps the node's copies in: `gen.relay_dir` (`{rank}` in it
     gives each server a directory, and so a node, of its own: what a one-machine run uses to
-    chain its servers as if each were a node), else /dev/shm's; one subdirectory per experiment."""
+    chain its servers as if each were a node), else /dev/shm's; one subdirectory per experiment,
+    named by its path and its keys (made once per experiment): a new experiment at the path of
+    an old one whose copies a crash left behind never takes them for its own versions."""
     base = Path(relay_dir.format(rank=rank)) if relay_dir else default_relay_dir()
-    return base / hashlib.sha256(str(Path(exp_root).resolve()).encode()).hexdigest()[:12]
+    exp = Path(exp_root).resolve()
+    return base / hashlib.sha256(str(exp).encode() + b"\0" + experiment_identity(exp / "keys")).hexdigest()[:12]
 
 
 class ServerRelay:
@@ -319,7 +336,7 @@ class ServerRelay:
             raise ValueError("gen.weight_relay needs the servers' admin key file (--admin-api-key-file)")
         root = relay_root(relay_dir, rank, exp_root)
         self.own_base = None if relay_dir else root.parent   # /dev/shm's: ours to remove once empty
-        self.relay = WeightRelay(root, key, host=host).start()
+        self.relay = WeightRelay(root, key, host=host, sources=Path(exp_root) / "weights").start()
         self.marker = root / f".alive-{os.getpid()}-{self.relay.port}"
         self.marker.touch()
         self.address = f"{host}:{self.relay.port}"

@@ -28,12 +28,23 @@ def generate_keys(keys_dir: str | os.PathLike) -> CurveKeys:
     """Create the experiment keypair (mode 0600) unless it exists; return it."""
     d = Path(keys_dir)
     d.mkdir(parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
+    os.chmod(d, 0o700)   # never the group's, whatever experiment.group_access says
     if not (d / f"{KEY_NAME}.key_secret").exists():
-        pub, sec = zmq.auth.create_certificates(str(d), KEY_NAME)
-        os.chmod(pub, 0o600)
-        os.chmod(sec, 0o600)
+        old = os.umask(0o077)   # created 0600: not readable by others for an instant
+        try:
+            zmq.auth.create_certificates(str(d), KEY_NAME)
+        finally:
+            os.umask(old)
     return load_keys(d)
+
+
+def experiment_identity(keys_dir: str | os.PathLike) -> bytes:
+    """What tells this experiment from another made at the same path: its public key, made once
+    per experiment (b"" before there is one)."""
+    try:
+        return (Path(keys_dir) / f"{KEY_NAME}.key").read_bytes()
+    except OSError:
+        return b""
 
 
 def load_keys(keys_dir: str | os.PathLike) -> CurveKeys:

@@ -37,7 +37,7 @@ def write_hf_dir(state: dict[str, torch.Tensor], model_dir: Path, out_dir: Path)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    shutil.copy2(Path(model_dir) / "config.json", out_dir / "config.json")
+    shutil.copyfile(Path(model_dir) / "config.json", out_dir / "config.json")   # the run's mode, not the model's
     copy_tokenizer_files(model_dir, out_dir)
 
 

@@ -198,7 +198,7 @@ def test_server_relays_remove_the_node_copy_when_the_last_stops(tmp_path):
     a = ServerRelay(relay_dir, 0, tmp_path / "exp", KEY, "127.0.0.1")
     b = ServerRelay(relay_dir, 1, tmp_path / "exp", KEY, "127.0.0.1")
     assert a.node == b.node and a.relay.root == relay_root(relay_dir, 0, tmp_path / "exp")
-    chain_fetch([a.relay], 1, version_dir(tmp_path, 1, mb=1))
+    chain_fetch([a.relay], 1, version_dir(tmp_path / "exp", 1, mb=1))
     a.close()
     assert (b.relay.root / "v1").is_dir()      # b still serves from it
     b.close()
@@ -226,6 +226,55 @@ def test_the_default_relay_directory_goes_with_the_last_experiment_using_it(tmp_
     kept.mkdir()
     ServerRelay(str(kept), 0, tmp_path / "exp-a", KEY, "127.0.0.1").close()
     assert kept.is_dir() and not list(kept.iterdir())   # a directory the user named is left, empty
+
+def test_a_server_relay_copies_the_runs_weights_only(tmp_path):
+    """A holder of the admin key asks a server's relay to fetch a directory outside the run's
+    `weights/` (the user's home, another run): refused, nothing copied."""
+    relay = ServerRelay(str(tmp_path / "relay"), 0, tmp_path / "exp", KEY, "127.0.0.1")
+    try:
+        elsewhere = version_dir(tmp_path / "other-run", 1, mb=1)
+        with pytest.raises(RelayError, match="is not under .*exp/weights: a relay copies the run's weights only"):
+            asyncio.run(relay_fetch(f"127.0.0.1:{relay.relay.port}", KEY, 1, str(elsewhere), 30))
+        with pytest.raises(RelayError, match="not under"):   # nor through .. out of it
+            asyncio.run(relay_fetch(f"127.0.0.1:{relay.relay.port}", KEY, 1,
+                                    str(tmp_path / "exp" / "weights" / ".." / ".." / "other-run" / "weights" / "v1"), 30))
+        assert not (relay.relay.root / "v1").exists()
+        chain_fetch([relay.relay], 1, version_dir(tmp_path / "exp", 1, mb=1))   # the run's own: copied
+    finally:
+        relay.close()
+
+
+def test_the_relay_directory_is_private_and_its_experiments_own(tmp_path):
+    """/dev/shm is every user's: a relay directory open to others is refused (someone could put
+    "versions" in it that would be served as already copied), and a new experiment at the path of
+    an old one (new keys) gets a directory of its own, not the old one's leftover copies."""
+    from tandem.services.protocol import generate_keys
+    from tandem.services.protocol.private import NotPrivate
+
+    shared = tmp_path / "shm"
+    shared.mkdir()
+    os.chmod(shared, 0o777)   # world-writable and not sticky: anyone may swap what is in it
+    with pytest.raises(NotPrivate, match="may be written by others and is not sticky"):
+        ServerRelay(str(shared / "relay"), 0, tmp_path / "exp", KEY, "127.0.0.1")
+    open_base = tmp_path / "open"
+    open_base.mkdir()
+    os.chmod(open_base, 0o755)
+    (open_base / "r").mkdir(mode=0o755)
+    os.chmod(open_base / "r", 0o755)
+    first = relay_root(str(open_base / "r"), 0, tmp_path / "exp")
+    first.mkdir(mode=0o755)
+    os.chmod(first, 0o755)
+    with pytest.raises(NotPrivate, match="open to other users"):
+        ServerRelay(str(open_base / "r"), 0, tmp_path / "exp", KEY, "127.0.0.1")
+
+    exp = tmp_path / "exp2"
+    generate_keys(exp / "keys")
+    old = relay_root("/dev/shm/x", 0, exp)
+    import shutil
+    shutil.rmtree(exp)
+    generate_keys(exp / "keys")   # the same path, another experiment
+    assert relay_root("/dev/shm/x", 0, exp) != old
+
 
 def test_a_chain_across_processes(tmp_path):
     """Three relays in three processes (as on three nodes), chained by the test."""

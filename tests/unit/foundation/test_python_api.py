@@ -62,7 +62,7 @@ def test_check_is_config_check(exp_file, tmp_path):
 
 
 def test_start_refuses_a_directory_that_holds_an_experiment_before_starting_anything(exp_file, tmp_path):
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(mode=0o700)
     (tmp_path / "run" / "config.yaml").write_text("{}")
     with pytest.raises(tandem.ConfigError, match="already holds an experiment; pass --resume"):
         tandem.Experiment(exp_file).start()
