@@ -14,10 +14,24 @@ def _is_int(token):
     return digits.isascii() and digits.isdigit()
 
 
+def _decimal(token):
+    """The token as a float if it is written as a decimal number in ASCII, else None. float()
+    alone reads far more: any Unicode digit (fullwidth `７.５`), `1_000.5`, `inf`, `nan`."""
+    body = token[1:] if token[:1] == "-" else token
+    mantissa, _, exponent = body.lower().partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    if not (whole or fraction) or not all(p == "" or (p.isascii() and p.isdigit()) for p in (whole, fraction)):
+        return None
+    if "e" in body.lower() and not _is_int(exponent):
+        return None
+    return float(token)
+
+
 def _tokens_match(got, expected):
-    """Token by token; an expected integer must come back as that integer exactly (a relative
-    tolerance would pass 123456790 for 123456789, 1e18 for 10**18 + 1), only an expected
-    decimal is compared with a tolerance."""
+    """Token by token. An expected integer must come back as the same text (`7` is not `007`
+    nor `+7`; a relative tolerance would pass 123456790 for 123456789, 1e18 for 10**18 + 1);
+    only an expected decimal is compared with a tolerance, and only to a decimal written in
+    ASCII digits."""
     a, b = got.split(), expected.split()
     if len(a) != len(b):
         return False
@@ -25,14 +39,9 @@ def _tokens_match(got, expected):
         if x == y:
             continue
         if _is_int(y):
-            if not (_is_int(x) and int(x) == int(y)):
-                return False
-            continue
-        try:
-            fx, fy = float(x), float(y)
-        except ValueError:
             return False
-        if not math.isclose(fx, fy, rel_tol=1e-6, abs_tol=1e-6):
+        fx, fy = _decimal(x), _decimal(y)
+        if fx is None or fy is None or not math.isclose(fx, fy, rel_tol=1e-6, abs_tol=1e-6):
             return False
     return True
 
