@@ -1,28 +1,40 @@
 """The code sandbox as each kind of grader runs it: as root, and as an ordinary user.
 
-Clusters run the reward service as an ordinary user; then bubblewrap builds the sandbox in a
-user namespace and the program runs as the grader's own user, which sees (and may open) what
-that user's processes hold. The red-team tests run every attack both ways: `root` in the test's
-own process (when the tests run as root), `user` in a child process under `unshare --user
---map-user=1000 --map-group=1000` — not root there, no capabilities, exactly as on a cluster
-node (the issue's reproduction), and with no cgroup of its own to write (`reward.sandbox_cgroup:
-false`): the user namespace maps the files of the real root's cgroups to it, which a cluster
-user's grader never owns, so it limits the sandbox with per-process limits and the harness's
-watch, as there. The child runs `python -m grader_users` on a JSON batch.
+Clusters run the reward service as an ordinary user with no cgroup of its own to write (no
+delegated subtree); then bubblewrap builds the sandbox in a user namespace, the program runs as
+the grader's own user, and only per-process limits and the harness's watch bound the sandbox as
+a whole. The red-team tests run every attack both ways: `root` in the test's own process (when
+the tests run as root), `user` in a child process that is really that ordinary user.
+
+`unshare --user --map-user=1000` is not one: its real user id stays 0, so the kernel applies no
+process limit to it and it can still write the host's cgroup directories (issue 61: the "user"
+pass always had a cgroup and never exercised the watch). So the child is started in a mount
+namespace of its own (`unshare --mount`, as root) where a tmpfs hides `/sys/fs/cgroup` and
+another hides each folder on the way to the interpreter that others may not enter (`/root` of a
+pyenv install; what is needed below it is bound back), then drops to a real unprivileged user id
+with `setpriv` (no capabilities, no supplementary groups, no new privileges): no cgroup to
+write, whatever the host's layout, and every kernel limit of an ordinary user. The user id is
+one per test process, so the kernel's per-user process count is not shared with another pytest
+worker. The child runs `python -m grader_users` on a JSON batch.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 USERS = ("root", "user")
-UNSHARE = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
-USER_CONFIG = {"sandbox_cgroup": False}    # see the module docstring
+# One per test process (the kernel counts RLIMIT_NPROC per real user id).
+GRADER_UID = 61000 + os.getpid() % 2000
+SUPPORT = str(Path(__file__).resolve().parent)
+CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 
 def why_not(user: str) -> str | None:
@@ -32,12 +44,64 @@ def why_not(user: str) -> str | None:
 
     if shutil.which("bwrap") is None or Sandbox(RewardConfig()).isolation != "bwrap":
         return "bubblewrap not installed or not permitted here"
+    if os.getuid() != 0:
+        return "the tests do not run as root" if user == "root" else \
+            "an ordinary grader is made from root (a mount namespace, then setpriv)"
     if user == "root":
-        return None if os.getuid() == 0 else "the tests do not run as root"
-    if shutil.which("unshare") is None:
-        return "no unshare(1) to start an unprivileged grader"
-    r = subprocess.run([*UNSHARE, "true"], capture_output=True)
-    return None if r.returncode == 0 else f"no user namespace for an unprivileged grader: {r.stderr.decode()[-200:]}"
+        return None
+    for tool in ("unshare", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"no {tool}(1) to start an unprivileged grader"
+    r = subprocess.run([*user_prefix(), sys.executable, "-c", "import tandem.reward.sandbox"],
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else f"no unprivileged grader here: {r.stderr[-300:]}"
+
+
+def _closed_ancestors(path: str) -> list[str]:
+    """The folders leading to `path` that others may not enter (e.g. /root, 0700)."""
+    out = []
+    for p in reversed(Path(path).parents):
+        try:
+            if not os.stat(p).st_mode & stat.S_IXOTH:
+                out.append(str(p))
+        except OSError:
+            break
+    return out
+
+
+def _home() -> str:
+    """A home of the grader user's own (0700, theirs), kept for the test process."""
+    home = Path(tempfile.gettempdir()) / f"tandem-grader-{GRADER_UID}"
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chown(home, GRADER_UID, GRADER_UID)
+    return str(home)
+
+
+def user_prefix(readable: tuple[str, ...] = ()) -> list[str]:
+    """The command prefix that runs a command as the ordinary grader described above; the
+    interpreter, the checkout, the sandbox's gathered libraries and `readable` are reachable."""
+    from tandem.reward.sandbox_root import _cache_root, library_stage
+
+    library_stage()                     # gathered by root once, read by the user
+    needed = [sys.base_prefix, sys.prefix, os.path.realpath(sys.executable), CHECKOUT, SUPPORT,
+              str(_cache_root()), *readable]
+    script = ["set -e", "mount -t tmpfs -o size=1m,mode=755 tandem-no-cgroup /sys/fs/cgroup"]
+    keep = _home() + "-keep"            # where each hidden folder stays reachable (root's, 0700)
+    os.makedirs(keep, mode=0o700, exist_ok=True)
+    for n, closed in enumerate(sorted({c for p in needed for c in _closed_ancestors(p)}, key=len)):
+        inside = [p for p in needed if Path(p).is_relative_to(closed) and p != closed]
+        script += [f"mkdir -p {keep}/{n}", f"mount --bind {shlex.quote(closed)} {keep}/{n}",
+                   f"mount -t tmpfs -o size=1m,mode=755 tandem-hidden {shlex.quote(closed)}"]
+        for p in inside:
+            top = Path(closed) / Path(p).relative_to(closed).parts[0]
+            kind = "touch" if os.path.isfile(top) else "mkdir -p"
+            script += [f"[ -e {shlex.quote(str(top))} ] || {kind} {shlex.quote(str(top))}",
+                       f"mountpoint -q {shlex.quote(str(top))} || mount --bind {keep}/{n}/{shlex.quote(top.name)} "
+                       f"{shlex.quote(str(top))}"]
+    home = _home()
+    script.append(f'exec setpriv --reuid={GRADER_UID} --regid={GRADER_UID} --clear-groups --inh-caps=-all '
+                  f'--no-new-privs env HOME={home} XDG_CACHE_HOME={shlex.quote(str(_cache_root().parents[1]))} "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script), "grader-user"]
 
 
 def _run_here(cases: list[dict], cfg: dict) -> list[dict]:
@@ -64,10 +128,10 @@ def run_as(user: str, cases: list[dict], cfg: dict | None = None, timeout_s: flo
     cfg = cfg or {}
     if user == "root":
         return _run_here(cases, cfg)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.getcwd()])}
-    r = subprocess.run([*UNSHARE, sys.executable, "-m", "grader_users"],
-                       input=json.dumps([cases, {**cfg, **USER_CONFIG}]),
-                       capture_output=True, text=True, timeout=timeout_s, env=env)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SUPPORT, CHECKOUT])}
+    r = subprocess.run([*user_prefix(), sys.executable, "-m", "grader_users"],
+                       input=json.dumps([cases, cfg]), capture_output=True, text=True,
+                       timeout=timeout_s, env=env, cwd="/")
     if r.returncode != 0:
         raise RuntimeError(f"the unprivileged grader failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout)

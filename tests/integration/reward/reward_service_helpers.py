@@ -34,15 +34,19 @@ class RunningService:
 
 
 def start_service(root: Path, overrides: list[str], prefix: list[str] = (),
-                  env: dict[str, str] | None = None) -> RunningService:
+                  env: dict[str, str] | None = None, owner: int | None = None) -> RunningService:
     """`tandem reward serve` on a new experiment directory; `prefix` runs it under another
-    command (e.g. `unshare --user ...`: a grader that is not root); `env` adds variables."""
+    command (grader_users.user_prefix: a grader that is not root), as `owner` of the directory
+    (a user id) where given; `env` adds variables."""
     exp = ExpDir(root)
     exp.root.mkdir(parents=True, exist_ok=True)
     generate_keys(exp.keys)
     cfg = load_config(None, ["experiment.name=reward-test", "experiment.model=none",
                              f"experiment.exp_dir={root}", *overrides])
     save_resolved(cfg, root)
+    if owner is not None:
+        for p in [root, *root.rglob("*")]:
+            os.chown(p, owner, owner)
     env = {**os.environ, "TANDEM_TEST_SECRET": SECRET, **(env or {})}
     tandem = Path(sys.executable).with_name("tandem")
     proc = subprocess.Popen([*prefix, str(tandem), "reward", "serve", "--exp", str(root)], env=env,

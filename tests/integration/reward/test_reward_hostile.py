@@ -8,7 +8,7 @@ import socket
 import threading
 
 import pytest
-from grader_users import UNSHARE, USER_CONFIG, USERS, why_not
+from grader_users import GRADER_UID, USERS, user_prefix, why_not
 from reward_service_helpers import (
     REWARD_OVERRIDES,
     SECRET,
@@ -78,6 +78,15 @@ def hostile_programs(host_file: str, port: int, secret_file: str) -> dict[str, t
         # stdio: an integer is compared exactly, not within a relative tolerance
         "near_int_stdio": ("print(123456790)", {"inputs": [""], "outputs": ["123456789"]}),
         "float_for_big_int": ("print('1e18')", {"inputs": [""], "outputs": ["1000000000000000001"]}),
+        # An integer is its text (zero-padded output is asked for), a decimal is written in ASCII
+        # (float() reads any Unicode digit, `1_000.5`, `infinity`).
+        "no_leading_zeros": ("print(7)", {"inputs": [""], "outputs": ["007"]}),
+        "leading_zeros": ("print('007')", {"inputs": [""], "outputs": ["7"]}),
+        "plus_sign": ("print('+7')", {"inputs": [""], "outputs": ["7"]}),
+        "fullwidth_decimal": ("print('\uff17.\uff15')", {"inputs": [""], "outputs": ["7.5"]}),
+        "arabic_indic_decimal": ("print('\u0667.\u0665')", {"inputs": [""], "outputs": ["7.5"]}),
+        "underscored_decimal": ("print('7_0.5')", {"inputs": [""], "outputs": ["70.5"]}),
+        "infinity_spelled_out": ("print('infinity')", {"inputs": [""], "outputs": ["inf"]}),
         # Its own memory, inherited from the harness: expected outputs it held when it forked
         # this test (made dumpable again, so /proc/self/mem opens).
         "scan_own_memory_stdio": (MEMORY_SCAN + "print(found)", {"inputs": ["", ""], "outputs": [MEMORY_SECRET] * 2}),
@@ -95,14 +104,16 @@ def reward_service(request, tmp_path_factory):
     """The service run by root, and by an ordinary user (as on clusters: see grader_users)."""
     if why_not(request.param):
         pytest.skip(why_not(request.param))
-    user = request.param == "user"
-    overrides = [*REWARD_OVERRIDES, *(f"reward.{k}={str(v).lower()}" for k, v in USER_CONFIG.items() if user)]
-    svc = start_service(tmp_path_factory.mktemp("reward") / "exp", overrides, UNSHARE if user else [])
+    root = tmp_path_factory.mktemp("reward") / "exp"
+    if request.param == "user":
+        svc = start_service(root, REWARD_OVERRIDES, user_prefix(readable=(str(root),)), owner=GRADER_UID)
+    else:
+        svc = start_service(root, REWARD_OVERRIDES)
     yield svc
     stop_service(svc)
 
 
-def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path, request):
+def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path):
     host_file = tmp_path / "pwned"
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -127,11 +138,6 @@ def test_hostile_programs_fail_and_leave_nothing(reward_service, tmp_path, reque
     os.write(fd, SECRET.encode())
     os.close(fd)
     programs = hostile_programs(str(host_file), listener.getsockname()[1], secret_file)
-    if request.node.callspec.params["reward_service"] == "user":
-        # The emulated ordinary user is root outside its user namespace, and the kernel never
-        # applies RLIMIT_NPROC to root's processes: the bomb would grow until the task's limit
-        # (benchmarks/sandbox_attacks.py measures that worst case). A real user's is enforced.
-        del programs["fork_bomb"]
     items = [GradeItem(task="code", response=f"```python\n{src}\n```", tests=tests)
              for src, tests in programs.values()]
     client = reward_service.client(timeout_s=120)

@@ -17,6 +17,7 @@ from grader_users import USERS, run_as, why_not
 from reward_service_helpers import scan_own_memory
 
 from tandem.reward.config import RewardConfig
+from tandem.reward.harness_procs import MEMORY_STATUS
 from tandem.reward.sandbox import Sandbox
 
 CFG = {"code_test_timeout_s": 2.0, "code_total_timeout_s": 8.0, "code_memory_mb": 256}
@@ -164,6 +165,8 @@ def test_memory_and_disk_are_limited_for_the_sandbox_as_a_whole(graded):
     held = graded["three_processes_hold_300_MiB_of_256"]
     assert held["error"] is None, held
     assert held["tests"][0].get("got", "").strip() != "ok"
+    if graded["user"] == "user":       # no cgroup to write: the harness's watch is what stopped it
+        assert (held["limits"], held["tests"][0]["status"]) == ("rlimits", MEMORY_STATUS), held
     assert "No space left" in graded["files_past_the_disk_limit"]["tests"][0]["stderr"]
     memfd = graded["memfds_past_the_memory_limit"]["tests"][0]
     assert "Function not implemented" in memfd["stderr"], memfd
