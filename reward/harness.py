@@ -1,7 +1,8 @@
 """The test harness that runs INSIDE the sandbox (stdlib only; started with `python -I -S`).
 
-It is compiled together with `reward/harness_judge.py` (the comparison rules) and talks to the
-grader on two descriptors whose numbers it gets as arguments: the task channel (frames in) and
+It is compiled together with `reward/harness_judge.py` (the comparison rules),
+`harness_procs.py` (the watch, the processes a test leaves) and `harness_call.py` (call mode),
+and talks to the grader on two descriptors whose numbers it gets as arguments: the task channel (frames in) and
 the report channel (one report out). Its standard streams are `/dev/null` and bubblewrap's pid 1
 holds only those: under a non-root grader the program runs as the harness's own user and could
 open any descriptor of a dumpable process of that user (`/proc/1/fd/N`), so no such process holds
@@ -39,6 +40,10 @@ REPORT_RESERVE_S = 0.05
 # Seconds past the task's deadline the harness may still spend making sure nothing of the program
 # runs (the grader waits sandbox.REPORT_GRACE_S, 0.08 s, past it for the report).
 REAP_GRACE_S = 0.05
+# Seconds a test's leftover processes may take to be killed and reaped before the next test.
+LEFTOVERS_S = 1.0
+# Open descriptors per process (see _limits).
+MAX_FILES = 64
 # What LiveCodeBench's official grader (lcb_runner/evaluation/testing_util.py) gives every
 # program: these modules imported and their names in scope (`from typing import *` too), and
 # a recursion limit of 50,000. Programs written for it use `deque` or `List[int]` unimported.
@@ -58,7 +63,10 @@ def _limits(task):
     resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
     cpu = int(math.ceil(task["total_timeout"])) + 2
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    # Few descriptors: each socket or pipe holds a kernel buffer no process's memory shows
+    # (sandbox_seccomp.py keeps each at its default size), and the kernel caps descriptors in
+    # flight (sent over a socket, then closed) per user by this limit too.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))
 
 
 def _cpu_limit(seconds):
@@ -203,45 +211,6 @@ def _finish_like_python():
     sys.stderr.flush()
 
 
-class _SandboxWatch:
-    """The sandbox's memory and process count as a whole where no cgroup counts them (a
-    non-root grader without a delegated cgroup): every `TICK_S` while a test runs, the processes
-    in the sandbox's PID namespace but bwrap's init and the harness, and their anonymous and
-    shared memory (RssAnon + RssShmem), against the task's limits. Pages a child still shares
-    with the harness after fork count once per process (a few MiB each: an overestimate, never
-    an escape). The kernel's own per-user process limit applies too, except to a grader whose
-    user is root outside its user namespace."""
-    TICK_S = 0.02
-
-    def __init__(self, memory_bytes, processes):
-        self.memory, self.processes = memory_bytes, processes
-        self.skip = {"1", str(os.getpid())}
-
-    def over(self):
-        """None, or the limit the sandbox is past."""
-        total, count = 0, 0
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or name in self.skip:
-                continue
-            count += 1
-            if count > self.processes:
-                return PROCESS_STATUS
-            try:
-                with open(f"/proc/{name}/status", "rb") as f:
-                    status = f.read()
-            except OSError:
-                continue
-            for key in (b"RssAnon:", b"RssShmem:"):
-                at = status.find(key)
-                if at >= 0:
-                    total += int(status[at + len(key):status.index(b"kB", at)]) << 10
-        return MEMORY_STATUS if total > self.memory else None
-
-
-MEMORY_STATUS = "memory limit (all the sandbox's processes together)"
-PROCESS_STATUS = "process limit (all the sandbox's processes together)"
-
-
 def _wait(fds, end, watch, write=()):
     """select() on `fds` until `end`, waking every tick to check the sandbox's memory:
     (readable, writable, why) with why None, "timeout" or the memory status."""
@@ -255,17 +224,6 @@ def _wait(fds, end, watch, write=()):
             return [], [], why
         if r or w:
             return r, w, None
-
-
-def _kill_group(pid):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
 
 
 def _await_stdio_test(pid, fds, end, cap, watch):
@@ -363,6 +321,7 @@ def _run_stdio(task, io_fds, deadline):
         results.append({"status": _status(pid, status, why), "seconds": round(time.monotonic() - t0, 4),
                         "answer": bufs[out_r].decode(errors="replace"),
                         "stderr": bufs[err_r].decode(errors="replace")[-SNIPPET:]})
+        _stop_leftovers(until=min(deadline, time.monotonic() + LEFTOVERS_S))   # harness_procs.py
     return results
 
 
@@ -378,48 +337,18 @@ def _prelude(task):
 
 
 def _namespace(task, name):
-    """A program's globals: its convention's names, with `from sys import *`'s stdin/stdout/stderr
-    rebound to this child's streams (the harness's would buffer output that is never flushed)."""
-    ns = {**task["namespace"], "__name__": name}
+    """A program's globals: the dict of a module registered as `name` (`__main__` for a script,
+    so that what it defines can be pickled by name, as multiprocessing does), holding its
+    convention's names, with `from sys import *`'s stdin/stdout/stderr rebound to this child's
+    streams (the harness's would buffer output that is never flushed)."""
+    module = type(sys)(name)
+    sys.modules[name] = module
+    ns = module.__dict__
+    ns.update(task["namespace"])
+    ns.update(__name__=name, __file__="solution.py", __builtins__=builtins)
     if "stdin" in ns:
         ns.update(stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
     return ns
-
-
-def _reap_descendants(until: float) -> bool:
-    """Kill every process that came back to us as subreaper, then reap them; False if some
-    were still there at `until`. A killed process is not gone at once: one that holds 100 MiB
-    (or that the cgroup's OOM killer is ending) takes milliseconds to free its memory, while a
-    round here takes microseconds in the sandbox's small /proc, so rounds are bounded by time,
-    with a pause between them."""
-    me = str(os.getpid())
-    while True:
-        found = False
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = f.read().rsplit(")", 1)[1].split()[1]
-            except (OSError, IndexError):
-                continue
-            if ppid == me:
-                found = True
-                try:
-                    os.kill(int(name), signal.SIGKILL)
-                except OSError:
-                    pass
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG) == (0, 0):
-                    break
-            except ChildProcessError:
-                break
-        if not found:
-            return True
-        if time.monotonic() >= until:
-            return False
-        time.sleep(0.001)
 
 
 def main():
@@ -443,7 +372,7 @@ def main():
     watch = task.get("watch")      # {"memory_bytes", "processes"} where no cgroup counts them
     task["watch"] = _SandboxWatch(watch["memory_bytes"], watch["processes"]) if watch else None
     runs = run(task, (task_fd, report_fd, null_fd), deadline)
-    if _reap_descendants(until=task["deadline"] + REAP_GRACE_S):
+    if _stop_leftovers(until=task["deadline"] + REAP_GRACE_S):
         results = _judge(task, runs, _read_frame(task_fd))
     else:
         results = [{"passed": False, "status": "the program's processes could not all be stopped"}] * len(runs)

@@ -153,6 +153,8 @@ def _run_call(task, io_fds, deadline):
             results[i] = {"passed": False, "status": f"exception: {rec['error']}", "seconds": seconds}
         else:
             results[i] = {"status": "ok", "answer": rec.get("value"), "seconds": seconds}
+        # What the call left outside the loaded program's process group (harness_procs.py).
+        _stop_leftovers(min(deadline, time.monotonic() + LEFTOVERS_S), child.pid if child else None)
     if child is not None:
         child.close()
     return results

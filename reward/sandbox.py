@@ -5,10 +5,10 @@ site-packages, no user paths, ~8 ms instead of ~33 ms to start). Under bubblewra
 sees a fresh root holding only the interpreter, the libraries it loads and the allowed packages
 (`sandbox_root.py`), a size-capped tmpfs `/tmp` holding its working directory (nothing reaches
 the host's disk, and the directory vanishes with the sandbox's mount namespace whatever the
-program built in it), its own PID, network, IPC and UTS namespaces (no network at all), a
-seccomp filter without kernel keyrings (`sandbox_seccomp.py`), one cgroup for the memory (on
-cgroup v2 also the process count) of the whole sandbox where one can be made
-(`sandbox_cgroup.py`), and an
+program built in it) and another at `/dev/shm`, its own PID, network, IPC and UTS namespaces (no
+network at all), a seccomp filter that closes the ways to memory no limit counts (namespaces,
+kernel queues and buffers: `sandbox_seccomp.py`), one cgroup for the memory (on cgroup v2 also
+the process count) of the whole sandbox where one can be made (`sandbox_cgroup.py`), and an
 unprivileged user id when the grader is root (so the process limit applies).
 
 The grader and the harness talk on two pipes passed as extra descriptors (task frames in, the
@@ -50,8 +50,10 @@ from tandem.reward.sandbox_seccomp import filter_fd
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-# One program from three files: the judge's rules, call mode, then the harness (its main last).
-HARNESS = "\n".join((_HERE / name).read_text() for name in ("harness_judge.py", "harness_call.py", "harness.py"))
+# One program from four files: the judge's rules, the program's processes, call mode, then the
+# harness (its main last).
+HARNESS = "\n".join((_HERE / name).read_text()
+                     for name in ("harness_judge.py", "harness_procs.py", "harness_call.py", "harness.py"))
 # The harness goes in compiled (compiling its source costs ~2.7 ms of every start), as the first
 # frame on the task channel (the sandbox shows nothing of this checkout, and nothing of it is on
 # a command line); the same interpreter runs it. `dont_inherit`: this module's `from __future__
@@ -73,6 +75,8 @@ INTERPRETER = os.path.realpath(sys.executable)
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
              "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8"}
 INSIDE_WORKDIR = "/tmp/work"
+# MiB of the sandbox's /dev/shm (multiprocessing's semaphores take a page each).
+SHM_MB = 16
 # Why code is not graded without isolation unless reward.allow_unisolated says so.
 UNISOLATED = ("refused: no filesystem or network isolation for generated code (bubblewrap is not usable "
               "here); a program could read its tests from the host. Install bubblewrap (`make "
@@ -205,9 +209,12 @@ class Sandbox:
         args = ["bwrap", *BWRAP_FLAGS, *bwrap_root_args(tuple(self.cfg.sandbox_packages)),
                 "--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp",
                 "--perms", "1777", "--dir", INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR,
+                # POSIX semaphores and shared memory (multiprocessing's locks, queues, Pool)
+                # live in /dev/shm: a tmpfs of its own, size-capped too.
+                "--perms", "1777", "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
                 # The fresh root and /dev are tmpfs too, with no size of their own: read-only,
-                # so the size-capped /tmp is the only place a program can write files (a
-                # non-root grader's program owns them, and could fill memory there).
+                # so the size-capped /tmp and /dev/shm are the only places a program can write
+                # files (a non-root grader's program owns them, and could fill memory there).
                 "--remount-ro", "/dev", "--remount-ro", "/", *extra]
         for k, v in CLEAN_ENV.items():
             args += ["--setenv", k, v]
