@@ -53,6 +53,17 @@ class PoolStats:
     pids: list[int] = field(default_factory=list)
 
 
+def _frame(obj: dict) -> bytes:
+    body = msgpack.packb(obj, use_bin_type=True)
+    return _LEN.pack(len(body)) + body
+
+
+def _unsendable(e: Exception) -> str:
+    """Why an item cannot travel to a grader worker (a lone surrogate, an integer past 64 bits,
+    nesting past msgpack's limit): that item's verdict, no other's."""
+    return f"the item cannot be sent to a grader ({type(e).__name__}: {str(e)[:200]})"
+
+
 def error_verdict(cfg: RewardConfig, task: str, why: str) -> Verdict:
     return Verdict(cfg.wrong_reward, False, {"task": task, "error": why, "reason": f"not graded: {why}"})
 
@@ -61,9 +72,8 @@ class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process):
         self.proc = proc
 
-    async def send(self, obj: dict) -> None:
-        body = msgpack.packb(obj, use_bin_type=True)
-        self.proc.stdin.write(_LEN.pack(len(body)) + body)
+    async def send(self, frame: bytes | dict) -> None:
+        self.proc.stdin.write(frame if isinstance(frame, bytes) else _frame(frame))
         await self.proc.stdin.drain()
 
     async def recv(self) -> dict:
@@ -172,9 +182,13 @@ class GraderPool:
         item = job.item
         limit = self.hard_limit_s(item.task)
         try:
-            await worker.send({"id": job.id, "task": item.task, "response": item.response,
-                               "answer": item.answer, "tests": item.tests, "question": item.question,
-                               "row": item.row})
+            frame = _frame({"id": job.id, "task": item.task, "response": item.response, "answer": item.answer,
+                            "tests": item.tests, "question": item.question, "row": item.row})
+        except (TypeError, ValueError, OverflowError) as e:
+            self._finish(job, error_verdict(self.cfg, item.task, _unsendable(e)))
+            return
+        try:
+            await worker.send(frame)
             reply = await asyncio.wait_for(worker.recv(), limit)
         except TimeoutError:
             verdict = error_verdict(self.cfg, item.task, f"grader hung: killed after {limit:.0f}s")
@@ -190,6 +204,10 @@ class GraderPool:
                 await self._replace(slot, "answered out of turn")
             else:
                 verdict = Verdict(float(reply["reward"]), bool(reply["correct"]), dict(reply["details"]))
+        self._finish(job, verdict)
+
+    def _finish(self, job: _Job, verdict: Verdict) -> None:
+        """Count `verdict` and give it to whoever waits for `job`."""
         if "error" in verdict.details:
             self.stats.errors += 1
         if verdict.details.get("grader") in ("function", "url"):
@@ -201,7 +219,12 @@ class GraderPool:
 
     def _submit(self, item: GradeItem, deadline: float) -> asyncio.Future:
         """The future of `item`'s verdict: an identical item's, graded or under way, else a new job."""
-        key = item_key(item, with_row=bool(self.cfg.function or self.cfg.url)) if self._cache.size else None
+        try:
+            key = item_key(item, with_row=bool(self.cfg.function or self.cfg.url)) if self._cache.size else None
+        except (TypeError, ValueError, OverflowError) as e:      # what msgpack cannot write
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(error_verdict(self.cfg, item.task, _unsendable(e)))
+            return future
         job = self._cache.get(key) if key is not None else None
         if job is not None:
             self.stats.cached += 1

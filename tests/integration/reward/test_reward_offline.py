@@ -93,3 +93,45 @@ def test_rewards_come_from_the_experiment_config(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0, 0.0]
+
+
+def test_a_row_that_cannot_be_graded_costs_that_row_only(tmp_path):
+    """Issue 61: one lone surrogate (`"\\ud800"`, valid JSON, no valid text) stopped the whole
+    evaluation with a traceback and no output. Now every other row is graded and that one is
+    written wrong with its reason; so is a line that is not UTF-8, or that the JSON reader
+    cannot take (nested too deep, an integer past Python's digit limit)."""
+    good = [{"id": i, "response": f"\\boxed{{{i}}}", "answer": str(i)} for i in range(3)]
+    lone = [json.dumps({"id": "lone", "response": "\\boxed{2}\ud800", "answer": "2"}),
+            json.dumps({"id": "trail", "response": "\\boxed{2}", "answer": "2", "question": "\udfff"}),
+            json.dumps({"id": "low", "response": "\\boxed{\udc80}", "answer": "2"})]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_bytes(b"\n".join([json.dumps(good[0]).encode(), lone[0].encode(), b'{"id": "bytes", "response": "\xff"}',
+                                json.dumps(good[1]).encode(), lone[1].encode(), b"[" * 100_000,
+                                b'{"id": "big", "response": "x", "answer": ' + b"9" * 5000 + b"}", lone[2].encode(),
+                                json.dumps(good[2]).encode()]) + b"\n")
+    proc = subprocess.run([TANDEM, "reward", "grade", "--task", "math", "--input", str(src), "--output", str(out),
+                           "--workers", "1", "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    graded = {g["id"]: g for g in map(json.loads, out.read_text().splitlines())}
+    assert [i for i in graded] == [0, "lone", 1, "trail", "low", 2]
+    assert all(graded[i]["correct"] for i in range(3))
+    for rid, field in (("lone", "response"), ("trail", "question"), ("low", "response")):
+        assert not graded[rid]["correct"] and graded[rid]["reward"] == -5.0
+        assert graded[rid]["details"]["reason"].startswith(f"not graded: {field} holds a lone surrogate"), graded[rid]
+    assert "line 3: not UTF-8 text" in proc.stderr
+    assert "line 6: not readable JSON (RecursionError" in proc.stderr
+    assert "line 7: not readable JSON (ValueError" in proc.stderr
+    assert "6 graded, 3 correct" in proc.stdout and "3 not gradable" in proc.stdout
+
+
+def test_a_code_row_no_grader_can_receive_costs_that_row_only(tmp_path):
+    """An argument past 64 bits is valid JSON that the pool's frames (msgpack) cannot carry:
+    that row's verdict says so; the next row is graded."""
+    program = "```python\ndef f(x):\n    return x\n```"
+    rows = [{"id": "big", "response": program, "tests": {"fn_name": "f", "inputs": [[10 ** 30]], "outputs": [10 ** 30]}},
+            {"id": "surrogate", "response": program, "tests": {"fn_name": "f", "inputs": [["\ud800"]], "outputs": ["x"]}},
+            {"id": "ok", "response": program, "tests": {"fn_name": "f", "inputs": [[1]], "outputs": [1]}}]
+    proc, graded = run_grade("code", rows, tmp_path)
+    assert [(g["id"], g["correct"]) for g in graded] == [("big", False), ("surrogate", False), ("ok", True)], proc.stderr
+    assert "cannot be sent to a grader (OverflowError" in graded[0]["details"]["reason"]
+    assert graded[1]["details"]["reason"].startswith("not graded: tests.inputs[0][0] holds a lone surrogate")
