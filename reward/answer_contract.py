@@ -6,9 +6,11 @@ A policy optimises whatever the reward lets through. Two holes found by trying (
   without learning anything. So where the reference is one value, an answer that offers several
   is wrong. What "offers several" means is read from the answer's structure
   (answer_structure.py), not from a list of separator words: `\\vee`, `∨`, `\\mid`, a line break,
-  "OR", "12 and 13", a box inside a box, a hedge after the box, an answer by cases and a false
-  equation `12 = 13` are all several values, while LaTeX's spaces (`5\\,\\text{cm}`, `1\\,000`)
-  and a trailing clause ("12, as required") are not. Where the reference has several values
+  "OR", "12 and 13", a box inside a box, a hedge after the box and an answer by cases are all
+  several values, while LaTeX's spaces (`5\\,\\text{cm}`, `1\\,000`) and a trailing clause ("12,
+  as required") are not. A chain of relations is graded on every side (issue 61: math-verify
+  reads one, so `12 \\approx 13`, `12 \\Rightarrow 13` and `x = 12 \\vee x = 13` passed for
+  either number): `12 = 13` offers both, `f(2) = 7` and `3 \\cdot 4 = 12` one. Where the reference has several values
   itself (roots, an interval, ±) the matching forms are left to math-verify. Several boxes are
   fine when the text before the last one concludes or corrects ("wait", "actually", "so",
   "finally", "therefore", ...): the last one is the answer.
@@ -29,6 +31,8 @@ _STATED = re.compile(r"\banswer\s*(?:is|:|=)\s*", re.IGNORECASE)
 _CONCLUDES = re.compile(r"\b(wait|actually|correct(ion|ed|ing)?|mistake|wrong|instead|rather|re-?check\w*|"
                         r"redo|finally|final|therefore|thus|hence|so|answer)\b", re.IGNORECASE)
 _LINE_READ = 1000          # characters of the line after the answer read for another value
+MAX_SIDES = 8              # sides of one chain of relations (each is parsed alone)
+_APPROX = re.compile(r"\\approx|≈|\\simeq|\\doteq")
 _SENTENCE_END = re.compile(r"[.!?](?![\d=])|\n")     # 3.5 and x != 5 go on, "is 3." ends a sentence
 
 
@@ -61,16 +65,26 @@ def hedge_after(text: str, end: int, answer: str, several: bool, boxed: bool = T
         if rest.strip(" $\\])}.") else None
 
 
-def false_equation(parsed, equal) -> str | None:
-    """Why the parsed answer is an equation between two different numbers (`12 = 13` offers
-    both); `equal(a, b)` compares two sides (math-verify)."""
-    from sympy import And, Eq
-    head = parsed[0] if parsed else None
-    for eq in (head.args if isinstance(head, And) else (head,)):
-        if isinstance(eq, Eq) and not eq.lhs.free_symbols and not eq.rhs.free_symbols \
-                and not equal(eq.lhs, eq.rhs):
-            return f"hedged: a false equation ({str(eq.lhs)[:20]} = {str(eq.rhs)[:20]}) offers two values"
-    return None
+def every_side(sides: list[tuple[str, str]], is_name, is_answer) -> str | None:
+    """Why a chain of relations (answer_structure.relation_sides: `x = 12 \\approx 13`,
+    `12 \\Rightarrow 13`, `x = 12 \\vee x = 13`) offers more than the answer: it is graded on
+    every side, where math-verify reads one (the left of `\\approx`, the last of an unparsable
+    chain). A side may name what the answer is about (`x`, `f(2)`: `is_name(side)`), the last
+    excepted; every other side must be the answer (`is_answer(side, approximate)`, approximate
+    beside `\\approx`). `12 = 13` and `3 \\cdot 4 = 13` are hedges; `3 \\cdot 4 = 12`, `f(2) = 7`
+    and `\\sqrt{2} \\approx 1.414` are one answer."""
+    if len(sides) < 2:
+        return None
+    if len(sides) > MAX_SIDES:
+        return f"hedged: a chain of {len(sides)} relations (limit {MAX_SIDES})"
+    rest = [r for r, _ in sides[1:]] + [""]
+    wrong = [side for i, ((before, side), after) in enumerate(zip(sides, rest, strict=True))
+             if (i == len(sides) - 1 or not is_name(side))
+             and not is_answer(side, _APPROX.search(before + " " + after) is not None)]
+    if not wrong:
+        return None
+    return f"hedged: a relation offers {wrong[0][:40]!r} besides the answer (every side is graded)" \
+        if len(wrong) < len(sides) else "wrong answer"
 
 
 def disagreeing_boxes(text: str, boxes: list[tuple[int, str]], several: bool) -> str | None:

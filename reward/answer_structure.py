@@ -55,6 +55,11 @@ _SEVERAL_COMMANDS = {"pm": "±", "mp": "∓", "cup": "a union"}
 _MATRICES = {"matrix", "pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix", "smallmatrix", "array"}
 _CALLER = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)$")      # f(1, 2), \gcd(4, 6): arguments, not a list
 _STATED = re.compile(r"\banswer\s*(?:is|:|=)\s*", re.IGNORECASE)
+# What chains values: relations, arrows and logical connectives (a side of each is a value).
+_CHAIN = re.compile(r"(?<![<>!=\\])=(?!=)|==|[<>≤≥≠≈∼≃≅≡→⇒⇔↔←⇐⟹⟶⟵↦∨∧]"
+                    r"|\\(?:approx|sim|simeq|cong|equiv|doteq|propto|neq?|leq?|geq?|lt|gt|leqslant|geqslant|ll|gg"
+                    r"|to|gets|mapsto|implies|impliedby|iff|vee|lor|wedge|land|leadsto"
+                    r"|(?:[lL]ong)?(?:left|right|leftright|Left|Right|Leftright)arrow)(?![A-Za-z])")
 # Prose is English: two values are alternatives when only punctuation and these stand between them.
 ALTERNATION = frozenset({"or", "either", "nor", "maybe", "possibly", "perhaps", "probably", "alternatively",
                          "otherwise", "also", "and"})
@@ -78,6 +83,32 @@ def _space(m: re.Match) -> str:
 def stated(sentence: str) -> bool:
     """Whether an answer sentence states its answer ("The final answer is 42")."""
     return _STATED.search(sentence) is not None
+
+
+def relation_sides(text: str) -> list[tuple[str, str]]:
+    """The sides of a chain of relations at the top level of `text` (outside every bracket),
+    each with the relation or connective just before it ("" for the first): `x = 12 \\approx
+    13` is x, = 12, \\approx 13; `x = 12 \\vee x = 13` is x, = 12, \\vee x, = 13. One side
+    where there is no relation."""
+    depth, cuts = 0, []
+    marks = {m.start(): m for m in _CHAIN.finditer(text)}
+    for i, c in enumerate(text):
+        if i in marks and depth == 0:
+            cuts.append(marks[i])
+        depth += c in "{([" and (i == 0 or text[i - 1] != "\\")
+        depth -= c in "})]" and (i == 0 or text[i - 1] != "\\") and depth > 0
+    sides, start, before = [], 0, ""
+    for m in cuts:
+        sides.append((before, text[start:m.start()].strip()))
+        start, before = m.end(), m.group(0).strip()
+    sides.append((before, text[start:].strip()))
+    return [(r, side) for r, side in sides if side]
+
+
+def statement(sentence: str) -> str:
+    """What an answer sentence states ("**Answer: (B)**" states `(B)`); the whole sentence
+    where it states nothing in so many words."""
+    return _STATED.split(sentence)[-1].strip(" *_$.")
 
 
 def offered(answer: str, prose: bool = False, joiners: frozenset[str] | None = None) -> str | None:
@@ -120,6 +151,7 @@ class _Level:
         self.words: list[str] = []
         self.valued = False       # the current part holds an operand
         self.numbered = False     # a number since the last operator: a second one is a new part
+        self.script = False       # after _ or ^: the next token is a script (`\\log_2 5`, `x^2 y`)
         self.unit = False         # the part began after a word: `cm^2` continues the unit
         self.listed = False       # a separator (comma, line break) at this level
 
@@ -137,7 +169,8 @@ class _Level:
             self.unit = False
         self.sides[-1] += text
         self.valued = True
-        self.numbered |= number
+        self.numbered |= number and not self.script
+        self.script = False
 
 
 class _Reader:
@@ -178,6 +211,7 @@ class _Reader:
             elif tok in _OPERATORS:
                 here.sides[-1] += tok
                 here.numbered = False
+                here.script = tok in "_^"
             elif tok in "±∓∪":
                 raise _Several(f"hedged: several values ({tok!r}) for a one-value reference")
             else:                          # |, ∨, ?: not an operator, so numbers on both sides stay apart

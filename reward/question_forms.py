@@ -1,12 +1,17 @@
 """What the question asks for, where it changes what a right answer looks like.
 
-Two forms a careful human grader reads from the problem and math-verify cannot, since it sees
+Forms a careful human grader reads from the problem and math-verify cannot, since it sees
 only the reference and the response:
 - **Options**: a multiple-choice problem (`(A) 5 \\qquad (B) 6`, or one option per line as
-  `A. 5`) is answered by a letter or by the option's value; either names the same choice.
+  `A. 5`) is answered by a letter or by the option's value; either names the same choice. A
+  reference that is itself a letter is answered by that letter however it is written
+  (`\\boxed{B}`, "The answer is (B).").
 - **A percent asked for**: "What percent of 80 is 20?" is answered by 25 or 25%, not by 0.25;
   math-verify alone accepts 0.25 for a reference of `25\\%` (and elsewhere it should: "the
-  probability is 25%" answers 0.25).
+  probability is 25%" answers 0.25). There `12.5%` answers a bare reference `12.5`.
+- **No percent at all in the question**: a percent sign in the answer is a division by 100
+  (`12%` is 0.12, not the count 12, which math-verify alone also reads it as: issue 61). Without
+  the question, or where it speaks of percents without asking for one, math-verify reads it.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ _ASKS_PERCENT = re.compile(r"\b(?:what|which)\s+(?:\w+\s+){0,3}?percent(?:age)?\
                            r"\bhow\s+many\s+percent\b|\bin\s+percent\b|\bnearest\s+(?:whole\s+|tenth\s+of\s+a\s+)?percent\b",
                            re.IGNORECASE)
 _PERCENT = re.compile(r"\\?%|\\percent\b|\bpercent\b")
+_PERCENT_SIGN = re.compile(r"\s*\\?%")
 
 
 def options(question: str) -> dict[str, str]:
@@ -49,6 +55,12 @@ def option_named(answer: str, listed: dict[str, str]) -> str | None:
     return got.group(1) if not rest or _clean(rest) == listed[got.group(1)] else None
 
 
+def letter(answer: str) -> str | None:
+    """The option letter an answer is and nothing more (`B`, `(B)`, `\\textbf{(B)}`), or None."""
+    got = _LETTER.fullmatch(answer)
+    return got.group(1) if got and not _clean(got.group(2)).strip("*") else None
+
+
 def asks_percent(question: str) -> bool:
     return bool(_ASKS_PERCENT.search(question))
 
@@ -59,6 +71,11 @@ def has_percent(text: str) -> bool:
 
 def without_percent(reference: str) -> str:
     return _PERCENT.sub("", reference).strip()
+
+
+def percent_as_fraction(answer: str) -> str:
+    """`answer` with each percent sign read as a division by 100 (`12\\%` is `12/100`)."""
+    return _PERCENT_SIGN.sub(r" \\cdot \\frac{1}{100}", answer)
 
 
 def _in_order(letters: list[str]) -> bool:
