@@ -23,12 +23,14 @@ number (sympy comparing `(x+y+z+1)^{40}`).
 from __future__ import annotations
 
 import math
+import re
 
 from sympy import (
     Abs,
     Add,
     Basic,
     Float,
+    Integral,
     Mul,
     NumberSymbol,
     Pow,
@@ -53,8 +55,13 @@ MAX_CHARS = 1000          # an answer longer than this is not a final answer
 MAX_DEPTH = 30            # brackets nested deeper than this
 MAX_DIGITS = 10_000       # a number this long (a power or factorial) is not computed
 MAX_SYMBOLIC_EXPONENT = 50     # (x+1)^{999} takes seconds to compare, (x+1)^{100} half of one
-MAX_TERMS = 1000          # terms of a sum or product with numeric bounds
+MAX_TERMS = 100           # terms of a sum or product with numeric bounds, nested ones multiplied
+# (sympy sums up to 100 terms one by one, and tries symbolic summation past that: `\\sum_{k=1}^{1000}
+# 2^k` took 4 s, `\\sum_{k=1}^{300} k^k` over 5)
+MAX_EXPANSION = 150       # terms of an expression expanded: (x+y+z+1)^{8} has 165, 0.4-0.9 s to compare
 MAX_NODES = 20_000        # nodes of the parsed tree walked (a 1000-character answer has far fewer)
+MAX_MATRIX_ENTRIES = 16   # entries of a matrix something is done to (4x4: a determinant of 24 terms)
+_MATRIX = re.compile(r"\\begin\s*\{((?:[pbBvV]|small)?matrix|array)\}(.*?)\\end\s*\{\1\}", re.DOTALL)
 
 _LOG10_2 = math.log10(2)
 _FACTORIALS = (factorial, factorial2, subfactorial)
@@ -75,7 +82,24 @@ def shape_cost(answer: str) -> str | None:
         deepest = max(deepest, depth)
     if deepest > MAX_DEPTH:
         return f"too costly: brackets nested {deepest} deep (limit {MAX_DEPTH})"
-    return None
+    return _matrix_cost(answer)
+
+
+def _matrix_cost(answer: str) -> str | None:
+    """Why the parser itself would compute for seconds: it evaluates what is done to a matrix as
+    it reads it (a determinant `\\det`, `vmatrix`; `\\operatorname{rank}`, eigenvalues, powers,
+    products), before any tree exists to check: a 7x7 symbolic determinant took over 5 s. So a
+    matrix that is not the whole answer may have at most MAX_MATRIX_ENTRIES entries."""
+    matrices = list(_MATRIX.finditer(answer))
+    if not matrices:
+        return None
+    alone = len(matrices) == 1 and matrices[0].group(1) not in ("vmatrix", "Vmatrix") \
+        and not (answer[:matrices[0].start()] + answer[matrices[0].end():]).strip(" $")
+    biggest = max(m.group(2).count("&") + len(re.findall(r"\\\\(?!\s*$)", m.group(2).strip())) + 1
+                  for m in matrices)
+    if alone or biggest <= MAX_MATRIX_ENTRIES:
+        return None
+    return f"too costly: an operation on a matrix of {biggest} entries (limit {MAX_MATRIX_ENTRIES})"
 
 
 def tree_cost(parsed) -> str | None:
@@ -96,11 +120,14 @@ def tree_cost(parsed) -> str | None:
 
 class _Walk:
     """One post-order pass; per node (value, digits): a float near the node's value (None when
-    not a number, inf past float range) and the digits of its exact value."""
+    not a number, inf past float range) and the digits of its exact value; and the terms of its
+    full expansion. Within a sum or product (`bound`: its variables at their largest magnitude)
+    values are magnitudes, so that `k^{1000-k}` is bounded by `1000^{2000}`, not read at one k."""
 
-    def __init__(self):
+    def __init__(self, bound: dict | None = None, scale: float = 1.0, nodes: int = 0):
         self.seen: dict[int, tuple[float | None, float]] = {}
-        self.nodes = 0
+        self.terms: dict[int, float] = {}       # terms of the node's expansion (1: no free symbol)
+        self.bound, self.scale, self.nodes = bound or {}, scale, nodes
 
     def estimate(self, root) -> tuple[float | None, float]:
         stack = [(root, False)]
@@ -117,20 +144,30 @@ class _Walk:
             if self.nodes > MAX_NODES:
                 raise TooCostly(f"an answer of over {MAX_NODES} parts")
             self.seen[id(node)] = self._node(node, [self.seen[id(c)] for c in children])
+            self.terms[id(node)] = _expansion(node, [self.terms[id(c)] for c in children], self.seen, self.bound)
+            if self.terms[id(node)] > MAX_EXPANSION:
+                raise TooCostly(f"an expression of about {self.terms[id(node)]:.3g} terms expanded "
+                                f"(limit {MAX_EXPANSION})")
         return self.seen[id(root)]
 
     def _node(self, node, args: list[tuple[float | None, float]]) -> tuple[float | None, float]:
         if not isinstance(node, Basic):
             return None, max((d for _, d in args), default=0.0)
+        if node in self.bound:          # a sum's or product's variable, at its largest magnitude
+            return self.bound[node], _digits(int(self.bound[node]))
         if node.is_Atom:
             return _atom(node)
         values = [v for v, _ in args]
         digits = [d for _, d in args]
         known = all(v is not None for v in values)
+        if self.bound and known:
+            values = [abs(v) for v in values]
         if isinstance(node, Pow):
-            return _power(args[0], args[1])
+            return _power(args[0], (values[1], digits[1]))
         if isinstance(node, exp):
             return _power((math.e, 1.0), args[0])
+        if isinstance(node, Integral) and not node.function.is_polynomial(*node.variables):
+            raise TooCostly("an integral of what is not a polynomial (integrating takes seconds)")
         if isinstance(node, Add):
             return (_finite(lambda: math.fsum(values)) if known else None), sum(digits)
         if isinstance(node, Mul):
@@ -242,16 +279,51 @@ def _rising(x: float | None, k: float | None, digits: float) -> tuple[float | No
 
 
 def _series(node, args: list[tuple[float | None, float]], walk: _Walk) -> tuple[float | None, float]:
-    """A sum or product with numeric bounds is computed term by term (a product of a million
-    factors is a factorial): at most MAX_TERMS terms. The bounds were walked already (each
-    limit is a child of the node), so estimating them again is a lookup."""
+    """A sum or product with numeric bounds is computed term by term: at most MAX_TERMS terms,
+    counting those of every sum it is nested in (`walk.scale`). Each term is bounded by walking
+    the body once with the variables at their largest magnitude: a product of T terms has at
+    most T times a term's digits (`\\prod_{k=1}^{1000} k^k`: 3·10^6), a sum that many plus
+    log10 T. The bounds were walked already (each limit is a child of the node), so estimating
+    them again is a lookup. With a symbolic bound nothing is computed term by term."""
+    terms, bound = 1.0, {}
     for limit in node.limits:
         (lo, _), (hi, _) = walk.estimate(limit[1]), walk.estimate(limit[-1])
-        if lo is not None and hi is not None:
-            terms = hi - lo + 1
-            if not math.isfinite(terms) or terms > MAX_TERMS:
-                raise TooCostly(f"a sum or product of {terms:.3g} terms (limit {MAX_TERMS})")
-    return None, max((d for _, d in args), default=0.0)
+        if lo is None or hi is None:
+            return None, max((d for _, d in args), default=0.0)
+        terms *= max(hi - lo + 1, 0.0) if math.isfinite(hi - lo) else math.inf
+        bound[limit[0]] = max(abs(lo), abs(hi))
+    total = terms * walk.scale
+    if not total <= MAX_TERMS:
+        raise TooCostly(f"a sum or product of {total:.3g} terms (limit {MAX_TERMS})")
+    inner = _Walk({**walk.bound, **bound}, total, walk.nodes)
+    _, per_term = inner.estimate(node.function)
+    walk.nodes = inner.nodes
+    digits = per_term * max(terms, 1.0) if isinstance(node, Product) else per_term + math.log10(max(terms, 1.0))
+    if digits > MAX_DIGITS:
+        raise TooCostly(f"a sum or product with about {digits:.3g} digits (limit {MAX_DIGITS})")
+    return None, digits
+
+
+def _expansion(node, kids: list[float], seen: dict, bound: dict) -> float:
+    """Terms of the node's full expansion, an upper bound: what sympy's comparison may expand
+    (`(x+y+z+1)^{40}`: 12,341 terms, seconds; four factors `(x+k)^{50}` multiplied term by term,
+    51^4). A sum adds its parts' terms, a product multiplies them, a power of n of k terms has
+    C(n+k-1, k-1); a part without a free symbol is one term (a number)."""
+    if not isinstance(node, Basic) or node.is_Number or node in bound:
+        return 1.0
+    if node.is_Symbol:
+        return 1.0
+    if isinstance(node, Add):
+        return math.fsum(kids)
+    if isinstance(node, Mul):
+        return _finite(lambda: math.prod(kids))
+    if isinstance(node, Pow) and kids[0] > 1:
+        n, k = seen[id(node.args[1])][0], kids[0]
+        if n is None or not math.isfinite(n):
+            return k
+        n = abs(n)
+        return _finite(lambda: math.exp(math.lgamma(n + k) - math.lgamma(n + 1) - math.lgamma(k)))
+    return max(kids, default=1.0)
 
 
 def _finite(value) -> float:

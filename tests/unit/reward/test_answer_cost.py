@@ -34,7 +34,37 @@ ATTACKS = [
     r"\boxed{(10^{10})!!}",
     r"\boxed{\binom{x}{10^{9}}}",               # expands into a billion factors
     r"\boxed{(10^{1000})^{(10^{1000})}}",
+    # Issue 61: slow without a big number in sight.
+    r"\boxed{\prod_{k=1}^{1000} k^k}",            # each term within the limits, their product not
+    r"\boxed{\prod_{k=1}^{100} k^{k}}",
+    r"\boxed{\prod_{k=1}^{100} k^{1000-k}}",      # the exponent bounded by magnitudes, not read at one k
+    r"\boxed{\sum_{k=1}^{1000} k^k}",
+    r"\boxed{\sum_{k=1}^{300} k^k}",
+    r"\boxed{\sum_{k=1}^{1000} 2^k}",              # sympy's symbolic summation past 100 terms
+    r"\boxed{\sum_{k=1}^{1000} \sin(k)}",
+    r"\boxed{\sum_{i=1}^{1000}\sum_{j=1}^{1000} i j}",     # nested: each under the limit, their product not
+    r"\boxed{\sum_{i=1}^{50}\sum_{j=1}^{50} i^{j}}",
+    r"\boxed{\prod_{i=1}^{100}\prod_{j=1}^{100} (i+j)}",
+    r"\boxed{\sum_{i=1}^{10}\sum_{j=1}^{10}\sum_{k=1}^{10} i j k}",
+    r"\boxed{(x+1)^{50}(x+2)^{50}(x+3)^{50}(x+4)^{50}}",     # each power at the exponent limit
+    r"\boxed{(x+y+1)^{50}(x+y+2)^{50}}",
+    r"\boxed{(x+y+z+1)^{40}}",                      # few nodes, 12,341 terms expanded
+    r"\boxed{(a+b+c+d+e)^{10}}",
+    r"\boxed{((x+1)^{50})^{50}}",
+    r"\boxed{(x+1)^{50} \cdot (y+1)^{50}}",
+    r"\boxed{\int_0^1 e^{x^2}\sin(x^3)\, dx}",
+    r"\boxed{\int x^{20} e^{x} \sin(x)\, dx}",
 ]
+
+
+def _matrix(n: int, env: str = "pmatrix") -> str:
+    rows = r"\\".join("&".join(f"a_{{{i}{j}}}" for j in range(n)) for i in range(n))
+    return rf"\begin{{{env}}}{rows}\end{{{env}}}"
+
+
+MATRIX_ATTACKS = [rf"\boxed{{\det{_matrix(7)}}}", rf"\boxed{{{_matrix(7, 'vmatrix')}}}",
+                  rf"\boxed{{\det{_matrix(5, 'bmatrix')}}}", rf"\boxed{{{_matrix(6)}^{{2}}}}",
+                  rf"\boxed{{\operatorname{{rank}}{_matrix(8)}}}", rf"\boxed{{{_matrix(7)}{_matrix(7)}}}"]
 
 
 @pytest.fixture
@@ -65,6 +95,28 @@ def test_any_spelling_of_a_huge_number_is_refused_before_evaluation(watched, res
     assert answer_parses and not any(answer_parses), "the answer was parsed with evaluation on"
 
 
+@pytest.mark.parametrize("response", MATRIX_ATTACKS)
+def test_an_operation_on_a_big_matrix_is_refused_before_parsing(watched, response):
+    """The parser computes a determinant (rank, power, product) as it reads it: a 7x7 symbolic
+    one took over 5 s before any tree existed to check. Refused by the text, never parsed."""
+    v = grade_math(response, "1", CFG)
+    assert not v.correct and v.details["reason"].startswith("too costly"), v.details
+    assert [text for text, _ in watched if text != "$1$"] == []
+
+
+@pytest.mark.parametrize("filler", ["\\(", "\\[", "1 ", "$1", "\\( 1 + "])
+def test_the_fallback_extraction_reads_the_end_of_the_text(monkeypatch, filler):
+    """math-verify's extraction over the whole answer text is quadratic on degenerate text
+    (25 KB of `\\(` cost seconds): where the answer sentence holds nothing, it reads at most
+    MAX_CHARS characters of the end."""
+    from tandem.reward.answer_cost import MAX_CHARS
+    read = []
+    real_parse = grader.parse
+    monkeypatch.setattr(grader, "parse", lambda text, *a, **k: read.append(text) or real_parse(text, *a, **k))
+    grade_math(filler * (25_000 // len(filler)) + "\nDone.", "1", CFG)
+    assert read and max(map(len, read)) <= MAX_CHARS
+
+
 @pytest.mark.parametrize("gold, response", [
     ("2^{1000}", r"\boxed{2^{1000}}"),
     ("2^{1024}", r"\boxed{2^{2^{10}}}"),
@@ -74,6 +126,12 @@ def test_any_spelling_of_a_huge_number_is_refused_before_evaluation(watched, res
     ("1", r"\boxed{1^{100}}"),
     ("10^{9999}", r"\boxed{10^{9999}}"),
     ("5050", r"\boxed{\sum_{k=1}^{100} k}"),
+    ("3628800", r"\boxed{\prod_{k=1}^{10} k}"),
+    ("x^2+2x+1", r"\boxed{(x+1)^2}"),
+    ("(x+1)^{10}", r"\boxed{(1+x)^{10}}"),
+    ("-2", r"\boxed{\det\begin{pmatrix}1&2\\3&4\end{pmatrix}}"),
+    (_matrix(6), rf"\boxed{{{_matrix(6)}}}"),                 # a matrix that is the answer
+    (r"\frac{1}{3}", r"\boxed{\int_0^1 x^2\, dx}"),
 ])
 def test_large_but_ordinary_answers_still_grade(gold, response):
     """Under the default limits (`math_timeout_s` 5 s): the slowest case takes about 0.5 s alone;
@@ -82,11 +140,12 @@ def test_large_but_ordinary_answers_still_grade(gold, response):
     assert v.correct, v.details
 
 
-def test_within_the_limits_the_timeout_is_still_the_backstop():
-    """(x+y+z+1)^{40} is a small tree sympy is slow to compare: the cost check lets it by."""
+def test_a_small_tree_that_expands_to_thousands_of_terms_is_refused():
+    """(x+y+z+1)^{40} is a small tree sympy is slow to compare (issue 32 left it to the timeout):
+    the walk bounds what its expansion holds."""
     with evaluate(False):
         tree = parse(r"$(x+y+z+1)^{40}$", [LatexExtractionConfig()], parsing_timeout=None)
-    assert tree_cost(tree) is None
+    assert tree_cost(tree).startswith("too costly: an expression of about 1.23e+04 terms")
 
 
 def test_the_walk_visits_each_node_once():
