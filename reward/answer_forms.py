@@ -28,14 +28,17 @@ _DEGREES = re.compile(r"\s*(?:\^\s*\{\s*(?:°|\\degree|\\circ)\s*\}|\^\s*(?:°|\
                       r"|\\text\s*\{\s*°\s*\})(?![A-Za-z])")
 _E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d{1,6})(?![\w.])")
 _REPEATING = re.compile(r"(?<![\d.])(\d*)\.(\d{0,50})\\(?:overline|bar|dot)\s*(?:\{\s*(\d{1,50})\s*\}|(\d))")
-_EMPTY = re.compile(r"\\varnothing(?![A-Za-z])|∅|\\\{\s*\\\}|\\left\\\{\s*\\right\\\}")
+_EMPTY = re.compile(r"\\varnothing(?![A-Za-z])|∅|(?:\\left)?\\\{(?:\s|\\[ ,;:!])*(?:\\right)?\\\}")
 _FULL_STOP = re.compile(r"(?<=\d)\s*\.\s*$")
 _PLUS_MINUS = re.compile(r"\\(?:pm|mp)(?![A-Za-z])|±|∓")
 MAX_SIGNS = 3              # ± in one answer: 2^3 values at most
 MAX_PLAIN_EXPONENT = 300   # 1e300 is written out (301 digits); 1e301 stays a power of ten
 # A unit: the letters of a \text{} (or \mathrm{}, \mbox{}) after a number, with a power.
-_UNIT = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)\s*\{\s*(?:-?\d+(?:\.\d+)?\s*)?"
-                   r"([A-Za-z][A-Za-z. ]{0,30}?)\s*\.?\s*\}(\s*\^\s*\{?\s*\d\s*\}?)?")
+_UNIT = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox|operatorname)\s*\{[\s~]*(?:-?\d+(?:\.\d+)?[\s~]*)?"
+                   r"([A-Za-z][A-Za-z./ ~^\d-]{0,30}?)\s*\.?\s*\}(\s*\^\s*\{?\s*\d\s*\}?)?")
+# In a sentence, a unit is a known one's symbol or name right after the number.
+_PROSE_UNIT = re.compile(r"\d\s*([A-Za-z]+(?:/[A-Za-z]+)?)\b\.?\s*$")
+_SYMBOLS = {"m", "cm", "mm", "km", "in", "ft", "yd", "mi", "s", "min", "h", "g", "kg", "mg", "L", "mL"}
 _UNIT_NAMES = {"meter": "m", "metre": "m", "centimeter": "cm", "centimetre": "cm", "millimeter": "mm",
                "millimetre": "mm", "kilometer": "km", "kilometre": "km", "inch": "in", "inche": "in", "foot": "ft",
                "feet": "ft", "yard": "yd", "mile": "mi", "second": "s", "sec": "s", "minute": "min", "hour": "h",
@@ -73,7 +76,7 @@ def plus_minus(text: str) -> str | None:
     """`a \\pm b` as its values, `a + b, a - b` (each sign of each ±, at most MAX_SIGNS of them),
     or None where `text` has no ±, or is a list or set already (math-verify reads those)."""
     marks = list(_PLUS_MINUS.finditer(text))
-    if not marks or len(marks) > MAX_SIGNS or re.search(r"[,;]|\\\{|\\begin", text):
+    if not marks or len(marks) > MAX_SIGNS or _listed(text):
         return None
     edges = [0, *(x for m in marks for x in (m.start(), m.end())), len(text)]
     pieces = [text[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2)]
@@ -87,15 +90,39 @@ def plus_minus(text: str) -> str | None:
     return ", ".join(values)
 
 
+def _listed(text: str) -> bool:
+    """Whether `text` is a list or a set at its top level (`1 \\pm \\sqrt{5}, -2`); a comma in a
+    subscript (`x_{1,2}`) is not one."""
+    depth = 0
+    for i, c in enumerate(text):
+        if c in "{([" and text[i - 1:i] != "\\":
+            depth += 1
+        elif c in "})]" and text[i - 1:i] != "\\":
+            depth -= 1
+        elif depth == 0 and c in ",;":
+            return True
+    return "\\{" in text or "\\begin" in text
+
+
 def unit(text: str) -> str | None:
     """The unit an answer states after its number (`5\\text{ cm}`, `5\\,\\mathrm{m}^2`,
     `\\text{5 square meters}`), in one spelling (`meters` is `m`), or None."""
-    found = [m for m in _UNIT.finditer(text) if m.group(1).strip().lower() not in _NOT_UNITS]
+    found = [(m.group(1), m.group(2)) for m in _UNIT.finditer(text) if m.group(1).strip().lower() not in _NOT_UNITS]
+    if not found and (bare := _PROSE_UNIT.search(text)) and _spelled(bare.group(1)) in _SYMBOLS | set(_UNIT_NAMES.values()):
+        found = [(bare.group(1), None)]
     if not found:
         return None
-    words = [_UNIT_NAMES.get(w.lower().rstrip("s") if len(w) > 3 else w, w.lower() if len(w) > 3 else w)
-             for w in found[-1].group(1).replace(".", " ").split()]
-    power = re.sub(r"\D", "", found[-1].group(2) or "")
+    words = [_spelled(w) for w in re.split(r"[\s~.]+", found[-1][0]) if w]
+    power = re.sub(r"\D", "", found[-1][1] or "")
+    if not words:
+        return None
     if words[0] in ("square", "cubic") and len(words) > 1:        # square meters: m^2
         power, words = ("2" if words[0] == "square" else "3"), words[1:]
     return " ".join(words) + (f"^{power}" if power and power != "1" else "")
+
+
+def _spelled(word: str) -> str:
+    """One spelling of a unit's word: `meters` is `m`, `Meters` too; a symbol stays as written."""
+    if len(word) <= 3:
+        return word
+    return _UNIT_NAMES.get(word.lower().rstrip("s"), word.lower())

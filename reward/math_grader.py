@@ -154,8 +154,8 @@ def grade_math(response: str, answer: str, cfg: RewardConfig | None = None,
             # (math-verify reads one: `12 \\approx 13` as 12, `x = 12 \\vee x = 13` as 13), and
             # a unit, where both state one, is the reference's (math-verify drops both).
             if not several and (boxed is not None or states_answer(final)):
-                why = every_side(relation_sides(extracted if isinstance(pred[-1], str) else final),
-                                 _is_name, lambda side, near: _side_is(gold, side, near, rounding))
+                chain = final if boxed is not None else statement(final)
+                why = every_side(relation_sides(chain), _is_name, lambda side, near: _side_is(gold, side, near, rounding))
                 if why:
                     return _verdict(False, cfg, why, final, source=source)
             if ok and (units := (unit(answer), unit(final)))[0] and units[1] and units[0] != units[1]:
@@ -244,7 +244,12 @@ def _is_name(side: str) -> bool:
     undefined function. A side that does not parse is not a name."""
     from sympy.core.function import AppliedUndef
     parsed = [p for p in _parse_answer(f"${side}$", None, _BOXED) if isinstance(p, Basic)]
-    return bool(parsed) and bool(parsed[0].free_symbols or parsed[0].atoms(AppliedUndef))
+    if not parsed:        # P(X = 2), Pr(A \\mid B): a function of what LaTeX cannot read alone
+        return _CALLED.fullmatch(side) is not None
+    return bool(parsed[0].free_symbols or parsed[0].atoms(AppliedUndef))
+
+
+_CALLED = re.compile(r"\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?\w+\}?)?\s*\(.*\)\s*", re.DOTALL)
 
 
 def _side_is(gold: list, side: str, approximate: bool, rounding: int) -> bool:

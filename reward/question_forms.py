@@ -22,11 +22,12 @@ _LINE_OPTION = re.compile(r"(?m)^\s*\(?([A-E])[.):]\s+(.+?)\s*$")
 _SPACING = re.compile(r"\\q?quad|\\[ ,;!]|\\text\s*\{\s*\}|~")
 _LETTER = re.compile(r"\s*(?:\\(?:textbf|text|mathrm|mathbf)\s*\{\s*)?\(?\s*([A-E])\s*\)?\s*\}?"
                      r"(?![A-Za-z])(.*)", re.DOTALL)
+_CHOICE = re.compile(r"^\s*(?:option|choice)\s+", re.IGNORECASE)
 _ASKS_PERCENT = re.compile(r"\b(?:what|which)\s+(?:\w+\s+){0,3}?percent(?:age)?\b|\bas\s+a\s+percent(?:age)?\b|"
                            r"\bhow\s+many\s+percent\b|\bin\s+percent\b|\bnearest\s+(?:whole\s+|tenth\s+of\s+a\s+)?percent\b",
                            re.IGNORECASE)
 _PERCENT = re.compile(r"\\?%|\\percent\b|\bpercent\b")
-_PERCENT_SIGN = re.compile(r"\s*\\?%")
+_PERCENT_SIGN = re.compile(r"\s*(?:\\(?:text|mathrm|textrm)\s*\{\s*(?:\\?%|percent)\s*\}|\\?%|\\percent\b|\bpercent\b)")
 
 
 def options(question: str) -> dict[str, str]:
@@ -57,7 +58,7 @@ def option_named(answer: str, listed: dict[str, str]) -> str | None:
 
 def letter(answer: str) -> str | None:
     """The option letter an answer is and nothing more (`B`, `(B)`, `\\textbf{(B)}`), or None."""
-    got = _LETTER.fullmatch(answer)
+    got = _LETTER.fullmatch(_CHOICE.sub("", answer))
     return got.group(1) if got and not _clean(got.group(2)).strip("*") else None
 
 

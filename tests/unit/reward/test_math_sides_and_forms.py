@@ -24,7 +24,7 @@ CHAINS = [r"x = 12 \vee x = 13", r"x = 12 \lor x = 13", r"x = 12 \wedge x = 13",
 @pytest.mark.parametrize("gold", ["12", "13"])
 @pytest.mark.parametrize("chain", CHAINS)
 def test_a_relation_chain_is_graded_on_every_side(gold, chain):
-    for response in (rf"\boxed{{{chain}}}", f"The answer is ${chain}$."):
+    for response in (rf"\boxed{{{chain}}}", f"The answer is ${chain}$.", f"The answer is {chain}."):
         v = grade_math(response, gold, CFG)
         assert not v.correct and v.details["reason"].startswith("hedged"), (response, v.details)
 
@@ -52,6 +52,9 @@ def test_a_value_read_out_of_a_box_is_not_its_answer(gold, response):
     (r"\sqrt{2}", r"\boxed{\sqrt{2} \approx 1.414}"),     # an approximation of the answer itself
     (r"\pi", r"\boxed{\pi \approx 3.14}"),
     ("7", "The answer is $f(2) = 7$."),
+    ("2", r"\boxed{f^{-1}(3) = 2}"),
+    (r"\frac14", r"\boxed{P(X=2) = \frac{1}{4}}"),
+    ("55", r"\boxed{S_{10} = 55}"),
 ])
 def test_a_relation_whose_every_side_is_the_answer_is_right(gold, response):
     v = grade_math(response, gold, CFG)
@@ -59,7 +62,7 @@ def test_a_relation_whose_every_side_is_the_answer_is_right(gold, response):
 
 
 @pytest.mark.parametrize("response", [r"\boxed{12\%}", r"\boxed{12 \%}", r"\boxed{12%}", "The answer is 12%.",
-                                      r"\boxed{12\text{\%}}"])
+                                      r"\boxed{12\text{\%}}", r"\boxed{12 \text{ percent}}", "The answer is 12 percent."])
 def test_a_percent_where_none_is_asked_is_its_fraction(response):
     v = grade_math(response, "12", CFG, question=COUNT)
     assert not v.correct, v.details
@@ -99,6 +102,8 @@ def test_a_small_number_written_to_its_digits_is_right(gold, response):
     (r"5\text{ m}", r"\boxed{5\text{ cm}}", False), (r"5\,\mathrm{m}", r"\boxed{5\,\mathrm{cm}}", False),
     (r"5\text{ m}", r"\boxed{5\text{ km}}", False), (r"5\text{ m}", r"\boxed{5\text{ m}^2}", False),
     (r"5\text{ m}", r"\boxed{\text{5 cm}}", False), (r"5\text{ minutes}", r"\boxed{5\text{ seconds}}", False),
+    (r"5\text{ m}", r"\boxed{5 \mathrm{~cm}}", False), (r"5\,\mathrm{km/h}", r"\boxed{5\,\mathrm{m/s}}", False),
+    (r"5\text{ m}", "The answer is 5 cm.", False), (r"5\text{ m}", "The answer is 5 meters.", True),
     (r"5\text{ m}", r"\boxed{5\text{ meters}}", True), (r"5\text{ m}", r"\boxed{5}", True),
     ("5", r"\boxed{5\text{ m}}", True), (r"5\text{ m}^2", r"\boxed{5\text{ square meters}}", True),
     (r"5\text{ cm}", r"\boxed{5\text{ cm}}", True),
@@ -120,16 +125,19 @@ def test_a_unit_both_sides_state_is_the_same_unit(gold, response, right):
     (r"\frac{-1 \pm \sqrt{5}}{2}", r"\boxed{\frac{-1+\sqrt{5}}{2}, \frac{-1-\sqrt{5}}{2}}"),
     (r"1+\sqrt{2}, 1-\sqrt{2}", r"\boxed{1 \pm \sqrt{2}}"), (r"1+\sqrt{2}, 1-\sqrt{2}", r"\boxed{x = 1 \pm \sqrt{2}}"),
     ("3, -3", r"\boxed{\pm 3}"), (r"\frac{1 \mp \sqrt{3}}{2}", r"\boxed{\frac{1 \pm \sqrt{3}}{2}}"),
+    (r"\frac{-1+\sqrt{5}}{2}, \frac{-1-\sqrt{5}}{2}", r"\boxed{x_{1,2} = \frac{-1 \pm \sqrt{5}}{2}}"),
+    (r"\frac{-1+\sqrt{5}}{2}, \frac{-1-\sqrt{5}}{2}", r"\boxed{\frac{1}{2}(-1 \pm \sqrt{5})}"),
     (r"\frac13", r"\boxed{0.\overline{3}}"), (r"\frac16", r"\boxed{0.1\overline{6}}"), (r"\frac17", r"\boxed{0.\overline{142857}}"),
     (r"\frac43", r"\boxed{1.\overline{3}}"), (r"\frac13", r"\boxed{0.\bar{3}}"), (r"\frac13", r"\boxed{0.\dot{3}}"),
     (r"-\frac13", r"\boxed{-0.\overline{3}}"), (r"0.\overline{3}", r"\boxed{\frac{1}{3}}"),
     (r"\varnothing", r"\boxed{\emptyset}"), (r"\emptyset", r"\boxed{\varnothing}"), (r"\emptyset", r"\boxed{∅}"),
-    (r"\varnothing", r"\boxed{\{\}}"),
+    (r"\varnothing", r"\boxed{\{\}}"), (r"\varnothing", r"\boxed{\{\ \}}"),
     (r"(-\infty,-1)\cup(1,\infty)", r"\boxed{(-\infty,-1) \lor (1,\infty)}"),
     (r"(-\infty,-1)\cup(1,\infty)", r"\boxed{(-\infty,-1) \vee (1,\infty)}"),
     (r"(-\infty,-1)\cup(1,\infty)", r"\boxed{(-\infty,-1) \text{ or } (1,\infty)}"),
     ("B", "The answer is (B)."), ("B", "The correct answer is B."), ("C", "**Answer: (C)**"),
-    ("B", r"The answer is \textbf{(B)}."), ("(B)", "The answer is B."),
+    ("B", r"The answer is \textbf{(B)}."), ("(B)", "The answer is B."), ("B", "The answer is option B."),
+    ("B", "The answer is choice (B)."), ("B", "**(B)**"), ("45", r"\boxed{45 \text{ degrees}}"), ("42", r"\boxed{\$42.}"),
 ])
 def test_forms_math_verify_misreads_are_right(gold, response):
     v = grade_math(response, gold, CFG)
