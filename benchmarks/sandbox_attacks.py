@@ -7,9 +7,11 @@ Each row runs one attack a few times and reports the median grader time (start t
 worker's time whatever the program does; most attacks end at their test's limit, well before). Before the absolute
 deadline, a program that closed its pipes and slept held a 1-test task for the grader's whole
 grace period (35 s against a 5 s limit, as reported in the issue); the goal is at most 100 ms.
-The unprivileged grader runs this module again under `unshare --user` (as on clusters, where the
-program can signal the harness: `stop_the_harness`), without a cgroup (a cluster user's grader
-has none to write; in the user namespace the real root's would look writable).
+The unprivileged grader runs this module again as a real ordinary user with no cgroup to write
+(tests/support/grader_users.py: a mount namespace hiding /sys/fs/cgroup, then setpriv), as on
+clusters, where the program can signal the harness (`stop_the_harness`) and only the harness's
+watch and the kernel's per-user limits bound the sandbox as a whole. (`unshare --map-user`
+kept real uid 0: the kernel's process limit never applied and the host's cgroup stayed writable.)
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ ATTACKS = {
     "memory hog": ("a = []\nwhile True:\n    a.append(bytearray(10 << 20))", 1),
     "output flood": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", 1),
     "every test loops (total limit)": ("while True:\n    pass", 6),
+    # issue 61: killed and reaped after its test, no longer kept (and spinning) for the whole task
+    "each test leaves a spinner in its own session": ("import os\nif os.fork() == 0:\n    os.setsid()\n"
+                                                     "    while True:\n        pass\nprint('x')", 6),
 }
 
 
@@ -62,10 +67,11 @@ def main(quick: bool = False) -> dict:
     if Sandbox(RewardConfig()).isolation != "bwrap":
         raise SystemExit("bubblewrap is not usable here: nothing to measure")
     graders = {"root" if os.getuid() == 0 else "this user": _measure(repeats)}
-    if shutil.which("unshare") and os.getuid() == 0:
-        r = subprocess.run(["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable,
-                            "-m", "benchmarks.sandbox_attacks", "--inner", str(repeats)],
-                           capture_output=True, text=True, check=True)
+    if shutil.which("unshare") and shutil.which("setpriv") and os.getuid() == 0:
+        from tests.support.grader_users import CHECKOUT, user_prefix
+        r = subprocess.run([*user_prefix(), sys.executable, "-m", "benchmarks.sandbox_attacks", "--inner", str(repeats)],
+                           capture_output=True, text=True, check=True, cwd=CHECKOUT,
+                           env={**os.environ, "PYTHONPATH": CHECKOUT})
         graders["unprivileged user"] = json.loads(r.stdout)
     rows, worst = [], 0.0
     for grader, results in graders.items():
