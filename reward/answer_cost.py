@@ -7,7 +7,8 @@ authors thought of misses every other spelling. So the check reads what the veri
 compute, in two steps:
 
 1. **The text** (`shape_cost`), before parsing, since the parser itself recurses and backtracks:
-   its length and its bracket nesting.
+   its length and its bracket nesting; and what the parser computes while reading (an operation
+   on a matrix: a 7x7 symbolic determinant took over the timeout before any tree existed).
 2. **The parsed tree** (`tree_cost`): the answer is parsed with sympy's evaluation off (the
    parse builds the expression, computes nothing), then one walk over the tree estimates, for
    every numeric node, the value and the digits its exact evaluation would have — a power
@@ -17,8 +18,10 @@ compute, in two steps:
    The walk visits each node once and does float arithmetic only (overflow is infinity), so
    its cost is linear in the tree, and the tree in the answer's length.
 
-The per-answer timeout stays as the backstop for costs that are not about the size of a
-number (sympy comparing `(x+y+z+1)^{40}`).
+What is slow without a big number in sight is read from the tree too (issue 61): a sum or
+product's terms (nested ones multiplied) and its terms' size at the variables' largest magnitude,
+the terms an expression expands to (`(x+y+z+1)^{40}`, which issue 32 left to the timeout),
+integrals of what is not a polynomial. The per-answer timeout stays as the backstop.
 """
 from __future__ import annotations
 

@@ -112,6 +112,16 @@ def wait_no_sandbox_processes(timeout_s: float = 5.0) -> list[str]:
     return left
 
 
+def slow_item(k: int):
+    """An item that holds a grader worker for its whole limit: a program that sleeps through its
+    test's time limit (`reward.code_test_timeout_s`, 1 s here), then a verdict ("timeout"), not an
+    error. `k` makes items distinct (identical ones are graded once). No math answer does any more:
+    the answer contract refuses what would be slow (issue 61; `(x+y+z+1)^{40}` served here before)."""
+    from tandem.services.protocol import GradeItem
+    return GradeItem(task="code", response="```python\nimport time\ntime.sleep(60)\n```",
+                     tests={"inputs": [str(k)], "outputs": ["never"]})
+
+
 REWARD_OVERRIDES = ["reward.num_workers=2", "reward.math_timeout_s=2.0", "reward.code_test_timeout_s=1.0",
                     "reward.code_total_timeout_s=4.0", "reward.code_memory_mb=256"]
 

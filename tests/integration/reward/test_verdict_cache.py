@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from reward_service_helpers import REWARD_OVERRIDES, start_service, stop_service
+from reward_service_helpers import REWARD_OVERRIDES, slow_item, start_service, stop_service
 
 from tandem.services.protocol import GradeItem, GradeRequest, RequestClient
 
 DOUBLE = "```python\nprint(int(input()) * 2)\n```"
 TESTS = {"inputs": ["2\n", "5\n"], "outputs": ["4", "10"]}
-# Within the answer contract's limits, but slower than math_timeout_s (2 s) for sympy.
-SLOW = r"\boxed{(x+y+z+1)^{40}}"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +53,7 @@ def test_repeats_are_graded_once(service):
 
 
 def test_an_error_verdict_is_not_remembered(service):
-    blockers = [GradeItem(task="math", response=SLOW, answer=str(k)) for k in range(4)]
+    blockers = [slow_item(k) for k in range(4)]
     late = GradeItem(task="math", response=r"\boxed{12}", answer="12")
     first = _grade(service, blockers + [late], deadline_s=0.5)
     assert "deadline" in first[-1].details.get("error", "")
@@ -64,7 +62,7 @@ def test_an_error_verdict_is_not_remembered(service):
 
 
 def test_a_shared_job_runs_for_the_request_that_still_waits(service):
-    blockers = [GradeItem(task="math", response=SLOW, answer=str(k)) for k in range(10, 14)]
+    blockers = [slow_item(k) for k in range(10, 14)]
     item = GradeItem(task="math", response=r"\boxed{34}", answer="34")
 
     async def main():
