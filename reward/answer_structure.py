@@ -56,7 +56,7 @@ _MATRICES = {"matrix", "pmatrix", "bmatrix", "Bmatrix", "vmatrix", "Vmatrix", "s
 _CALLER = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)$")      # f(1, 2), \gcd(4, 6): arguments, not a list
 _STATED = re.compile(r"\banswer\s*(?:is|:|=)\s*", re.IGNORECASE)
 # What chains values: relations, arrows and logical connectives (a side of each is a value).
-_CHAIN = re.compile(r"(?<![<>!=\\])=(?!=)|==|[<>≤≥≠≈∼≃≅≡→⇒⇔↔←⇐⟹⟶⟵↦∨∧]"
+_CHAIN = re.compile(r"(?<![<>!=:\\])=(?!=)|==|[<>≤≥≠≈∼≃≅≡→⇒⇔↔←⇐⟹⟶⟵↦∨∧]"
                     r"|\\(?:approx|sim|simeq|cong|equiv|doteq|propto|neq?|leq?|geq?|lt|gt|leqslant|geqslant|ll|gg"
                     r"|to|gets|mapsto|implies|impliedby|iff|vee|lor|wedge|land|leadsto"
                     r"|(?:[lL]ong)?(?:left|right|leftright|Left|Right|Leftright)arrow)(?![A-Za-z])")

@@ -55,6 +55,7 @@ def test_a_value_read_out_of_a_box_is_not_its_answer(gold, response):
     ("2", r"\boxed{f^{-1}(3) = 2}"),
     (r"\frac14", r"\boxed{P(X=2) = \frac{1}{4}}"),
     ("55", r"\boxed{S_{10} = 55}"),
+    ("5", r"\boxed{x := 5}"),
 ])
 def test_a_relation_whose_every_side_is_the_answer_is_right(gold, response):
     v = grade_math(response, gold, CFG)
