@@ -24,6 +24,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from benchmarks.common import cli, print_table, write_results
 from tandem.reward.config import RewardConfig
@@ -68,7 +69,8 @@ def main(quick: bool = False) -> dict:
         raise SystemExit("bubblewrap is not usable here: nothing to measure")
     graders = {"root" if os.getuid() == 0 else "this user": _measure(repeats)}
     if shutil.which("unshare") and shutil.which("setpriv") and os.getuid() == 0:
-        from tests.support.grader_users import CHECKOUT, user_prefix
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+        from grader_users import CHECKOUT, user_prefix  # the tests' ordinary user (real_users.py)
         r = subprocess.run([*user_prefix(), sys.executable, "-m", "benchmarks.sandbox_attacks", "--inner", str(repeats)],
                            capture_output=True, text=True, check=True, cwd=CHECKOUT,
                            env={**os.environ, "PYTHONPATH": CHECKOUT})

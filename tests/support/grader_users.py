@@ -8,12 +8,9 @@ the tests run as root), `user` in a child process that is really that ordinary u
 
 `unshare --user --map-user=1000` is not one: its real user id stays 0, so the kernel applies no
 process limit to it and it can still write the host's cgroup directories (issue 61: the "user"
-pass always had a cgroup and never exercised the watch). So the child is started in a mount
-namespace of its own (`unshare --mount`, as root) where a tmpfs hides `/sys/fs/cgroup` and
-another hides each folder on the way to the interpreter that others may not enter (`/root` of a
-pyenv install; what is needed below it is bound back), then drops to a real unprivileged user id
-with `setpriv` (no capabilities, no supplementary groups, no new privileges): no cgroup to
-write, whatever the host's layout, and every kernel limit of an ordinary user. The user id is
+pass always had a cgroup and never exercised the watch). So the child is a real unprivileged
+user with no cgroup to write (tests/support/real_users.py: a mount namespace hiding
+/sys/fs/cgroup, then setpriv): every kernel limit of an ordinary user, whatever the host's layout. The user id is
 one per test process, so the kernel's per-user process count is not shared with another pytest
 worker. The child runs `python -m grader_users` on a JSON batch.
 """
@@ -22,19 +19,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import real_users
+from real_users import CHECKOUT, SUPPORT
+
 USERS = ("root", "user")
 # One per test process (the kernel counts RLIMIT_NPROC per real user id).
 GRADER_UID = 61000 + os.getpid() % 2000
-SUPPORT = str(Path(__file__).resolve().parent)
-CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 
 def why_not(user: str) -> str | None:
@@ -57,18 +53,6 @@ def why_not(user: str) -> str | None:
     return None if r.returncode == 0 else f"no unprivileged grader here: {r.stderr[-300:]}"
 
 
-def _closed_ancestors(path: str) -> list[str]:
-    """The folders leading to `path` that others may not enter (e.g. /root, 0700)."""
-    out = []
-    for p in reversed(Path(path).parents):
-        try:
-            if not os.stat(p).st_mode & stat.S_IXOTH:
-                out.append(str(p))
-        except OSError:
-            break
-    return out
-
-
 def _home() -> str:
     """A home of the grader user's own (0700, theirs), kept for the test process."""
     home = Path(tempfile.gettempdir()) / f"tandem-grader-{GRADER_UID}"
@@ -78,30 +62,14 @@ def _home() -> str:
 
 
 def user_prefix(readable: tuple[str, ...] = ()) -> list[str]:
-    """The command prefix that runs a command as the ordinary grader described above; the
-    interpreter, the checkout, the sandbox's gathered libraries and `readable` are reachable."""
+    """The command prefix that runs a command as the ordinary grader described above
+    (real_users.py, with no cgroup to write); the interpreter, the checkout, the sandbox's
+    gathered libraries and `readable` are reachable."""
     from tandem.reward.sandbox_root import _cache_root, library_stage
 
     library_stage()                     # gathered by root once, read by the user
-    needed = [sys.base_prefix, sys.prefix, os.path.realpath(sys.executable), CHECKOUT, SUPPORT,
-              str(_cache_root()), *readable]
-    script = ["set -e", "mount -t tmpfs -o size=1m,mode=755 tandem-no-cgroup /sys/fs/cgroup"]
-    keep = _home() + "-keep"            # where each hidden folder stays reachable (root's, 0700)
-    os.makedirs(keep, mode=0o700, exist_ok=True)
-    for n, closed in enumerate(sorted({c for p in needed for c in _closed_ancestors(p)}, key=len)):
-        inside = [p for p in needed if Path(p).is_relative_to(closed) and p != closed]
-        script += [f"mkdir -p {keep}/{n}", f"mount --bind {shlex.quote(closed)} {keep}/{n}",
-                   f"mount -t tmpfs -o size=1m,mode=755 tandem-hidden {shlex.quote(closed)}"]
-        for p in inside:
-            top = Path(closed) / Path(p).relative_to(closed).parts[0]
-            kind = "touch" if os.path.isfile(top) else "mkdir -p"
-            script += [f"[ -e {shlex.quote(str(top))} ] || {kind} {shlex.quote(str(top))}",
-                       f"mountpoint -q {shlex.quote(str(top))} || mount --bind {keep}/{n}/{shlex.quote(top.name)} "
-                       f"{shlex.quote(str(top))}"]
-    home = _home()
-    script.append(f'exec setpriv --reuid={GRADER_UID} --regid={GRADER_UID} --clear-groups --inh-caps=-all '
-                  f'--no-new-privs env HOME={home} XDG_CACHE_HOME={shlex.quote(str(_cache_root().parents[1]))} "$@"')
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script), "grader-user"]
+    return [*real_users.user_prefix(GRADER_UID, cgroup=False, readable=(str(_cache_root()), *readable)),
+            "env", f"HOME={_home()}", f"XDG_CACHE_HOME={_cache_root().parents[1]}"]
 
 
 def _run_here(cases: list[dict], cfg: dict) -> list[dict]:
