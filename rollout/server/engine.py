@@ -21,6 +21,7 @@ CPU). What leaves the engine (token ids, log-probs) is python ints and floats.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -37,6 +38,9 @@ from .kv_rows import with_cache
 from .sampling import SamplingParams, logprob_temperature, sample_rows
 from .versions import VersionChange, add_to_meta, spans
 from .window import GenWindow
+
+# Waiting requests looked at for samples sharing an admitted request's prompt (see _same_prompt).
+SAME_PROMPT_SCAN = 1024
 
 log = logging.getLogger(__name__)
 
@@ -315,12 +319,16 @@ class Engine:
     def _same_prompt(self, r: Request, room: int) -> list[Request]:
         """Up to `room` fresh waiting requests with r's exact prompt (a GRPO group's n samples):
         they share one prefill, each sampling its own first token from the same logits."""
-        if r.output_ids:
+        if r.output_ids or room <= 0:
             return []
-        same = [w for w in self.waiting if not w.output_ids and w.params.max_new_tokens > 0
-                and w.prompt_ids == r.prompt_ids][:max(room, 0)]
-        for w in same:
-            self.waiting.remove(w)
+        # A group's samples arrive together: looking at the front of the queue finds them, and
+        # keeps each admission's cost bounded however long the queue (tens of thousands of
+        # requests once made every admission scan and shift all of them).
+        same = [w for w in itertools.islice(self.waiting, SAME_PROMPT_SCAN) if not w.output_ids
+                and w.params.max_new_tokens > 0 and w.prompt_ids == r.prompt_ids][:room]
+        if same:
+            taken = {id(w) for w in same}
+            self.waiting = deque(w for w in self.waiting if id(w) not in taken)
         return same
 
     def _decode_step(self) -> None:

@@ -26,6 +26,8 @@ from .requests import parse_generate, read_json, text_to_input_ids
 from .sampling import BadRequest
 
 log = logging.getLogger(__name__)
+# How often a request's wait looks for its client gone (SGLang: SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s).
+DISCONNECT_CHECK_S = 4.0
 _N, _A = AuthLevel.NORMAL, AuthLevel.ADMIN_OPTIONAL
 # Every route served: (methods, path, GenServer method, auth level), the level each route has in
 # SGLang 0.5.23's entrypoints/http_server.py (its `@auth_level` decorators; none means NORMAL).
@@ -145,11 +147,11 @@ class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes, LoraRoutes):
 
         reqs, single = parse_generate(body, tokenizer=self.engine.tokenizer, vocab=self.engine.vocab_size,
                                       context_len=self.engine.context_len, on_done_factory=on_done_factory)
-        results = await self._run(reqs, futures, adapter)
+        results = await self._run(reqs, futures, adapter, request)
         return web.json_response(results[0] if single else results)
 
-    async def _run(self, reqs: list[Request], futures: list[asyncio.Future], adapter: str | None = None
-                   ) -> list[dict]:
+    async def _run(self, reqs: list[Request], futures: list[asyncio.Future], adapter: str | None = None,
+                   request=None) -> list[dict]:
         await self.open.wait()
         await self.resolve_adapter(adapter)     # after the pause, as SGLang resolves lora_path
         try:
@@ -157,7 +159,14 @@ class GenServer(ControlRoutes, InfoRoutes, OpenAIRoutes, LoraRoutes):
         except ValueError as e:
             raise BadRequest(str(e)) from None
         try:
-            return list(await asyncio.gather(*futures))
+            # As SGLang (tokenizer_manager `_wait_one_response`): every DISCONNECT_CHECK_S of
+            # waiting, a request whose client has gone is aborted. aiohttp cancels no handler on
+            # a disconnect, so without this the work went on for a client long gone.
+            while not all(f.done() for f in futures):
+                await asyncio.wait(futures, timeout=DISCONNECT_CHECK_S)
+                if request is not None and (request.transport is None or request.transport.is_closing()):
+                    raise asyncio.CancelledError
+            return [f.result() for f in futures]
         except asyncio.CancelledError:      # the client went away: stop spending compute on it
             for r in reqs:
                 self.engine.abort(rid=r.rid, message="client disconnected")

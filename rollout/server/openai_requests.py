@@ -21,7 +21,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .requests import MAX_CHARS_PER_TOKEN
+from .requests import MAX_CHARS_PER_TOKEN, MAX_SEQUENCES
 from .sampling import BadRequest, SamplingParams, parse_sampling_params
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -151,6 +151,8 @@ def _common(body: dict, route: str, served_name: str) -> dict:
     n = _get(body, "n", int, route, 1)
     if n < 1:
         raise OpenAIBadRequest(f"{route}: `n` must be >= 1, got {n}", "n")
+    if n > MAX_SEQUENCES:   # as /generate (requests.py)
+        raise OpenAIBadRequest(f"{route}: `n` must be <= {MAX_SEQUENCES}, got {n}", "n")
     stream = _get(body, "stream", bool, route, False)
     options = _get(body, "stream_options", dict, route, {})
     rid = body.get("rid")

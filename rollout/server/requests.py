@@ -29,6 +29,11 @@ _NEUTRAL_GENERATE = {
 _IGNORED_GENERATE = {"log_metrics", "conversation_id", "priority", "extra_key", "no_logs", "custom_labels",
                      "validation_time", "http_worker_ipc"}
 
+# Sequences one request may ask for (prompts x n): SGLang sets no bound, and one /generate of
+# n = 100,000 from a holder of the API key once queued 82,080 requests and stopped a run's
+# generation for minutes (docs/generation.md: where the embedded server differs).
+MAX_SEQUENCES = 1024
+
 
 def is_json_media_type(content_type: str | None) -> bool:
     """FastAPI's rule for reading a body as JSON: `application/json` or `application/*+json`
@@ -157,6 +162,9 @@ def parse_generate(body: dict, *, tokenizer, vocab: int, context_len: int, on_do
     n = params[0].n
     if any(p.n != n for p in params):
         raise BadRequest("/generate.sampling_params: n must be the same for every prompt")
+    if len(prompts) * n > MAX_SEQUENCES:   # before anything is made of it (a documented difference)
+        raise BadRequest(f"/generate asks for {len(prompts)} prompt(s) x n={n} sequences; at most {MAX_SEQUENCES} "
+                         f"per request")
     if n > 1:        # SGLang's parallel sampling: the prompt list repeated n times
         prompts, params, single = prompts * n, params * n, False
     count = len(prompts)

@@ -28,6 +28,9 @@ PROMPT = [1, 5, 20, 21]
     # Refused before tokenizing (once, 20 MB of text held the event loop for 35 s).
     ({"text": "a" * 2_000_000}, "cannot fit the context of 512 tokens"),
     ({"text": ["ok", "b" * 40_000]}, "/generate.text[1]"),
+    # Bounded before anything is queued (n = 100,000 once queued 82,080 requests for minutes).
+    ({"input_ids": PROMPT, "sampling_params": {"n": 1025}}, "1 prompt(s) x n=1025 sequences; at most 1024"),
+    ({"input_ids": [PROMPT] * 3, "sampling_params": {"n": 400}}, "3 prompt(s) x n=400 sequences"),
 ])
 def test_generate_rejects(shared_server, embedded_only, body, needle):
     status, reply = shared_server.post("/generate", body)
@@ -81,3 +84,38 @@ def test_a_client_leaving_mid_body_is_one_line_in_the_log(shared_process, shared
         assert time.monotonic() < deadline, log[-2000:]
         time.sleep(0.1)
     assert "Traceback" not in log and "/generate failed" not in log, log[-3000:]
+
+
+def test_a_client_that_hangs_up_stops_its_work(shared_process, shared_server, embedded_only):
+    """As SGLang aborts a request whose client has disconnected (within its 4 s wait), so does the
+    embedded server: 256 samples of 400 tokens each are abandoned by their client at once, and the
+    server stops well short of generating them all (aiohttp cancels no handler by itself: the work
+    once went on for a client long gone)."""
+    import json
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    def state() -> dict:
+        return shared_server.call("GET", "/server_info")[1]["internal_states"][0]
+
+    before = state()["generated_tokens"]
+    url = urlparse(shared_process.url)
+    body = json.dumps({"input_ids": PROMPT, "sampling_params": {"n": 256, "max_new_tokens": 400,
+                                                                "ignore_eos": True}}).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer "
+                  + shared_process.api.api_key.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                  + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 30
+        while state()["num_running_reqs"] == 0:   # it has started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    deadline = time.monotonic() + 120
+    while (now := state())["num_running_reqs"] or now["num_waiting_reqs"]:
+        assert time.monotonic() < deadline, now
+        time.sleep(0.2)
+    generated = now["generated_tokens"] - before
+    assert generated < 256 * 400 // 2, generated   # aborted, not run to the end
+    out = shared_server.generate(PROMPT, max_new_tokens=2, ignore_eos=True)   # and still serving
+    assert len(out["output_ids"]) == 2
