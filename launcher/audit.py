@@ -40,6 +40,11 @@ class Audit:
     prompts_trained_twice: list[str] = field(default_factory=list)   # prompt keys, under two group ids
     prompts_skipped: int = 0            # prompts workers gave up on after repeated failures
     steps: int = 0
+    # Why each dropped group was thrown away ({reason: group count}), and every sample the trainer
+    # refused alone before any group (its sender may not send it: trainer/trajectory_check.py).
+    drop_reasons: Counter = field(default_factory=Counter)
+    samples_refused: list[dict] = field(default_factory=list)
+    samples_refused_total: int = 0
     step_times: list[float] = field(default_factory=list)
     delivered_at: dict[str, float] = field(default_factory=dict)   # group id -> when a worker delivered it
 
@@ -58,6 +63,7 @@ class Audit:
                 "dropped": self.dropped, "held_at_end": self.held_at_end, "returned": self.returned,
                 "lost": len(self.lost), "trained_twice": len(self.trained_twice),
                 "prompts_trained_twice": len(self.prompts_trained_twice), "prompts_skipped": self.prompts_skipped,
+                "samples_refused": self.samples_refused_total, "drop_reasons": dict(self.drop_reasons),
                 "max_step_gap_s": round(self.max_gap_s(), 2)}
 
 
@@ -79,6 +85,14 @@ def audit(exp: ExpDir) -> Audit:
                 returned=len(returned), steps=len(steps), step_times=[r["time"] for r in steps],
                 delivered_at=delivered_at)
     out.lost = sorted(set(delivered_at) - kept - dropped - returned)
+    thrown = [r for r in records if r.get("role") == "trainer" and r.get("event") in ("thrown_away", "discarded_future")]
+    why = {}
+    for r in thrown:
+        reason = r.get("reason") or "generated past the checkpoint a resume went back to"
+        why.update(dict.fromkeys(r.get("group_ids") or r.get("dropped_ids") or (), reason))
+        out.samples_refused += r.get("samples", [])
+        out.samples_refused_total += r.get("samples_count", 0)
+    out.drop_reasons = Counter(why.get(gid, "(reason not recorded)") for gid in dropped)
     out.trained_twice = sorted(g for g, n in trained.items() if n > 1)
     out.prompts_trained_twice = sorted(k for k, n in prompts.items() if n > 1)
     for path in exp.checkpoints.glob("rollout-*.json"):
@@ -109,7 +123,8 @@ ROWS = (("delivered", "delivered", "groups the rollout workers pushed to the tra
         ("lost", "lost", "delivered, then nowhere"),
         ("trained twice", "trained_twice", ""),
         ("prompts trained twice", "prompts_trained_twice", "a worker's prompt, under two group ids"),
-        ("prompts skipped", "prompts_skipped", "workers gave up on them after repeated failures"))
+        ("prompts skipped", "prompts_skipped", "workers gave up on them after repeated failures"),
+        ("samples refused", "samples_refused", "refused alone before any group: their sender may not send them"))
 
 
 def audit_text(exp: ExpDir, result: Audit) -> str:
@@ -124,6 +139,14 @@ def audit_text(exp: ExpDir, result: Audit) -> str:
     for label, key, meaning in ROWS:
         lines.append(f"  {label:<{width}}  {d[key]:>7,}" + (f"  ({meaning})" if meaning else ""))
     lines.append(f"  {'longest step gap':<{width}}  {d['max_step_gap_s']:>7.2f} s")
+    if result.drop_reasons:
+        lines.append("groups dropped, by reason:")
+        lines += [f"  {n:>7,}  {reason}" for reason, n in result.drop_reasons.most_common()]
+    if result.samples_refused_total:
+        lines.append(f"samples refused alone, before any group ({result.samples_refused_total:,}; the first "
+                     f"{min(20, len(result.samples_refused))}):")
+        lines += [f"  {s['group_id']}/{s['sample_idx']} from {s['sender']}: {s['reason']}"
+                  for s in result.samples_refused[:20]]
     if result.lost:
         lines.append(f"lost groups: {' '.join(result.lost[:20])}")
     if result.trained_twice:

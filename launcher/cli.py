@@ -13,7 +13,7 @@ import sys
 from tandem.launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
 from tandem.launcher.launcher_watch import watch_launcher_from_env
 from tandem.launcher.placement import pin_from_env
-from tandem.services.protocol import exit_process
+from tandem.services.protocol import exit_process, raise_descriptor_limit
 from tandem.services.protocol.private import set_umask
 
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_from_env()
         # ... and stops when that launcher is gone, even if it could not stop it (SIGKILL).
         watch_launcher_from_env()
+        raise_descriptor_limit()
         if getattr(args, "exp", None):
             args.cfg = load_experiment(args.exp)
             # What the role writes into the run is its user's own (the group's to read with

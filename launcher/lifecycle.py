@@ -30,8 +30,10 @@ from tandem.services.protocol import (
     LaunchStarted,
     RegisterServer,
     SyncRequestClient,
+    generate_keys,
     load_keys,
     read_service,
+    worker_identity,
 )
 from tandem.services.protocol.trackers import finish_trackers, tracker_hints
 
@@ -93,6 +95,8 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         backend.check_can_start()
         roles = roles if roles is not None else experiment_roles(cfg, exp, resume, backend.gen_host,
                                                                  backend.pick_port)
+        # The key of each role it starts (services/protocol/keys.py): a rollout worker's is its own.
+        generate_keys(exp.keys, [worker_identity(r.index) for r in roles if r.kind == "rollout"])
     except (LaunchError, PlanError, ConfigError) as e:
         print(f"tandem run: {e}", file=sys.stderr, flush=True)
         _restore(previous_signals)

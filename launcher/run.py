@@ -61,7 +61,7 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
         raise
     save_resolved(cfg, exp.root)
     record_launch(exp.root, file, resume)   # file, commit and time: the report's title
-    generate_keys(exp.keys)
+    generate_keys(exp.keys)   # the run's keys; each rollout worker's is made as it is started (lifecycle.py)
     write_gen_keys(exp)
     if adapter is not None:   # kept by a resume: its servers restart with it and are caught up
         shutil.move(str(adapter), exp.initial_adapter)

@@ -79,9 +79,11 @@ class RewardService:
             log.error("code isolation %s: %s", self.pool.stats.isolation, UNISOLATED)
             return 2
         # A restart binds the announced port again: workers holding the address reach it at once.
+        # Graded for the workers and the evaluation only (keys.py: each role's own key).
         self.server = serve_at_previous_address(self.exp, "reward", load_keys(self.exp.keys),
                                                 {"grade": self.grade, "status": self.status},
-                                                host=self.cfg.host, port=self.cfg.port)
+                                                host=self.cfg.host, port=self.cfg.port,
+                                                senders={"grade": ("rollout-", "eval")})
         publish_service(self.exp, "reward", {"address": self.server.address, "workers": self.pool.size,
                                              "isolation": self.pool.stats.isolation, "grader": self.grader})
         log.info("reward service on %s: %d grader workers (%s), code isolation %s", self.server.address,

@@ -31,6 +31,12 @@ from tandem.services.protocol import code_tests_problem
 log = logging.getLogger(__name__)
 
 
+# A problem longer than this is no prompt a model can take (a 128K-token context holds about half
+# as many characters): such a row is skipped, not tokenized (two 20 MB rows once held a worker's
+# event loop until its leases expired, and took it to 4.3 GiB).
+MAX_PROBLEM_CHARS = 1_000_000
+
+
 class DatasetError(ValueError):
     pass
 
@@ -117,6 +123,9 @@ def _fields_to_prompt(row: dict, task: str, where: str, columns: dict) -> Prompt
     text, col = _field(row, columns, "prompt")
     if not isinstance(text, str) or not text.strip():
         raise DatasetError(f"{where}: no problem text in {_named('prompt', col, columns)}")
+    if len(text) > MAX_PROBLEM_CHARS:
+        raise DatasetError(f"{where}: a problem of {len(text):,} characters in {_named('prompt', col, columns)} "
+                           f"(at most {MAX_PROBLEM_CHARS:,}: longer than any context)")
     rid, _ = _field(row, columns, "id")
     rid = where if rid is None else str(rid)
     if task == "math":

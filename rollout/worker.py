@@ -33,6 +33,7 @@ from tandem.services.protocol import (
     TrajectorySource,
     load_keys,
     read_service,
+    worker_identity,
 )
 
 from .data_position import DataPosition
@@ -41,6 +42,9 @@ from .heldout_curve import HeldOutCurve
 from .workflow import EpisodeContext, RejectGroup, load_workflow
 
 log = logging.getLogger(__name__)
+# More characters than any tokenizer packs into one token: a problem longer than this many per
+# token of rollout.max_prompt_tokens is rejected before the workflow tokenizes it on the event loop.
+MAX_CHARS_PER_TOKEN = 64
 
 # A shutdown's drain, all of it: inside the launcher's grace before SIGKILL, with room left for
 # closing the trajectory socket. RECEIPTS_S of it is kept for the trainer's receipts.
@@ -77,7 +81,7 @@ class RolloutWorker:
         self.generator = generator
         self.controller = controller
         self.shutdown = shutdown
-        self.keys = load_keys(exp.keys)
+        self.keys = load_keys(exp.keys, worker_identity(rank))   # its own: it may speak for itself only
         self.metrics = MetricsWriter(exp, "rollout", rank)
         # Prompts are used up when their group settles (see data_position.py).
         self.data = DataPosition(exp.checkpoints / f"rollout-{rank}.json")
@@ -177,6 +181,9 @@ class RolloutWorker:
         """One ticket: run the workflow, push its trajectories, report the group — exactly once."""
         status, reason, timer = "failed", "", PhaseTimer()
         try:
+            if len(prompt.text) > self.rc.max_prompt_tokens * MAX_CHARS_PER_TOKEN:   # not worth tokenizing
+                raise RejectGroup(f"a problem of {len(prompt.text):,} characters cannot fit rollout.max_prompt_tokens="
+                                  f"{self.rc.max_prompt_tokens}")
             trajectories = await self.workflow(ctx, prompt, ticket)
             longest = max((len(t.prompt_ids) for t in trajectories), default=0)
             if longest > self.rc.max_prompt_tokens:   # it could not fit trainer.max_tokens_per_mb
@@ -184,6 +191,7 @@ class RolloutWorker:
                                   f"{self.rc.max_prompt_tokens}")
             for t in trajectories:   # one group per prompt is trained (trainer/buffer.py)
                 t.prompt_key = f"{self.rank}:{index}"
+                t.ticket_mac = ticket.mac   # the trainer checks the group was admitted to this worker
             # The prompt is used up once the trainer holds the whole group (its receipts).
             await self.sink.send_group(trajectories, on_receipted=lambda: self.data.settle(index))
             status = "accepted"

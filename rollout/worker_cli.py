@@ -29,6 +29,7 @@ from tandem.services.protocol import (
     load_keys,
     read_service,
     setup_role_logging,
+    worker_identity,
     write_json_atomic,
 )
 
@@ -71,7 +72,7 @@ class ControllerRouting:
 
 def _services(cfg, exp: ExpDir, worker_id: str):
     from tandem.rollout.client import GenerationClient
-    keys = load_keys(exp.keys)
+    keys = load_keys(exp.keys, worker_id)   # its own identity: it may speak for itself only (keys.py)
     controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30))
     # A run whose servers serve the trained LoRA adapter by name: every request names it.
     adapter = POLICY_ADAPTER if cfg.trainer.lora.adapter_sync else None
@@ -88,7 +89,7 @@ def cmd_rollout(args) -> int:
     shutdown = Shutdown().install()
 
     async def main():
-        worker_id = f"rollout-{args.rank}"
+        worker_id = worker_identity(args.rank)
         _, controller, generator = _services(args.cfg, exp, worker_id)
         worker = RolloutWorker(args.cfg, exp, args.rank, generator, controller, shutdown)
         try:
@@ -122,7 +123,7 @@ def controller_answers(exp: ExpDir, timeout_s: float = PROBE_S) -> bool:
     except TimeoutError:
         return False
     address, pid = str(info.get("address", "")), info.get("pid")
-    if pid and address.startswith(("tcp://127.0.0.1:", "tcp://localhost:")):
+    if pid and address.startswith(("tcp://127.0.0.1:", "tcp://localhost:", "ipc://")):
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:

@@ -53,8 +53,9 @@ class TakeResult:
     over_stale_trained: int = 0
 
 
-def validate(t: Trajectory) -> str | None:
-    """Why a trajectory cannot be trained on, or None when it can."""
+def validate(t: Trajectory, vocab_size: int | None = None) -> str | None:
+    """Why a trajectory cannot be trained on, or None when it can (with `vocab_size`, also a
+    token id the model has no embedding for: it would fail the step, and every resume after)."""
     if t.prompt_key is not None and "\n" in t.prompt_key:
         return "prompt_key must be one line"
     if t.group_size < 1:
@@ -84,11 +85,17 @@ def validate(t: Trajectory) -> str | None:
         return "non-finite behaviour log-prob"
     if not np.isfinite(t.reward):
         return f"non-finite reward {t.reward}"
+    if vocab_size is not None:
+        for name, ids in (("prompt", t.prompt_ids), ("output", t.output_ids)):
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= vocab_size:
+                return f"{name} token id {low if low < 0 else high} outside the vocabulary [0, {vocab_size})"
     return None
 
 
 class ReplayBuffer:
-    def __init__(self):
+    def __init__(self, vocab_size: int | None = None):
+        self.vocab_size = vocab_size   # token ids must be below it (validate)
         self._partial: dict[str, dict[int, Trajectory]] = {}
         self._ready: list[tuple[int, int, str]] = []  # heap of (admit_version, arrival, group_id)
         self._groups: dict[str, Group] = {}
@@ -117,7 +124,7 @@ class ReplayBuffer:
             return False
         samples = self._partial.setdefault(gid, {})
         first = next(iter(samples.values()), None)
-        problem = validate(t)
+        problem = validate(t, self.vocab_size)
         if problem is None and first is not None and (first.group_size, first.admit_version, first.prompt_key) \
                 != (t.group_size, t.admit_version, t.prompt_key):
             problem = (f"group_size/admit_version/prompt_key differ from its group's ({t.group_size}/"

@@ -23,14 +23,21 @@ from typing import Any
 
 from tandem.services.protocol import Trajectory, TrajectorySink
 from tandem.trainer.buffer import validate
+from tandem.trainer.trajectory_check import TrajectoryCheck
 from tandem.trainer.wal import TrajectoryLog
 
 log = logging.getLogger(__name__)
+# Refused samples kept for the records between two takes (the count goes on past it).
+MAX_REFUSALS_KEPT = 1000
 
 
 class Intake:
-    def __init__(self, sink: TrajectorySink, wal: TrajectoryLog):
-        self.sink, self.wal = sink, wal
+    def __init__(self, sink: TrajectorySink, wal: TrajectoryLog, check: TrajectoryCheck | None = None):
+        self.sink, self.wal, self.check = sink, wal, check
+        # Samples refused before the buffer (trajectory_check.py): {group_id, sample_idx, sender,
+        # reason} for the step record, taken by the main thread with take_refused().
+        self._refused: list[dict] = []
+        self.refused_total = self._refused_taken = 0
         # Not a SimpleQueue: on CPython 3.11 its get(timeout) can block forever when a signal
         # handler (SIGTERM) runs past the deadline during the wait; Queue recomputes what is left.
         self._arrived: queue.Queue = queue.Queue()
@@ -57,12 +64,31 @@ class Intake:
 
     def _accept(self, body: Any) -> None:
         if isinstance(body, Trajectory):
+            refusal = self.check.refusal(body, self.sink.sender_identity) if self.check is not None else None
+            if refusal is not None:   # it reaches neither the log nor the group it names
+                self.refused_total += 1
+                if len(self._refused) < MAX_REFUSALS_KEPT:
+                    self._refused.append({"group_id": body.group_id[:100], "sample_idx": body.sample_idx,
+                                          "sender": self.sink.sender_identity, "reason": refusal})
+                if self.refused_total <= 20 or self.refused_total % 1000 == 0:   # a flood must not fill the log
+                    log.warning("refused sample %s/%s from %s: %s (%d so far)", body.group_id[:100],
+                                body.sample_idx, self.sink.sender_identity, refusal, self.refused_total)
+                self.sink.confirm(body)
+                return
             # Invalid ones are not logged (the buffer refuses them and gives the slot back),
             # but receipted: the trainer has decided about them.
-            if validate(body) is None:
+            if validate(body, self.check.vocab_size if self.check is not None else None) is None:
                 self.wal.append(body)
             self.sink.confirm(body)
         self._arrived.put(body)
+
+    def take_refused(self) -> tuple[list[dict], int]:
+        """The samples refused before the buffer since the last call (the first MAX_REFUSALS_KEPT)
+        and how many there were."""
+        with self._lock:
+            out, self._refused = self._refused, []
+            count, self._refused_taken = self.refused_total - self._refused_taken, self.refused_total
+        return out, count
 
     def take(self, timeout_s: float) -> list[Any]:
         """What arrived since the last take, waiting up to `timeout_s` for the first message."""

@@ -54,6 +54,7 @@ from tandem.trainer.buffer import ReplayBuffer
 from tandem.trainer.controller_link import ControllerLink
 from tandem.trainer.elastic_cpus import TrainerCpus
 from tandem.trainer.intake import Intake
+from tandem.trainer.trajectory_check import TrajectoryCheck, model_vocab_size
 from tandem.trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
 from tandem.trainer.wal import replay as wal_replay
 from tandem.trainer.weights import BackgroundCall, build_publisher
@@ -67,11 +68,15 @@ STAT_MAXES = ("imp_weight_max", *objective.EXTRA_MAXES)
 
 
 def init_distributed() -> None:
-    """Join the trainer's own world when launched with several ranks (env:// rendezvous)."""
+    """Join the trainer's own world when launched with several ranks: through the rendezvous file
+    the local launcher names (TANDEM_STORE_FILE: no listening store), else env:// (SLURM)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        store_file = os.environ.get("TANDEM_STORE_FILE")
+        rendezvous = ({"init_method": f"file://{store_file}", "rank": int(os.environ["RANK"]),
+                       "world_size": int(os.environ["WORLD_SIZE"])} if store_file else {})
         # Rank 0 may wait a long time for trajectories while the others sit in a broadcast.
-        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6))
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6), **rendezvous)
 
 
 class Trainer:
@@ -86,7 +91,8 @@ class Trainer:
         self.rank = self.backend.rank
         self.version = 0
         self.nonfinite_steps = 0    # steps stopped by a NaN/inf loss term (this process)
-        self.buffer = ReplayBuffer()
+        vocab = model_vocab_size(cfg.experiment.model)
+        self.buffer = ReplayBuffer(vocab)
         self.staleness = Counter()          # step - admit_version of every trained group
         self.token_staleness = Counter()    # step - min(output_versions) of every trained group
         self.shutdown = Shutdown()
@@ -114,8 +120,9 @@ class Trainer:
             self._resume()
         if self.rank == 0:
             wal = self._open_wal(replay_existing=resume)
-            self.keys = load_keys(exp.keys)
-            self.intake = Intake(TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port), wal)
+            self.keys = load_keys(exp.keys, "trainer")
+            self.intake = Intake(TrajectorySink(self.keys, self.tcfg.host, self.tcfg.port, name="trainer"), wal,
+                                 TrajectoryCheck(exp.keys, vocab))
             self.controller = ControllerLink(exp, self.keys, self.shutdown, self.tcfg.ack_timeout_s)
             self.announcements.new_link = lambda: ControllerLink(exp, self.keys, self.shutdown,
                                                                  self.tcfg.ack_timeout_s)
@@ -195,7 +202,9 @@ class Trainer:
             if result.dropped:  # give their admission slots back, or the run would slowly stall
                 ids = [g.group_id for g in result.dropped]
                 self._step_dropped += ids
-                self.controller.request(GroupsDropped(ids, f"staler than eta={t.max_staleness}"), "groups_dropped")
+                reason = f"staler than eta={t.max_staleness}"
+                self.metrics.log(event="thrown_away", group_ids=ids, reason=reason)
+                self.controller.request(GroupsDropped(ids, reason), "groups_dropped")
             if result.groups:
                 break
             if self.shutdown.requested:
@@ -233,8 +242,19 @@ class Trainer:
         admission slots back, or capacity shrinks by one per refusal until the run stalls."""
         refused = self.buffer.take_refused()
         self._step_dropped += list(refused)
-        for why, ids in _by_reason(refused).items():
+        for why, ids in self._record_refused(refused).items():
             self.controller.request(GroupsDropped(ids, f"refused: {why}"[:500]), "groups_dropped")
+
+    def _record_refused(self, refused: dict[str, str]) -> dict[str, list[str]]:
+        """`thrown_away` records of refused groups (by reason) and of the samples the intake refused
+        alone, before any group, since the last call: `tandem audit` names each with its reason."""
+        by_reason = _by_reason(refused)
+        for why, ids in by_reason.items():
+            self.metrics.log(event="thrown_away", group_ids=ids, reason=f"refused: {why}"[:500])
+        samples, count = self.intake.take_refused()
+        if count:
+            self.metrics.log(event="thrown_away", samples=samples, samples_count=count)
+        return by_reason
 
     def _drain(self, first_timeout_s: float) -> None:
         for body in self.intake.take(first_timeout_s):
@@ -465,8 +485,11 @@ class Trainer:
             # in (and receipting) what is on the wire, and what it dropped since its last step.
             self.intake.close()
             self._drain(first_timeout_s=0)
+            # Refused since the last step: recorded (the audit names them), their slots given back
+            # by the next launch, whose buffer they stay in (state_dict).
+            self._record_refused(self.buffer.refused)
             self.metrics.log(event="exit", version=self.version, held_ids=self.buffer.held_ids(),
-                             dropped_ids=self._step_dropped)
+                             dropped_ids=self._step_dropped + list(self.buffer.refused))
             self.intake.wal.close()
             self.controller.close()
             self.metrics.close()

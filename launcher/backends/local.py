@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tandem.services.protocol import STOP_GRACE_S, ExpDir, MetricsWriter, free_port, write_json_atomic
+from tandem.services.protocol.transport import IPC_DIR_ENV
 
 from ..config import ExperimentConfig
 from ..launcher_watch import SERVICES_STOP_AFTER_S, launcher_env, roles_of
@@ -74,6 +77,10 @@ class LocalSupervisor:
         # The preloading server (role_forks.py), started by prepare() or the first role it forks.
         self.fork_roles = fork_roles and not gpu_build_of_torch()
         self.forks: RoleForks | None = None
+        # The roles' Unix sockets (services/protocol/transport.py, IPC_DIR_ENV) and the trainer
+        # ranks' rendezvous file: a directory of this launch only its user may enter, so on one
+        # machine no other user can connect to a role at all.
+        self.private_dir = tempfile.mkdtemp(prefix="tandem-run-")
 
     def forked(self, role: Role) -> bool:
         """Whether `role` is to start as a fork of the preloading server (else fresh)."""
@@ -87,10 +94,10 @@ class LocalSupervisor:
             self.forks = RoleForks(self.exp.logs / "role-forks.console", self._env(1), cpus=self._own_cpus)
         return self.forks
 
-    @staticmethod
-    def _env(threads: int) -> dict[str, str]:
+    def _env(self, threads: int) -> dict[str, str]:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "TANDEM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+               "TANDEM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+               IPC_DIR_ENV: self.private_dir}
         env.pop(CPUS_ENV, None)
         return env
 
@@ -215,6 +222,7 @@ class LocalSupervisor:
         if self.forks is not None:
             self.forks.close()
             self.forks, self.fork_roles = None, False
+        shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
 def _signal_group(proc: subprocess.Popen | ForkedRole, sig: int) -> None:
@@ -282,11 +290,12 @@ class LocalBackend(Backend):
         if role.kind != "trainer":
             return [(role, self._env(role))]
         trainer = TrainerRanks(role, self.trainer_world)
-        port = free_port() if self.trainer_world > 1 else 0
+        # A rendezvous file of this start (a restarted trainer must not meet a dead one's keys).
+        store = os.path.join(self.sup.private_dir, f"trainer-store-{time.time_ns()}")
         out = []
         for rank in trainer.ranks:
             self.trainers[rank.name] = trainer
-            out.append((rank, {**self._env(rank), **rank_env(rank.index, self.trainer_world, port)}))
+            out.append((rank, {**self._env(rank), **rank_env(rank.index, self.trainer_world, store)}))
         return out
 
     def prepare(self, roles: list[Role]) -> None:

@@ -3,8 +3,8 @@
 The backend-neutral role list (launcher/roles.py) holds one trainer role. On SLURM it becomes one
 job with a task per rank, and `slurm_task.py` exports torch.distributed's variables to each; here
 it becomes one child process per rank, each in its own process group like every other role, with
-the same variables (torchrun's names): MASTER_ADDR/MASTER_PORT, a free port on this machine
-(env:// rendezvous; rank 0 hosts the store), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
+the same variables (torchrun's names): RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and a
+rendezvous file in the launch's private directory instead of SLURM's MASTER_ADDR/MASTER_PORT.
 
 Why not `torchrun --standalone` as the trainer's command: its agent starts every worker in a
 session of its own (torch.distributed.elastic's SubprocessHandler), so the supervisor could not
@@ -26,6 +26,8 @@ from ..roles import Role
 from .base import Ended
 
 MASTER_ADDR = "127.0.0.1"
+# The trainer ranks' rendezvous file (trainer/loop.py `init_distributed` reads it).
+STORE_FILE_ENV = "TANDEM_STORE_FILE"
 
 
 def rank_roles(role: Role, world: int) -> list[Role]:
@@ -36,13 +38,17 @@ def rank_roles(role: Role, world: int) -> list[Role]:
     return [role] + [replace(role, name=f"{base}-{r}", index=r, ready_file=None) for r in range(1, world)]
 
 
-def rank_env(rank: int, world: int, master_port: int) -> dict[str, str]:
-    """torch.distributed's env:// variables of one rank on this machine (none for a world of 1,
-    which starts no process group: trainer/loop.py `init_distributed`)."""
+def rank_env(rank: int, world: int, store_file: str) -> dict[str, str]:
+    """torch.distributed's variables of one rank on this machine (none for a world of 1, which
+    starts no process group: trainer/loop.py `init_distributed`): torchrun's names, and the
+    rendezvous as a file in the launch's private directory (STORE_FILE_ENV) rather than a TCP
+    store, which would listen unauthenticated on every interface for anyone to write into; the
+    ranks' own connections stay on loopback."""
     if world == 1:
         return {}
-    return {"MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(master_port), "RANK": str(rank),
-            "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
+    return {STORE_FILE_ENV: store_file, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": MASTER_ADDR,
+            "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 class TrainerRanks:

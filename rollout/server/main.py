@@ -15,6 +15,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# Connections the server holds at once (rollout workers keep one per request in flight), and the
+# seconds a new one has to send its request: what idle connections from anyone who can reach
+# the port may take (rollout/server/connection_guard.py).
+MAX_CONNECTIONS = 4096
+FIRST_REQUEST_S = 10.0
+
 
 def resolve_threads(cli_value: int | None, cfg_value: int | None) -> int:
     """--threads, else $TANDEM_THREADS (the local launcher sizes it to the server's CPU pool),
@@ -98,6 +104,7 @@ async def serve(engine, *, host: str, port: int, api_key: str | None, server_arg
     """`lora_paths`: {name: adapter directory} served from the start (rollout/server/lora_routes.py)."""
     from aiohttp import web
 
+    from .connection_guard import GuardedSite
     from .http_api import GenServer
     server = GenServer(engine, api_key=api_key, admin_api_key=admin_api_key, server_args=server_args)
     await server.load_initial_adapters(lora_paths or {})
@@ -106,7 +113,7 @@ async def serve(engine, *, host: str, port: int, api_key: str | None, server_arg
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    site = web.SockSite(runner, sock)
+    site = GuardedSite(runner, sock, MAX_CONNECTIONS, FIRST_REQUEST_S)
     await site.start()
     bound = sock.getsockname()[1]
     server.server_args.update(host=host, port=bound)

@@ -74,8 +74,30 @@ class _Copy:
 
 
 class _Server(socketserver.ThreadingTCPServer):
+    """One thread per connection, at most MAX_CONNECTIONS at once: a relay listens on every
+    interface (the next node must reach it) and checks the key only once a request arrives, so
+    idle connections from anyone must not pile up threads and descriptors (one more is closed)."""
     allow_reuse_address = True
     daemon_threads = True
+    MAX_CONNECTIONS = 64
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.active, self._counted = 0, threading.Lock()
+
+    def verify_request(self, request, client_address) -> bool:
+        with self._counted:
+            if self.active >= self.MAX_CONNECTIONS:
+                return False
+            self.active += 1
+            return True
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._counted:
+                self.active -= 1
 
 
 class WeightRelay:

@@ -52,8 +52,11 @@ from tandem.services.protocol import (
     WeightsAck,
     load_keys,
     publish_service,
+    sender,
     serve_at_previous_address,
     setup_role_logging,
+    speaks_for,
+    ticket_mac,
 )
 
 from .admission import AdmissionLedger
@@ -131,8 +134,9 @@ class Controller:
         n = min(req.max_groups, self.cfg.max_tickets_per_request) if req.max_groups > 0 else req.max_groups
         granted, event = self.ledger.admit(req.worker_id, n, time.monotonic())
         self._journal(event)
-        return AdmitReply(tickets=[Ticket(gid, v) for gid, v in granted], version=self.ledger.version,
-                          retry_after_s=0.0 if granted else self.cfg.retry_after_s)
+        who = sender()   # each ticket signed for the worker it goes to: the trainer checks it
+        return AdmitReply(tickets=[Ticket(gid, v, ticket_mac(self.exp.keys, gid, v, who)) for gid, v in granted],
+                          version=self.ledger.version, retry_after_s=0.0 if granted else self.cfg.retry_after_s)
 
     def group_done(self, req: GroupDone) -> Ok:
         _require_id(req.worker_id, "group_done.worker_id")
@@ -431,8 +435,10 @@ class Controller:
                     "launch_started": self.launch_started,
                     "status": self.status}
         # A restart binds the announced port again: workers holding the address reach it at once.
+        senders = {**SENDERS, **dict.fromkeys(self.syncer.appliers, ("trainer",))}
         return serve_at_previous_address(self.exp, "controller", load_keys(self.exp.keys), handlers,
-                                         host=self.cfg.host, port=self.cfg.port, before_replies=self.store.flush)
+                                         host=self.cfg.host, port=self.cfg.port, before_replies=self.store.flush,
+                                         senders=senders, max_frame_bytes=MAX_FRAME_BYTES)
 
     async def run(self, shutdown: Shutdown) -> int:
         self.restore()
@@ -487,8 +493,23 @@ def _upgrade_last_weights(last: dict) -> dict:
 
 
 def _require_id(value: str, where: str) -> None:
+    """A worker id: one line of at most 200 characters, and the sender's own (a worker speaks
+    for itself only: keys.py)."""
     if not value or len(value) > 200:
         raise ValueError(f"{where} must be a non-empty string of at most 200 characters")
+    if not speaks_for(sender(), value):
+        raise ValueError(f"{where} {value!r} is not {sender()}'s: a worker speaks for itself only")
+
+
+# Who may send what (transport.may_send; the launcher may send everything, `status` anyone):
+# workers run groups, the trainer announces versions, the launcher manages servers and launches.
+SENDERS = {"admit": ("rollout-",), "group_done": ("rollout-",), "heartbeat": ("rollout-",),
+           "pick_server": ("rollout-", "eval"), "trainer_resumed": ("trainer",), "groups_dropped": ("trainer",),
+           "register_server": (), "retire_server": (), "launch_started": ()}
+# Frames larger than this are cut off by the socket (a 56 MiB heartbeat once froze the controller
+# for 25 s): the largest a controller is sent is a broadcast's tensor list, about 2 MB for a
+# mixture-of-experts model of 18,000 tensors.
+MAX_FRAME_BYTES = 4 << 20
 
 
 def run_controller(exp_root: str | Path, cfg: ControllerConfig) -> int:

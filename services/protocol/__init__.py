@@ -38,7 +38,7 @@ from .expdir import (
     write_json_atomic,
 )
 from .grading import GradeItem, GradeReply, GradeRequest, Verdict, code_tests_problem, item_row
-from .keys import CurveKeys, generate_keys, load_keys
+from .keys import ADMIN, CurveKeys, generate_keys, load_keys, ticket_mac, worker_identity
 from .runtime import (
     STOP_GRACE_S,
     MetricsWriter,
@@ -47,6 +47,7 @@ from .runtime import (
     attention_without_cudnn,
     exit_process,
     import_user_module,
+    raise_descriptor_limit,
     read_metrics,
     setup_role_logging,
 )
@@ -59,6 +60,8 @@ from .transport import (
     RequestServer,
     SyncRequestClient,
     free_port,
+    sender,
+    speaks_for,
 )
 
 __all__ = [
@@ -66,8 +69,8 @@ __all__ = [
     "POLICY_ADAPTER", "AdapterOnDisk", "AdmitReply", "AdmitRequest", "GroupDone", "GroupsDropped", "Heartbeat", "HeartbeatReply", "LaunchStarted", "Ok", "PickServer",
     "RegisterServer", "RetireServer", "ServerChoice", "StatusReply", "StatusRequest", "Ticket", "TrainerResumed", "WeightsAck",
     "WeightsBroadcast", "WeightsOnDisk", "ExpDir", "numbered_dirs", "remove_leftovers", "previous_port", "publish_service", "read_service", "write_json_atomic", "GradeItem",
-    "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "CurveKeys", "generate_keys", "load_keys",
-    "MetricsWriter", "PhaseTimer", "Shutdown", "STOP_GRACE_S", "attention_without_cudnn", "exit_process", "import_user_module", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
-    "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port",
+    "GradeReply", "GradeRequest", "Verdict", "code_tests_problem", "item_row", "ADMIN", "CurveKeys", "generate_keys", "load_keys", "ticket_mac", "worker_identity",
+    "MetricsWriter", "PhaseTimer", "Shutdown", "STOP_GRACE_S", "attention_without_cudnn", "exit_process", "import_user_module", "raise_descriptor_limit", "read_metrics", "setup_role_logging", "Trajectory", "TrajectoryReceipt", "RemoteError",
+    "RequestClient", "RequestServer", "SyncRequestClient", "TrajectorySink", "TrajectorySource", "free_port", "sender", "speaks_for",
     "serve_at_previous_address",
 ]

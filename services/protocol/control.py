@@ -23,6 +23,9 @@ class AdmitRequest:
 class Ticket:
     group_id: str
     admit_version: int
+    # The controller's signature of this ticket for the worker it was granted to (keys.ticket_mac):
+    # the trainer trains a group only from the worker it was admitted to.
+    mac: str = ""
 
 
 @message("admit_reply")

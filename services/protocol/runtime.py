@@ -17,6 +17,23 @@ from typing import NoReturn
 from .expdir import ExpDir
 
 
+def raise_descriptor_limit() -> int:
+    """Let this process open as many files as its hard limit allows (Linux's soft default is
+    1,024): a role's descriptors are its connections, model shards and checkpoint files, and a
+    stranger holding idle connections must not leave it none for its own work. Returns the limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def import_user_module(name: str):
     """A module of the user's code (a `reward.function` or `rollout.workflow`), imported as every
     role imports it: the directory the run was launched in first on the path (roles start there as

@@ -37,6 +37,9 @@ class Trajectory:
     # the same prompt sent again (its worker died before the receipts were saved): the trainer
     # trains one group per key (trainer/buffer.py). Absent = no such check.
     prompt_key: str | None = None
+    # The admission ticket's signature (Ticket.mac), which the worker copies from its ticket:
+    # the trainer refuses a sample whose ticket was not granted to the worker that sent it.
+    ticket_mac: str = ""
 
 
 @message("trajectory_receipt")

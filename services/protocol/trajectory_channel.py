@@ -20,7 +20,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .codec import MAX_FRAME_BYTES, ProtocolError, decode, encode
-from .keys import CurveKeys, ensure_authenticator, make_client, make_server
+from .keys import CurveKeys, ensure_authenticator, identity_of, make_client, make_server
 from .trajectory import Trajectory, TrajectoryReceipt
 from .transport import bind, contexts
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class TrajectorySink:
     """ROUTER side (the trainer binds); one thread uses it. Bad frames are counted and skipped."""
 
-    def __init__(self, keys: CurveKeys, host: str = "127.0.0.1", port: int = 0, hwm: int = 1000):
+    def __init__(self, keys: CurveKeys, host: str = "127.0.0.1", port: int = 0, hwm: int = 1000, name: str = ""):
         sync, _ = contexts()
         ensure_authenticator(sync, keys)
         self.sock = sync.socket(zmq.ROUTER)
@@ -38,9 +38,10 @@ class TrajectorySink:
         self.sock.rcvhwm = hwm
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.sock.linger = 0
-        self.address = bind(self.sock, host, port)
+        self.address = bind(self.sock, host, port, name)
         self.bad_frames = 0
         self._sender: bytes | None = None
+        self.sender_identity: str | None = None
 
     def recv(self, timeout_s: float) -> Any | None:
         """One message body, or None when nothing valid arrived within `timeout_s`."""
@@ -48,13 +49,16 @@ class TrajectorySink:
         while (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(left * 1000) + 1):
                 return None
-            frames = self.sock.recv_multipart()
-            msg = decode(frames[1]) if len(frames) == 2 else ProtocolError(f"{len(frames) - 1} frames, expected 1")
+            frames = self.sock.recv_multipart(copy=False)
+            msg = decode(frames[1].bytes) if len(frames) == 2 else \
+                ProtocolError(f"{len(frames) - 1} frames, expected 1")
             if isinstance(msg, ProtocolError):
                 self.bad_frames += 1
                 log.warning("dropped bad trajectory frame: %s", msg.message)
                 continue
-            self._sender = frames[0]
+            self._sender = frames[0].bytes
+            # Who sent it (keys.py): the trainer checks a trajectory's ticket against its sender.
+            self.sender_identity = identity_of(frames[1].get("User-Id"))
             return msg.body
         return None
 

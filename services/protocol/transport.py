@@ -9,6 +9,7 @@ handlers become error replies.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import itertools
 import logging
@@ -23,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 from .codec import MAX_FRAME_BYTES, Envelope, ProtocolError, decode, encode
-from .keys import CurveKeys, ensure_authenticator, make_client, make_server
+from .keys import ADMIN, CurveKeys, ensure_authenticator, identity_of, make_client, make_server
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,30 @@ _NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 REPLY_BATCH = 64
 # The lowest port free_port takes: above the ports services are usually configured on.
 PORTS_FROM = 20000
+
+
+# The identity of the sender of the request being handled (keys.py), for the handler to check
+# what the sender may speak for (a worker id of its own, a group admitted to it).
+_SENDER: contextvars.ContextVar[str] = contextvars.ContextVar("sender", default=ADMIN)
+
+
+def sender() -> str:
+    """The identity of the sender of the request being handled (`launcher` outside a handler)."""
+    return _SENDER.get()
+
+
+def may_send(identity: str | None, allowed: tuple[str, ...] | None) -> bool:
+    """Whether `identity` may send an op open to `allowed`: identities, or prefixes ending in
+    "-" (`rollout-`: every worker); None: every member. The launcher may send anything."""
+    if allowed is None or identity == ADMIN:
+        return True
+    return identity is not None and any(identity == a or (a.endswith("-") and identity.startswith(a))
+                                        for a in allowed)
+
+
+def speaks_for(identity: str, worker_id: str) -> bool:
+    """Whether `identity` may use `worker_id` (`rollout-<rank>-<pid>`: worker `rollout-<rank>`'s)."""
+    return identity == ADMIN or worker_id == identity or worker_id.startswith(identity + "-")
 
 
 class RemoteError(Exception):
@@ -85,13 +110,32 @@ def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
         return 32768   # Linux's default
 
 
-def bind(sock: zmq.Socket, host: str, port: int) -> str:
-    """Bind to host:port (0 = any free port); return the tcp:// address peers connect to.
+# Where the local launcher puts its roles' sockets (a directory only the run's user may enter):
+# services on one machine talk over Unix sockets there, so another user of the machine cannot
+# even connect to them, let alone hold connections open until a role runs out of descriptors.
+IPC_DIR_ENV = "TANDEM_IPC_DIR"
+# Longest Unix socket path (sun_path holds 108 bytes, the last a NUL).
+IPC_PATH_MAX = 107
+# A TCP peer that has not completed the CURVE handshake within this many seconds is dropped
+# (ZeroMQ's default is 30 s): an idle connection from a stranger holds a descriptor no longer.
+HANDSHAKE_S = 10
 
-    On a cluster the SLURM task wrapper sets TANDEM_ADVERTISE_HOST to the node's name: a
-    loopback or wildcard host then binds every interface and publishes that name, because
-    roles on other nodes can reach neither 127.0.0.1 nor 0.0.0.0.
+
+def bind(sock: zmq.Socket, host: str, port: int, name: str = "") -> str:
+    """Bind to host:port (0 = any free port); return the address peers connect to.
+
+    With `name` and TANDEM_IPC_DIR set (the local launcher sets it for its roles) a loopback
+    service binds `ipc://<dir>/<name>` instead: the same path again after a restart, so clients
+    holding the address reach the new process. On a cluster the SLURM task wrapper sets
+    TANDEM_ADVERTISE_HOST to the node's name: a loopback or wildcard host then binds every
+    interface and publishes that name, because roles on other nodes can reach neither 127.0.0.1
+    nor 0.0.0.0.
     """
+    ipc_dir = os.environ.get(IPC_DIR_ENV)
+    if name and ipc_dir and host in ("127.0.0.1", "localhost") and len(path := f"{ipc_dir}/{name}") <= IPC_PATH_MAX:
+        sock.bind(f"ipc://{path}")
+        return f"ipc://{path}"
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_S * 1000)
     advertise = os.environ.get("TANDEM_ADVERTISE_HOST")
     shown = host
     if advertise and host in ("127.0.0.1", "localhost", "0.0.0.0", "*"):
@@ -106,11 +150,16 @@ def bind(sock: zmq.Socket, host: str, port: int) -> str:
 
 
 class RequestServer:
-    """asyncio ROUTER: `handlers[op](body)` returns the reply body (sync or async)."""
+    """asyncio ROUTER: `handlers[op](body)` returns the reply body (sync or async).
+
+    `senders[op]`: who may send `op` (see `may_send`; an op it does not name: every member of
+    the experiment). A request from anyone else gets an error reply and reaches no handler; a
+    handler reads the sender's identity with `sender()`."""
 
     def __init__(self, keys: CurveKeys, handlers: dict[str, Handler], host: str = "127.0.0.1",
                  port: int = 0, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 before_replies: Callable[[], None] | None = None):
+                 before_replies: Callable[[], None] | None = None, name: str = "",
+                 senders: dict[str, tuple[str, ...]] | None = None):
         sync, actx = contexts()
         ensure_authenticator(sync, keys)
         self.sock = actx.socket(zmq.ROUTER)
@@ -118,10 +167,10 @@ class RequestServer:
         self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.sock.linger = 0
-        self.address = bind(self.sock, host, port)
+        self.address = bind(self.sock, host, port, name)
         # Non-blocking drains and sends go through a plain (sync) view of the same socket.
         self._raw = zmq.Socket.shadow(self.sock.underlying)
-        self.handlers = handlers
+        self.handlers, self.senders = handlers, senders or {}
         self.errors = 0     # bad frames, unknown ops, refused or failing requests
         self.handled = 0    # requests that reached a handler (the service's request count)
         self._tasks: set[asyncio.Task] = set()
@@ -136,31 +185,33 @@ class RequestServer:
             # out together every REPLY_BATCH requests and when nothing more is ready.
             while not self._closed:
                 try:
-                    frames = self._recv_request()
+                    frames, user = self._recv_request()
                 except zmq.Again:
                     break
                 except zmq.ZMQError:
                     if self._closed:
                         return
                     raise
-                self._handle(frames)
+                self._handle(frames, identity_of(user))
                 if len(self._outbox) >= REPLY_BATCH:
                     self._send_replies()
             self._send_replies()
 
-    def _recv_request(self) -> list[bytes]:
-        """The next message's frames, without blocking (zmq.Again when none is ready). A request
-        is [identity, payload]: the payload comes as a Frame to read its `more` flag, which costs
-        less than pyzmq's `recv_multipart` asking the socket for RCVMORE after every frame."""
+    def _recv_request(self) -> tuple[list[bytes], str | None]:
+        """The next message's frames and its sender's ZAP User-Id, without blocking (zmq.Again
+        when none is ready). A request is [identity, payload]: the payload comes as a Frame to
+        read its `more` flag, which costs less than pyzmq's `recv_multipart` asking the socket
+        for RCVMORE after every frame."""
         frames = [_recv(self._raw, _NOBLOCK)]
         frame = _recv(self._raw, _NOBLOCK, copy=False)
+        user = frame.get("User-Id")
         frames.append(frame.bytes)
         while frame.more:
             frame = _recv(self._raw, _NOBLOCK, copy=False)
             frames.append(frame.bytes)
-        return frames
+        return frames, user
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle(self, frames: list[bytes], identity: str | None = ADMIN) -> None:
         if len(frames) != 2:
             self.errors += 1
             if frames:
@@ -174,21 +225,33 @@ class RequestServer:
             self._send(ident, encode(msg, msg.req_id or 0))
             return
         handler = self.handlers.get(msg.op)
-        if handler is not None:
-            self.handled += 1
-        else:
+        if handler is None:
             self.errors += 1
             self._send(ident, encode(ProtocolError("unsupported_op", f"this service does not handle "
                                                    f"{msg.op!r}"), msg.req_id))
             return
+        if not may_send(identity, self.senders.get(msg.op)):
+            self.errors += 1
+            if self.errors <= 100 or self.errors % 1000 == 0:   # a sender repeating it must not fill the log
+                log.warning("refused %s from %s: not a role that sends it (%d errors so far)", msg.op, identity,
+                            self.errors)
+            self._send(ident, encode(ProtocolError("forbidden", f"{msg.op} is not for {identity}"), msg.req_id))
+            return
+        self.handled += 1
+        token = _SENDER.set(identity or "")
         try:
             result = handler(msg.body)
         except Exception as e:  # a failing handler answers with an error and the loop goes on
             self._reply_error(ident, msg, e)
             return
-        # (a reply message is never awaitable: the slower check is left for the rest)
+        finally:
+            _SENDER.reset(token)
+        # (a reply message is never awaitable: the slower check is left for the rest). A
+        # coroutine handler runs in its task with the sender set, as it was at the call.
         if getattr(result, "OP", None) is None and inspect.isawaitable(result):
-            task = asyncio.ensure_future(self._finish(ident, msg, result))
+            context = contextvars.copy_context()
+            context.run(_SENDER.set, identity or "")
+            task = context.run(asyncio.ensure_future, self._finish(ident, msg, result))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         else:

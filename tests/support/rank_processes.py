@@ -1,5 +1,5 @@
-"""The processes of a multi-rank job started by a test (env:// rendezvous, as the launcher starts
-trainer ranks), and waiting on them: every rank's failure, not only the first (a rank that dies
+"""The processes of a multi-rank job started by a test (the variables the launcher gives trainer
+ranks), and waiting on them: every rank's failure, not only the first (a rank that dies
 leaves its peers to time out in a collective)."""
 from __future__ import annotations
 
@@ -18,12 +18,16 @@ def start_ranks(command: list[str], logs: Path, name: str, world: int = 2,
     """`world` ranks of `python COMMAND` (process_starts.start) with the variables the launcher
     gives a trainer's ranks (rank_env), rank r's output in `logs/NAME.rank{r}.log`; returns the
     processes and those files."""
+    # The trainer meets its ranks through a rendezvous file, as the launcher gives it; workers of
+    # the tests that call init_process_group themselves (env://) through MASTER_ADDR/MASTER_PORT.
     port = free_port()
+    store = logs / f".{name}-store-{port}"
     procs, consoles = [], []
     for rank in range(world):
         console = logs / f"{name}.rank{rank}.log"
         console.write_text("")
-        procs.append(start(command, console, {**(env or {}), **rank_env(rank, world, port)}))
+        procs.append(start(command, console, {**(env or {}), **rank_env(rank, world, str(store)),
+                                              "MASTER_PORT": str(port)}))
         consoles.append(console)
     return procs, consoles
 

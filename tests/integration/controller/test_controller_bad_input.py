@@ -3,6 +3,8 @@ schema violations and impossible requests get error replies; a client with anoth
 experiment's key gets nothing at all. After each, a valid request is still served."""
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 import zmq
@@ -143,7 +145,7 @@ def test_a_client_with_another_experiments_key_is_refused(exp, controller_proc, 
     keys = load_keys(exp.keys)
     stranger = generate_keys(tmp_path / "other-keys")
     sock = zmq.Context.instance().socket(zmq.DEALER)
-    make_client(sock, stranger, server_public=keys.public)
+    make_client(sock, dataclasses.replace(stranger, server_public=keys.server_public))
     sock.linger = 0
     sock.connect(address)
     try:

@@ -28,7 +28,8 @@ def main(exp_root: str, mode: str) -> int:
     rank = int(os.environ.get("RANK", "0"))
     ranks = exp / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TANDEM_STORE_FILE",
+             "GLOO_SOCKET_IFNAME", "TANDEM_IPC_DIR")
     write_json_atomic(ranks / f"{rank}.json", {"pid": os.getpid(), **{k: os.environ.get(k) for k in names}})
 
     def end(how: str, code: int):

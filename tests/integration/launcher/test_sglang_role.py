@@ -237,7 +237,7 @@ def test_the_sglang_role_runs_the_weight_relay_beside_sglang(tmp_path, standin):
         register_server(exp, specs["gen-0"])
         info = json.loads(exp.service_file("gen-0").read_text())
         assert info["relay"].startswith("127.0.0.1:") and str(tmp_path / "relay") in info["relay_node"]
-        src = tmp_path / "weights" / "v1"
+        src = exp.weights / "v1"   # a relay copies from the run's weights/ only
         src.mkdir(parents=True)
         (src / "model.safetensors").write_bytes(b"w" * 1000)
         out = asyncio.run(relay_fetch(info["relay"], admin_key, 1, str(src), 30))

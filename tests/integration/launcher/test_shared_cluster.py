@@ -10,18 +10,26 @@ user tries, and what must hold:
 - reading a finished run (config, checkpoint, metrics, logs) or holding its lock: nothing opens,
   even though the victim's umask is 002 (group-writable by default);
 - with `experiment.group_access: true`, a member of the victim's group reads the checkpoint but
-  writes nothing, and a non-member still reads nothing.
+  writes nothing, and a non-member still reads nothing;
+- holding idle connections to every port the run listens on (1,100 each, reopened as they are
+  closed, for the whole run: once enough to use up a role's 1,024 descriptors): the run trains
+  to its end. Nothing of the run listens beyond loopback, and its ZeroMQ services are Unix
+  sockets in a directory the other user cannot enter.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
-from real_users import OTHER, VICTIM, run_as, user_home, why_not
+from real_users import OTHER, VICTIM, as_user, run_as, user_home, why_not
 
 from tandem.rollout.tiny_model import init_tiny
 
@@ -53,14 +61,12 @@ for path in sys.argv[1:]:
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory):
-    """A shared scratch directory (mode 1777, like /tmp) and a tiny model everyone may read."""
-    root = Path(tmp_path_factory.mktemp("shared-cluster", numbered=True))
+def scratch():
+    """A shared scratch directory (mode 1777, like /tmp) and a tiny model everyone may read: in
+    /tmp itself, not in pytest's base directory, which only root may enter (and which another
+    pytest session closes again as it starts)."""
+    root = Path(tempfile.mkdtemp(prefix="tandem-shared-cluster-", dir="/tmp"))
     os.chmod(root, 0o755)
-    for parent in root.parents:   # pytest's own base is root's alone: let the users through
-        if parent == Path("/tmp"):
-            break
-        os.chmod(parent, os.stat(parent).st_mode | 0o011)
     scratch = root / "scratch"
     scratch.mkdir()
     os.chmod(scratch, 0o1777)
@@ -149,3 +155,133 @@ def test_group_access_lets_the_group_read_and_nobody_else_write(scratch):
     assert set(probe(OTHER, scratch, WRITE_PROBE, [run, checkpoint, checkpoint.parent], **member).values()) == {"DENIED"}
     assert probe(OTHER, scratch, READ_PROBE, [run / "keys"], **member) == {str(run / "keys"): "DENIED"}
     assert set(probe(OTHER, scratch, READ_PROBE, [checkpoint, run / "config.yaml"]).values()) == {"DENIED"}
+
+
+FLOOD = r"""
+import os, resource, socket, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+stop, ports_file, holding = sys.argv[1:4]
+while not os.path.exists(ports_file):
+    if os.path.exists(stop):
+        sys.exit(0)
+    time.sleep(0.05)
+ports = [int(p) for p in open(ports_file).read().split()]
+held = {p: [] for p in ports}
+opened = most = 0
+while not os.path.exists(stop):
+    for p in ports:
+        while len(held[p]) < 1100 and not os.path.exists(stop):
+            try:
+                held[p].append(socket.create_connection(("127.0.0.1", p), timeout=0.2))
+                opened += 1
+            except OSError:
+                break
+    most = max(most, sum(map(len, held.values())))
+    if most and not os.path.exists(holding):
+        open(holding, "w").close()
+    time.sleep(0.2)
+    for p in ports:   # what the server closed is opened again
+        kept = []
+        for c in held[p]:
+            c.setblocking(False)
+            try:
+                gone = c.recv(1) == b""
+            except BlockingIOError:
+                gone = False
+            except OSError:
+                gone = True
+            if gone:
+                c.close()
+            else:
+                kept.append(c)
+        held[p] = kept
+print(opened, most)
+"""
+
+
+def _listening(uid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket the processes of `uid` listen on."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    out = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                addr, port = f[1].split(":")
+                shown = ".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)) if width == 8 else addr
+                out.add((shown, int(port, 16)))
+    return out
+
+
+STEPS = 12
+
+
+def _pids(uid: int) -> list[str]:
+    """The processes of `uid` that are `tandem` (python) roles."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid and b"tandem" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_another_user_cannot_reach_the_runs_sockets_or_use_up_its_descriptors(scratch):
+    scratch, config = scratch
+    run = scratch / "flooded-run"
+    home = user_home(scratch.parent, VICTIM)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
+    launcher = subprocess.Popen(as_user([sys.executable, "-m", "tandem.launcher.cli", "run", str(config),
+                                         f"experiment.exp_dir={run}", f"trainer.total_steps={STEPS}"], VICTIM),
+                                cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    other_home = user_home(scratch.parent, OTHER)
+    stop, ports_file, holding = (other_home / name for name in ("stop-flood", "ports", "flood-holding"))
+    flood = subprocess.Popen(as_user([sys.executable, "-c", FLOOD, str(stop), str(ports_file), str(holding)], OTHER),
+                             env={**env, "HOME": str(other_home)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((run / "services" / f"{r}.json").exists() for r in ("trainer", "gen-0")):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read()[-3000:]
+            time.sleep(0.2)
+        ports = _listening(VICTIM)
+        assert ports and {a for a, _ in ports} == {"127.0.0.1"}, ports        # nothing beyond loopback
+        ports_file.write_text(" ".join(str(p) for _, p in ports))
+        os.chmod(ports_file, 0o644)
+        addresses = [json.loads((run / "services" / f"{r}.json").read_text()) for r in ("controller", "reward")]
+        assert all(a["address"].startswith("ipc://") for a in addresses), addresses
+        ipc = Path(addresses[0]["address"].removeprefix("ipc://"))
+        assert stat.S_IMODE(ipc.parent.stat().st_mode) == 0o700 and ipc.parent.stat().st_uid == VICTIM
+        reach = run_as([sys.executable, "-c", "import socket, sys; s = socket.socket(socket.AF_UNIX); "
+                        "s.connect(sys.argv[1])", str(ipc)], OTHER, user_home(scratch.parent, OTHER))
+        assert reach.returncode != 0 and "PermissionError" in reach.stderr, reach.stderr
+        while not holding.exists():   # the flood holds connections on every port before training starts
+            assert flood.poll() is None and time.monotonic() < deadline, flood.stderr.read()[-2000:]
+            time.sleep(0.05)
+        # Whatever the flood holds, each role can open files up to its hard limit (not the 1,024
+        # such a flood used up), and the server closes connections before that (its cap).
+        for pid in _pids(VICTIM):
+            limits = Path(f"/proc/{pid}/limits").read_text()
+            soft, hard = next(line.split()[3:5] for line in limits.splitlines() if line.startswith("Max open files"))
+            assert soft == hard, (pid, limits)
+        out, _ = launcher.communicate(timeout=400)
+    finally:
+        stop.touch()
+        if launcher.poll() is None:
+            launcher.kill()
+        opened, err = flood.communicate(timeout=60)
+    assert launcher.returncode == 0, out[-4000:]
+    assert f"step {STEPS}/{STEPS}" in out, out[-3000:]
+    assert flood.returncode == 0 and int(opened.split()[0]) > 0, err[-2000:]

@@ -69,8 +69,12 @@ def test_the_run_waits_for_every_rank_and_each_gets_torch_distributed_variables(
     assert [ranks[r]["RANK"] for r in range(WORLD)] == ["0", "1", "2"]
     assert all(v["LOCAL_RANK"] == v["RANK"] and v["WORLD_SIZE"] == v["LOCAL_WORLD_SIZE"] == str(WORLD)
                for v in ranks.values())
-    assert {(v["MASTER_ADDR"], v["MASTER_PORT"]) for v in ranks.values()} == {("127.0.0.1", ranks[0]["MASTER_PORT"])}
-    assert int(ranks[0]["MASTER_PORT"]) > 0
+    # One rendezvous file in the launch's private directory, not a TCP store anyone could reach;
+    # the ranks' own connections on loopback.
+    store = {v["TANDEM_STORE_FILE"] for v in ranks.values()}
+    assert len(store) == 1 and Path(next(iter(store))).parent == Path(ranks[0]["TANDEM_IPC_DIR"])
+    assert {v["MASTER_PORT"] for v in ranks.values()} == {None}
+    assert {v["GLOO_SOCKET_IFNAME"] for v in ranks.values()} == {"lo"}
     # one console per rank, named as SLURM's tasks name theirs
     assert sorted(p.name for p in exp.logs.glob("trainer-*.console")) == [f"trainer-{r}.console" for r in range(WORLD)]
 

@@ -115,3 +115,33 @@ def test_a_prompt_sent_again_after_its_receipts_were_lost(tmp_path):
     result = audit(exp)
     assert result.prompts_trained_twice == ["0:5"] and result.trained_twice == []
     assert result.returned == 0 and result.as_dict()["prompts_trained_twice"] == 1
+
+
+def test_every_group_and_sample_thrown_away_is_named_with_its_reason(tmp_path, capsys):
+    """Groups dropped as over-stale or refused, a resume's discard, and samples the trainer refused
+    alone (a sender that may not send them): each listed by reason, the samples one by one."""
+    exp = ExpDir(tmp_path / "exp")
+    sample = {"group_id": "0-9", "sample_idx": 1, "sender": "rollout-1",
+              "reason": "group 0-9 (version 0) was not admitted to rollout-1"}
+    _stream(exp, [
+        *[("rollout", {"event": "group", "group_id": g}) for g in ("a", "b", "c", "d", "e")],
+        ("trainer", {"event": "thrown_away", "group_ids": ["b", "c"], "reason": "staler than eta=1"}),
+        ("trainer", {"event": "thrown_away", "group_ids": ["d"],
+                     "reason": "refused: output token id 1000000000 outside the vocabulary [0, 100)"}),
+        ("trainer", {"event": "thrown_away", "samples": [sample], "samples_count": 3}),
+        ("trainer", {"event": "step", "step": 1, "group_ids": ["a"], "dropped_ids": ["b", "c", "d"]}),
+        ("trainer", {"event": "discarded_future", "version": 1, "dropped_ids": ["e"]}),
+        ("trainer", {"event": "exit", "version": 1, "held_ids": []}),
+    ])
+    save_resolved(load_config(None, ["experiment.name=audited", "experiment.model=none",
+                                     f"experiment.exp_dir={exp.root}"]), exp.root)
+    result = audit(exp)
+    assert result.lost == [] and result.dropped == 4 and result.samples_refused_total == 3
+    assert result.drop_reasons == {"staler than eta=1": 2,
+                                   "refused: output token id 1000000000 outside the vocabulary [0, 100)": 1,
+                                   "generated past the checkpoint a resume went back to": 1}
+    assert main(["audit", "--exp", str(exp.root)]) == 0
+    out = capsys.readouterr().out
+    assert "groups dropped, by reason:\n        2  staler than eta=1\n" in out
+    assert "samples refused alone, before any group (3; the first 1):\n  0-9/1 from rollout-1: group 0-9 " \
+           "(version 0) was not admitted to rollout-1" in out

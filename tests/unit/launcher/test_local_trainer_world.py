@@ -65,9 +65,12 @@ def test_ranks_are_named_as_slurm_names_them_and_get_torch_distributed_variables
         ("trainer-0", 0, "trainer", "trainer", 4), ("trainer-1", 1, None, "trainer", 4),
         ("trainer-2", 2, None, "trainer", 4)]
     assert all(r.command == role.command and r.stage == role.stage and not r.restart for r in ranks)
-    assert rank_env(2, 3, 29500) == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "2",
-                                     "WORLD_SIZE": "3", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"}
-    assert rank_env(0, 1, 0) == {}   # one rank: no process group, as before
+    # The rendezvous is a file in the launch's private directory (no TCP store anyone could write
+    # into), the ranks' own connections on loopback.
+    assert rank_env(2, 3, "/run/x/store") == {
+        "TANDEM_STORE_FILE": "/run/x/store", "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2",
+        "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert rank_env(0, 1, "/run/x/store") == {}   # one rank: no process group, as before
 
 
 def test_the_run_hears_a_failure_at_once_and_the_end_only_when_every_rank_ended():

@@ -154,3 +154,14 @@ def test_a_mapping_of_something_that_is_no_field_is_refused(tmp_path, parquet):
     with pytest.raises(ConfigError, match=r"command line: rollout\.columns\.question: not a field of a row; map one "
                                           r"of prompt, answer, tests, visible_tests, id"):
         _check(_write(tmp_path, parquet), "rollout.columns.question=problem")
+
+
+def test_a_problem_longer_than_any_context_is_a_row_the_workers_skip(tmp_path):
+    """Two 20 MB rows once passed the check, and a worker tokenizing them on its event loop let
+    its leases expire and grew to 4.3 GiB: such a row is now one the workers skip, and said so."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join([json.dumps(ROWS[0]), json.dumps({**ROWS[1], "question": "x" * 2_000_001})]) + "\n")
+    (note,) = _check(_write(tmp_path, data))
+    assert note.endswith(f"1 of the first 2 rows cannot be used and will be skipped, the first: {data}:2: a "
+                         f"problem of 2,000,001 characters in 'question' (the column mapped to prompt) "
+                         f"(at most 1,000,000: longer than any context)"), note

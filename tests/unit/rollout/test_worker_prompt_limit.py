@@ -21,7 +21,7 @@ def _trajectory(prompt_len: int) -> Trajectory:
                       task="math", timings={})
 
 
-def _run(prompt_len: int, limit: int):
+def _run(prompt_len: int, limit: int, text: str = "1+1"):
     w = RolloutWorker.__new__(RolloutWorker)
     w.rc, w.rank = SimpleNamespace(max_prompt_tokens=limit), 3
     sent, reports, settled = [], [], []
@@ -40,7 +40,7 @@ def _run(prompt_len: int, limit: int):
     w.data = SimpleNamespace(settle=lambda index, failed=False: settled.append((index, failed)))
     w.running, w.counts, w._report, w.worker_id = {}, Counter(), report, "w0"
     w._record_group = lambda *a: None
-    asyncio.run(w._episode(None, 7, SimpleNamespace(id="p"), Ticket(group_id="g", admit_version=0)))
+    asyncio.run(w._episode(None, 7, SimpleNamespace(id="p", text=text), Ticket(group_id="g", admit_version=0)))
     return sent, reports, settled, w.counts
 
 
@@ -56,3 +56,12 @@ def test_a_prompt_at_the_limit_is_sent():
     sent, reports, _, counts = _run(prompt_len=8, limit=8)
     assert len(sent) == 1 and counts == {"accepted": 1} and reports[0].status == "accepted"
     assert [t.prompt_key for t in sent[0]] == ["3:7"]   # worker 3's prompt 7: trained once
+
+
+def test_a_problem_too_long_for_any_prompt_is_rejected_before_it_is_tokenized():
+    """Two 20 MB rows once held a worker's event loop in the tokenizer until its leases expired.
+    (The stand-in workflow would accept any problem: the rejection comes before it.)"""
+    sent, reports, settled, counts = _run(prompt_len=1, limit=8, text="x" * (8 * 64 + 1))
+    assert sent == [] and counts == {"rejected": 1} and settled == [(7, False)]
+    assert "a problem of 513 characters cannot fit rollout.max_prompt_tokens=8" in reports[0].reason
+    assert _run(prompt_len=1, limit=8, text="x" * (8 * 64))[3] == {"accepted": 1}
