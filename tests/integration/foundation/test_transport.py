@@ -266,3 +266,41 @@ def test_replies_whose_records_could_not_be_written_are_withheld_and_the_server_
         client.close()
 
     asyncio.run(run())
+
+
+def test_a_peer_that_never_completes_the_handshake_is_dropped(exp, monkeypatch):
+    """On a cluster the services listen on TCP (transport.bind): a stranger's idle connection
+    holds a descriptor only until the CURVE handshake's deadline (HANDSHAKE_S, shortened here),
+    then the server closes it; members are served meanwhile."""
+    import socket
+
+    import tandem.services.protocol.transport as transport
+    monkeypatch.setattr(transport, "HANDSHAKE_S", 1)
+    keys = generate_keys(exp.keys)
+
+    async def main():
+        server = RequestServer(keys, {"status": lambda _b: StatusReply(state={"ok": 1})})
+        serving = asyncio.ensure_future(server.serve_forever())
+        host, port = server.address.removeprefix("tcp://").rsplit(":", 1)
+        idle = socket.create_connection((host, int(port)))
+        idle.setblocking(False)
+        try:
+            client = RequestClient(keys, server.address, timeout_s=10)
+            assert (await client.request(StatusRequest())).state == {"ok": 1}
+            client.close()
+            deadline = time.monotonic() + 10   # ZeroMQ's own default would wait 30 s
+            while True:   # closed by the server: EOF (or a reset) on the stranger's side
+                try:
+                    if idle.recv(1024) == b"":
+                        break
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    break
+                assert time.monotonic() < deadline, "an idle peer was never dropped"
+                await asyncio.sleep(0.1)
+        finally:
+            idle.close()
+            server.close()
+            serving.cancel()
+    asyncio.run(main())
