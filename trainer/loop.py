@@ -21,9 +21,7 @@ replays on top of the checkpoint's buffer, before the worker gets its receipt (i
 """
 from __future__ import annotations
 
-import datetime
 import logging
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -52,8 +50,10 @@ from tandem.trainer.backend import TrainBackend
 from tandem.trainer.batch import StepBatch, plan_step
 from tandem.trainer.buffer import ReplayBuffer
 from tandem.trainer.controller_link import ControllerLink
+from tandem.trainer.distributed import init_distributed
 from tandem.trainer.elastic_cpus import TrainerCpus
 from tandem.trainer.intake import Intake
+from tandem.trainer.step_fields import groups_fields
 from tandem.trainer.trajectory_check import TrajectoryCheck, model_vocab_size
 from tandem.trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
 from tandem.trainer.wal import replay as wal_replay
@@ -65,18 +65,6 @@ log = logging.getLogger(__name__)
 STAT_SUMS = ("loss", "clipped", "imp_weight_sum", "capped", "ratio_sum", "valid", "entropy_sum",
              *objective.EXTRA_SUMS)
 STAT_MAXES = ("imp_weight_max", *objective.EXTRA_MAXES)
-
-
-def init_distributed() -> None:
-    """Join the trainer's own world when launched with several ranks: through the rendezvous file
-    the local launcher names (TANDEM_STORE_FILE: no listening store), else env:// (SLURM)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        store_file = os.environ.get("TANDEM_STORE_FILE")
-        rendezvous = ({"init_method": f"file://{store_file}", "rank": int(os.environ["RANK"]),
-                       "world_size": int(os.environ["WORLD_SIZE"])} if store_file else {})
-        # Rank 0 may wait a long time for trajectories while the others sit in a broadcast.
-        dist.init_process_group(backend, timeout=datetime.timedelta(hours=6), **rendezvous)
 
 
 class Trainer:
@@ -217,14 +205,9 @@ class Trainer:
         self.staleness.update(self._step_staleness)
         self.token_staleness.update(self._step_token_staleness)
         # Which groups this step trained and dropped: `tandem audit` follows every group by id.
-        self._step_ids = {"group_ids": [g.group_id for g in result.groups], "dropped_ids": self._step_dropped,
-                          "prompt_keys": [g.prompt_key for g in result.groups],
+        self._step_ids = {**groups_fields(result.groups), "dropped_ids": self._step_dropped,
                           # groups rejected by their workflow (dynamic sampling) since the last step
-                          "dynamic_filtered_groups": self._rejected_since_last_step(),
-                          # answers the reward scored wrong for hedging, or stopped at a limit
-                          **{name: int(sum(t.timings.get(key, 0.0) for g in result.groups for t in g.samples))
-                             for name, key in (("reward_hedged", "hedged"), ("reward_limits_hit", "limit_hit"))},
-                          **_turn_metrics([t for g in result.groups for t in g.samples])}
+                          "dynamic_filtered_groups": self._rejected_since_last_step()}
         return StepBatch.from_groups(result.groups)
 
     def _rejected_since_last_step(self) -> int | None:
@@ -513,15 +496,3 @@ def _hist(counter: Counter) -> dict[str, int]:
 def run_trainer(cfg, exp_dir: str | Path, resume: bool = False) -> int:
     exp = ExpDir(exp_dir)
     return Trainer(cfg, exp, resume=resume).run()
-
-
-def _turn_metrics(samples) -> dict:
-    """Multi-turn episodes (rollout/code_feedback.py): model turns per sample, and how often the
-    first program and the last were right; nothing for single-turn workflows."""
-    turned = [t.timings for t in samples if "turns" in t.timings]
-    if not turned:
-        return {}
-    n = len(turned)
-    return {"turns_mean": sum(t["turns"] for t in turned) / n,
-            "first_turn_correct": sum(t.get("first_turn_correct", 0.0) for t in turned) / n,
-            "final_correct": sum(t.get("correct", 0.0) for t in turned) / n}

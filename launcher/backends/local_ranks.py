@@ -26,7 +26,7 @@ from ..roles import Role
 from .base import Ended
 
 MASTER_ADDR = "127.0.0.1"
-# The trainer ranks' rendezvous file (trainer/loop.py `init_distributed` reads it).
+# The trainer ranks' rendezvous file (trainer/distributed.py reads it).
 STORE_FILE_ENV = "TANDEM_STORE_FILE"
 
 
@@ -40,7 +40,7 @@ def rank_roles(role: Role, world: int) -> list[Role]:
 
 def rank_env(rank: int, world: int, store_file: str) -> dict[str, str]:
     """torch.distributed's variables of one rank on this machine (none for a world of 1, which
-    starts no process group: trainer/loop.py `init_distributed`): torchrun's names, and the
+    starts no process group: trainer/distributed.py): torchrun's names, and the
     rendezvous as a file in the launch's private directory (STORE_FILE_ENV) rather than a TCP
     store, which would listen unauthenticated on every interface for anyone to write into; the
     ranks' own connections stay on loopback."""

@@ -55,7 +55,6 @@ from tandem.services.protocol import (
     sender,
     serve_at_previous_address,
     setup_role_logging,
-    speaks_for,
     ticket_mac,
 )
 
@@ -63,6 +62,7 @@ from .admission import AdmissionLedger
 from .pending_versions import PendingVersions
 from .registry import RegisteredServer, ServerRegistry, learn_tp_size
 from .retirement import retire
+from .senders import MAX_FRAME_BYTES, SENDERS, require_own_id
 from .state import StateStore
 from .weight_sync import WeightSync
 from .weights import SyncResult
@@ -130,7 +130,7 @@ class Controller:
 
     # ---- handlers: rollout workers -----------------------------------------------------
     def admit(self, req: AdmitRequest) -> AdmitReply:
-        _require_id(req.worker_id, "admit.worker_id")
+        require_own_id(req.worker_id, "admit.worker_id")
         n = min(req.max_groups, self.cfg.max_tickets_per_request) if req.max_groups > 0 else req.max_groups
         granted, event = self.ledger.admit(req.worker_id, n, time.monotonic())
         self._journal(event)
@@ -139,7 +139,7 @@ class Controller:
                           version=self.ledger.version, retry_after_s=0.0 if granted else self.cfg.retry_after_s)
 
     def group_done(self, req: GroupDone) -> Ok:
-        _require_id(req.worker_id, "group_done.worker_id")
+        require_own_id(req.worker_id, "group_done.worker_id")
         outcome, event = self.ledger.finish(req.worker_id, req.group_id, req.status, time.monotonic())
         self._journal(event)
         if outcome == "late_accept":
@@ -148,7 +148,7 @@ class Controller:
         return Ok(detail=outcome)
 
     def heartbeat(self, req: Heartbeat) -> HeartbeatReply:
-        _require_id(req.worker_id, "heartbeat.worker_id")
+        require_own_id(req.worker_id, "heartbeat.worker_id")
         revoked, event = self.ledger.heartbeat(req.worker_id, req.running, time.monotonic())
         self._journal(event)
         if event is not None:
@@ -490,26 +490,6 @@ def _upgrade_last_weights(last: dict) -> dict:
     disk = last.get("how") == "disk" and last.get("path")
     return {"version": last.get("version", 0), "method": "weights_on_disk" if disk else last.get("how", "initial"),
             "message": {"version": last.get("version", 0), "path": last["path"]} if disk else None}
-
-
-def _require_id(value: str, where: str) -> None:
-    """A worker id: one line of at most 200 characters, and the sender's own (a worker speaks
-    for itself only: keys.py)."""
-    if not value or len(value) > 200:
-        raise ValueError(f"{where} must be a non-empty string of at most 200 characters")
-    if not speaks_for(sender(), value):
-        raise ValueError(f"{where} {value!r} is not {sender()}'s: a worker speaks for itself only")
-
-
-# Who may send what (transport.may_send; the launcher may send everything, `status` anyone):
-# workers run groups, the trainer announces versions, the launcher manages servers and launches.
-SENDERS = {"admit": ("rollout-",), "group_done": ("rollout-",), "heartbeat": ("rollout-",),
-           "pick_server": ("rollout-", "eval"), "trainer_resumed": ("trainer",), "groups_dropped": ("trainer",),
-           "register_server": (), "retire_server": (), "launch_started": ()}
-# Frames larger than this are cut off by the socket (a 56 MiB heartbeat once froze the controller
-# for 25 s): the largest a controller is sent is a broadcast's tensor list, about 2 MB for a
-# mixture-of-experts model of 18,000 tensors.
-MAX_FRAME_BYTES = 4 << 20
 
 
 def run_controller(exp_root: str | Path, cfg: ControllerConfig) -> int:

@@ -51,6 +51,7 @@ from .runtime import (
     read_metrics,
     setup_role_logging,
 )
+from .senders import sender, speaks_for
 from .service_port import serve_at_previous_address
 from .trajectory import Trajectory, TrajectoryReceipt
 from .trajectory_channel import TrajectorySink, TrajectorySource
@@ -60,8 +61,6 @@ from .transport import (
     RequestServer,
     SyncRequestClient,
     free_port,
-    sender,
-    speaks_for,
 )
 
 __all__ = [

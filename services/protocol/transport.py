@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from .codec import MAX_FRAME_BYTES, Envelope, ProtocolError, decode, encode
 from .keys import ADMIN, CurveKeys, ensure_authenticator, identity_of, make_client, make_server
+from .senders import _SENDER, may_send
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +41,6 @@ _NOBLOCK, _SNDMORE_NOBLOCK = int(zmq.NOBLOCK), int(zmq.SNDMORE | zmq.NOBLOCK)
 REPLY_BATCH = 64
 # The lowest port free_port takes: above the ports services are usually configured on.
 PORTS_FROM = 20000
-
-
-# The identity of the sender of the request being handled (keys.py), for the handler to check
-# what the sender may speak for (a worker id of its own, a group admitted to it).
-_SENDER: contextvars.ContextVar[str] = contextvars.ContextVar("sender", default=ADMIN)
-
-
-def sender() -> str:
-    """The identity of the sender of the request being handled (`launcher` outside a handler)."""
-    return _SENDER.get()
-
-
-def may_send(identity: str | None, allowed: tuple[str, ...] | None) -> bool:
-    """Whether `identity` may send an op open to `allowed`: identities, or prefixes ending in
-    "-" (`rollout-`: every worker); None: every member. The launcher may send anything."""
-    if allowed is None or identity == ADMIN:
-        return True
-    return identity is not None and any(identity == a or (a.endswith("-") and identity.startswith(a))
-                                        for a in allowed)
-
-
-def speaks_for(identity: str, worker_id: str) -> bool:
-    """Whether `identity` may use `worker_id` (`rollout-<rank>-<pid>`: worker `rollout-<rank>`'s)."""
-    return identity == ADMIN or worker_id == identity or worker_id.startswith(identity + "-")
 
 
 class RemoteError(Exception):

@@ -11,10 +11,10 @@ import stat
 import numpy as np
 import pytest
 
-from tandem.services.controller.server import SENDERS
+from tandem.services.controller.senders import SENDERS
 from tandem.services.protocol import ADMIN, Trajectory, generate_keys, load_keys, ticket_mac, worker_identity
 from tandem.services.protocol.keys import BASE_IDENTITIES, experiment_identity
-from tandem.services.protocol.transport import may_send, speaks_for
+from tandem.services.protocol.senders import may_send, speaks_for
 from tandem.trainer.buffer import validate
 from tandem.trainer.trajectory_check import TrajectoryCheck
 
