@@ -2,7 +2,7 @@
 built by compiler processes, hence this tier; Triton on a GPU) train as the eager backend does,
 its gradients within float32 rounding, and a pack of another shape runs them without compiling
 again. The training pass only: each further graph (the no-gradient forward) costs this machine
-half a minute of C++ compilation, and tests/unit/trainer/test_trainer_compile.py checks every
+half a minute of C++ compilation, and tests/integration/trainer/test_trainer_compile.py checks every
 pass's graphs, run as captured, against eager."""
 from __future__ import annotations
 
