@@ -6,15 +6,22 @@ that knows the feedback format).
 The embedded default runs start RL from this model. It composes pieces of other packages (the
 tiny model and the synthetic tasks from `rollout`, the SFT loop from `trainer`) and caches the
 result: a directory whose `sft.json` matches the requested settings is reused, so `make
-train-math` pays the few minutes of warm-up once.
+train-math` pays the few minutes of warm-up once. Only a finished warm-up is cached: one stopped
+before its steps (`--seconds`, Ctrl-C, SIGTERM, a kill) leaves no model and says so, and the
+next run continues it from `OUT.partial.pt` (trainer/sft.py saves it every `100` steps and on a
+stop) to the same model an uninterrupted warm-up makes.
 """
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tandem.services.protocol import write_json_atomic
@@ -47,20 +54,59 @@ def _code_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> floa
     return sum(grade_code(out, row["tests"]).correct for out, row in zip(outs, rows, strict=True)) / max(1, len(rows))
 
 
-def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n: int,
-            force: bool = False) -> dict:
+def partial_path(out: Path) -> Path:
+    """Where an unfinished warm-up of `out` keeps its progress (beside it: `out` exists only once done)."""
+    return out.with_name(f"{out.name}.partial.pt")
+
+
+def cached(out: Path, task: str, steps: int, seed: int) -> tuple[dict | None, str]:
+    """The marker of a finished warm-up of these settings in `out`, or None and why it is not
+    used (`""`: there is none). A warm-up stopped before its steps is never used: earlier
+    versions cached one stopped by the time cap; its marker says so (`steps` < `max_steps`)."""
+    try:
+        done = json.loads((out / "sft.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None, ""
+    ran, asked = done.get("steps"), (done.get("settings") or {}).get("max_steps")
+    if done.get("task") != task or asked != steps or (done.get("settings") or {}).get("seed") != seed:
+        return None, ""
+    if done.get("complete") is False or not isinstance(ran, int) or ran < steps:
+        return None, (f"{out} holds a warm-up stopped at step {ran} of {asked} (greedy accuracy "
+                      f"{done.get('greedy_accuracy')}): not using it")
+    return done, ""
+
+
+def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, eval_n: int,
+            force: bool = False, stop: threading.Event | None = None, clock=time.monotonic,
+            checkpoint_every: int = 100, batch_size: int = 64) -> dict:
+    """Warm the tiny model up, or reuse the finished warm-up cached in `out`. The summary's
+    `complete` is False when it stopped before its steps (`seconds` on `clock`, or `stop`): then
+    nothing is cached, its progress is in `partial_path(out)`, and the next call continues it."""
     from tandem.rollout.synthetic import generate
     from tandem.rollout.tiny_model import init_tiny
     from tandem.rollout.workflow import chat_prompt_ids
-    from tandem.trainer.sft import SFTSettings, train_sft
+    from tandem.trainer.sft import SFTSettings, read_partial, train_sft
 
-    settings = SFTSettings(max_steps=steps, seconds=seconds, seed=seed)
-    marker = out / "sft.json"
-    if marker.exists() and not force:
-        done = json.loads(marker.read_text())
-        if done.get("task") == task and done["settings"]["max_steps"] == steps and done["settings"]["seed"] == seed:
-            print(f"using cached warm-up model {out} (greedy accuracy {done.get('greedy_accuracy')})")
+    settings = SFTSettings(max_steps=steps, seconds=seconds, seed=seed, checkpoint_every=checkpoint_every,
+                           batch_size=batch_size)
+    partial = partial_path(out)
+    if force:
+        partial.unlink(missing_ok=True)
+    else:
+        done, why = cached(out, task, steps, seed)
+        if done is not None:
+            print(f"using cached warm-up model {out} ({done['steps']} steps, greedy accuracy "
+                  f"{done.get('greedy_accuracy')})")
             return done
+        if why:
+            print(f"{why}; warming up again")
+    identity = {"task": task, **settings.identity()}
+    resume, why = read_partial(partial, identity)
+    if why:
+        print(f"{why}; starting over")
+        partial.unlink(missing_ok=True)
+    elif resume is not None:
+        print(f"continuing the unfinished warm-up from step {resume['step']} of {steps} ({partial})")
     base = Path(tempfile.mkdtemp(prefix="tandem-tiny-"))
     init_tiny(base, seed=seed)
     kind = "code" if task == "code-agent" else task
@@ -88,23 +134,71 @@ def warm_up(task: str, out: Path, steps: int, seconds: float, seed: int, eval_n:
         print(f"sft {task}: step {p['step']}/{steps} loss {p['loss']:.3f} {p['tokens_per_s']:,.0f} tok/s "
               f"{p['elapsed_s']:.0f}s", flush=True)
 
-    summary = train_sft(base, rows, out, settings, encode_prompt=chat_prompt_ids,
-                        evaluate=evaluate if eval_n else None, progress=progress)
+    try:
+        summary = train_sft(base, rows, out, settings, encode_prompt=chat_prompt_ids,
+                            evaluate=evaluate if eval_n else None, progress=progress, partial=partial,
+                            resume=resume, identity=identity, stop=stop, clock=clock)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     summary["task"] = task
-    write_json_atomic(marker, summary)    # a warm-up stopped mid-write is redone, not half-read
-    shutil.rmtree(base, ignore_errors=True)
+    if not summary["complete"]:
+        print(f"warm-up stopped at step {summary['steps']} of {steps} by {summary['stopped_by']}: not cached "
+              f"as done, and {out} was not written. Its progress is kept in {partial}: the same command "
+              f"continues from step {summary['steps']} (--force starts over).", flush=True)
+        return summary
+    write_json_atomic(out / "sft.json", summary)    # a warm-up stopped mid-write is redone, not half-read
     print(f"warm-up done: {summary['steps']} steps, greedy accuracy {summary.get('greedy_accuracy')} "
           f"on {eval_n} held-out problems -> {out}")
     return summary
+
+
+class StopRequest(threading.Event):
+    """Set by the first SIGINT or SIGTERM; `signum` says which."""
+    signum = 0
+
+
+@contextmanager
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM set the event this yields: the warm-up saves its progress
+    after the step it is in and stops. A second Ctrl-C stops at once (KeyboardInterrupt); the
+    last periodic save is then what the next run continues from."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        stop.signum = signum
+        print(f"\n{signal.Signals(signum).name}: stopping the warm-up after this step and keeping its "
+              f"progress (Ctrl-C again stops at once)", flush=True)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def cmd_sft(args) -> int:
     if args.task not in ("math", "code", "code-agent"):
         print(f"tandem sft: --task must be math, code or code-agent, got {args.task!r}", file=sys.stderr)
         return 2
+    if args.seconds is not None and args.seconds <= 0:
+        print(f"tandem sft: --seconds must be > 0, got {args.seconds:g}", file=sys.stderr)
+        return 2
     steps = args.steps if args.steps is not None else DEFAULT_STEPS[args.task]
-    warm_up(args.task, Path(args.out), steps, args.seconds, args.seed, args.eval_n, args.force)
-    return 0
+    with stop_on_signals() as stop:
+        summary = warm_up(args.task, Path(args.out), steps, args.seconds, args.seed, args.eval_n, args.force,
+                          stop=stop)
+    if summary.get("complete", True):
+        return 0
+    # Stopped by a signal: the shell's convention (130 for Ctrl-C); by the time cap: 3. Either way
+    # not 0, so `make train-math` does not go on to RL from a model that was never finished.
+    return 128 + stop.signum if stop.is_set() else 3
 
 
 def register(sub) -> None:
@@ -114,7 +208,9 @@ def register(sub) -> None:
     # Steps, not seconds, so the cached model is the same on a busy machine as on an idle one.
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps (batch 64); default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()))
-    p.add_argument("--seconds", type=float, default=1800.0, help="time cap")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="time cap: stop after this many seconds of training, keep the progress in OUT.partial.pt "
+                        "and exit 3 without caching (the same command continues it); default: no cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-n", type=int, default=200, help="held-out problems for the accuracy check")
     p.add_argument("--force", action="store_true", help="retrain even if a cached model matches")

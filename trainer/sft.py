@@ -5,6 +5,12 @@ RL from a model that is never right finds no group with a correct sample and lea
 SFT on solved synthetic examples brings it into the range where RL has signal. The loss is on
 the solution tokens only; the prompt goes through the tokenizer's chat template exactly as the
 rollout workers will send it.
+
+A warm-up is a number of steps, not of seconds, so its model is the same on a busy machine as
+on an idle one. One stopped before its steps (a time cap, a stop request, a kill) writes no
+model: its progress (weights, optimizer, schedule, the data order's random state) is saved as
+a partial checkpoint every `checkpoint_every` steps and when it stops, and a later call given
+that state continues from it to the same model an uninterrupted warm-up makes.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import math
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,16 +30,51 @@ import torch
 
 log = logging.getLogger(__name__)
 
+# Settings that change how a warm-up runs, not the model it makes: a partial warm-up continues
+# under other values of these.
+HOW_IT_RUNS = ("seconds", "checkpoint_every")
+
 
 @dataclass
 class SFTSettings:
-    seconds: float = 180.0
+    # Seconds of training this call may spend before it stops and saves its progress; None = no cap.
+    seconds: float | None = None
     max_steps: int = 100_000
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 30
     weight_decay: float = 0.0
     seed: int = 0
+    # Steps between saves of the unfinished warm-up (a kill loses at most these); 0 = only on a stop.
+    checkpoint_every: int = 100
+
+    def identity(self) -> dict:
+        """What makes the model: two warm-ups with the same identity make the same weights."""
+        return {k: v for k, v in asdict(self).items() if k not in HOW_IT_RUNS}
+
+
+def read_partial(path: str | Path, identity: dict) -> tuple[dict | None, str]:
+    """The saved state of an unfinished warm-up at `path` if it was made with `identity`, and
+    why not otherwise (`""` when there is none)."""
+    path = Path(path)
+    if not path.exists():
+        return None, ""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:   # a file cut by a crash mid-write cannot be: it is written and renamed
+        return None, f"{path} cannot be read ({type(e).__name__}: {e})"
+    if state.get("identity") != identity:
+        theirs = state.get("identity") or {}
+        differs = ", ".join(f"{k} {theirs.get(k)!r} (now {v!r})" for k, v in identity.items() if theirs.get(k) != v)
+        return None, f"{path} is an unfinished warm-up with other settings: {differs}"
+    return state, ""
+
+
+def _save_partial(path: Path, state: dict) -> None:
+    """Written beside its name and renamed: a kill mid-write leaves the previous state whole."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def encode_example(encode_prompt: Callable[[str], list[int]], tokenizer, prompt: str,
@@ -58,14 +100,24 @@ def _batch(examples, pad_id: int):
 def train_sft(model_dir: str | Path, rows: list[dict], out_dir: str | Path, settings: SFTSettings,
               encode_prompt: Callable[[object, str], list[int]],
               evaluate: Callable[[torch.nn.Module], float] | None = None,
-              progress: Callable[[dict], None] | None = None) -> dict:
+              progress: Callable[[dict], None] | None = None, partial: str | Path | None = None,
+              resume: dict | None = None, identity: dict | None = None, stop: threading.Event | None = None,
+              clock: Callable[[], float] = time.monotonic) -> dict:
     """Fine-tune `model_dir` on rows `{prompt, solution}`; save a HF directory to `out_dir` atomically.
 
     `encode_prompt(tokenizer, text)` must be the rollout workers' prompt encoding, so the model
     is tuned on exactly the token sequences it will be asked to continue during RL.
+
+    The summary's `complete` says whether it ran its `max_steps`. When it did not (`seconds`
+    ran out on `clock`, or `stop` was set: `stopped_by` says which), `out_dir` is not written;
+    the state is saved to `partial` (also every `checkpoint_every` steps, and once the steps are
+    done, before the evaluation), and `resume=` that state (`read_partial`) continues from it.
+    `identity` (default `settings.identity()`) is saved with it, so a different warm-up is never
+    continued from it.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    identity = identity if identity is not None else settings.identity()
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -75,9 +127,33 @@ def train_sft(model_dir: str | Path, rows: list[dict], out_dir: str | Path, sett
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, settings.warmup_steps)))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    t0, step, tokens = time.time(), 0, 0
-    next_report = 0.0
-    while step < settings.max_steps and time.time() - t0 < settings.seconds:
+    step, tokens, before_s, loss_value = 0, 0, 0.0, float("nan")
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        sched.load_state_dict(resume["scheduler"])
+        rng.setstate(_python_rng(resume["rng_python"]))
+        torch.set_rng_state(resume["rng_torch"])
+        step, tokens, before_s, loss_value = resume["step"], resume["tokens"], resume["seconds"], resume["loss"]
+    t0 = clock()   # the one source of time: seconds, the cap, progress (tests play a busy machine)
+
+    def save() -> None:
+        if partial is not None:
+            _save_partial(Path(partial), {
+                "identity": identity, "step": step, "tokens": tokens, "loss": loss_value,
+                "seconds": before_s + clock() - t0, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "rng_python": rng.getstate(), "rng_torch": torch.get_rng_state()})
+
+    next_report, stopped_by = 0.0, None
+    while step < settings.max_steps:
+        elapsed = clock() - t0
+        if stop is not None and stop.is_set():
+            stopped_by = "a stop request"
+            break
+        if settings.seconds is not None and elapsed >= settings.seconds:
+            stopped_by = f"its time cap ({settings.seconds:g} s)"
+            break
         batch = rng.sample(examples, min(settings.batch_size, len(examples)))
         input_ids, labels, mask = _batch(batch, pad)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
@@ -88,16 +164,23 @@ def train_sft(model_dir: str | Path, rows: list[dict], out_dir: str | Path, sett
         sched.step()
         step += 1
         tokens += int(mask.sum())
-        elapsed = time.time() - t0
+        loss_value = float(loss.detach())
+        elapsed = clock() - t0
         if progress and elapsed >= next_report:
-            progress({"step": step, "loss": float(loss.detach()), "elapsed_s": elapsed,
-                      "tokens_per_s": tokens / max(elapsed, 1e-9)})
+            progress({"step": step, "loss": loss_value, "elapsed_s": before_s + elapsed,
+                      "tokens_per_s": tokens / max(before_s + elapsed, 1e-9)})
             next_report = elapsed + 10.0
-        if not math.isfinite(float(loss.detach())):
-            raise RuntimeError(f"SFT diverged at step {step} (loss {float(loss)})")
+        if not math.isfinite(loss_value):
+            raise RuntimeError(f"SFT diverged at step {step} (loss {loss_value})")
+        if settings.checkpoint_every and step % settings.checkpoint_every == 0 and step < settings.max_steps:
+            save()
+    seconds = before_s + clock() - t0
+    summary = {"steps": step, "complete": stopped_by is None, "seconds": round(seconds, 1), "final_loss": loss_value,
+               "tokens_per_s": round(tokens / max(seconds, 1e-9)), "settings": asdict(settings)}
+    save()   # stopped: what the next call continues from; done: the evaluation may still be stopped
+    if stopped_by is not None:
+        return summary | {"stopped_by": stopped_by, "partial": str(partial) if partial is not None else None}
     model.eval()
-    summary = {"steps": step, "seconds": round(time.time() - t0, 1), "final_loss": float(loss.detach()),
-               "tokens_per_s": round(tokens / max(time.time() - t0, 1e-9)), "settings": asdict(settings)}
     if evaluate is not None:
         summary["greedy_accuracy"] = evaluate(model)
     out = Path(out_dir)
@@ -109,7 +192,15 @@ def train_sft(model_dir: str | Path, rows: list[dict], out_dir: str | Path, sett
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
+    if partial is not None:
+        Path(partial).unlink(missing_ok=True)
     return summary
+
+
+def _python_rng(state):
+    """random.Random's state as `setstate` takes it (a save turns its tuples into lists)."""
+    version, internal, gauss = state
+    return version, tuple(internal), gauss
 
 
 @torch.no_grad()
