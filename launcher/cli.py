@@ -8,6 +8,7 @@ config as `args.cfg`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tandem.launcher.config import ConfigError, load_config, load_config_traced, load_experiment, to_yaml
@@ -36,8 +37,9 @@ def _config_show(args) -> int:
 
 def _config_check(args) -> int:
     from tandem.launcher.preflight import check_before_launch
-    cfg, prov = load_config_traced(args.file, args.overrides)
-    notes = check_before_launch(cfg, prov, files=not args.skip_files)   # what `tandem run` checks before a launch
+    unmerged: list[str] = []
+    cfg, prov = load_config_traced(args.file, args.overrides, deferred=unmerged)
+    notes = check_before_launch(cfg, prov, files=not args.skip_files, earlier=unmerged)   # what `tandem run` checks
     skipped = " (model, data sets and episode function not checked)" if args.skip_files else ""
     print(f"{args.file}: OK (experiment '{cfg.experiment.name}', exp_dir {cfg.experiment.exp_dir}){skipped}")
     for note in notes:
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             set_umask(args.cfg.experiment.group_access)
         code = args.func(args)
     except ConfigError as e:
-        print(f"tandem: config error: {e}", file=sys.stderr)
+        print(f"tandem: config error: {e}" + (f"\n({e.hint})" if e.hint else ""), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -113,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """`tandem` as a program: the console script, and `python -m tandem.launcher.cli` (how every role starts)."""
-    exit_process(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`tandem audit | head`): what it wanted it has. Python's own recipe:
+        # point stdout at /dev/null so the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    exit_process(code)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from tandem.launcher.config_source import (
     dotted_keys,
     explain,
     merged,
-    merged_naming_the_culprit,
+    merged_naming_each_culprit,
     read_yaml,
     scalars,
 )
@@ -390,18 +390,23 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = (),
     return load_config_traced(path, overrides, applied)[0]
 
 
-def problems_error(prov: Provenance, problems: list[tuple[str, str]]) -> ConfigError:
-    """The ConfigError of (key, message) problems, each on one line blaming what the user wrote."""
-    lines = prov.lines(problems)
+def problems_error(prov: Provenance, problems: list[tuple[str, str]], earlier: list[str] = ()) -> ConfigError:
+    """The ConfigError of (key, message) problems, each on one line blaming what the user wrote,
+    after `earlier` lines (settings that could not be merged at all)."""
+    lines = [*earlier, *prov.lines(problems)]
     if len(lines) == 1:
         return ConfigError(lines[0])
     return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
 
 
 def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = (),
-                       applied: dict | None = None) -> tuple[ExperimentConfig, Provenance]:
+                       applied: dict | None = None,
+                       deferred: list[str] | None = None) -> tuple[ExperimentConfig, Provenance]:
     """`load_config`, and where each key came from (for the checks that run after loading,
-    launcher/preflight.py, to blame what the user wrote as loading does)."""
+    launcher/preflight.py, to blame what the user wrote as loading does). Every mistake is said,
+    not the first: a setting that cannot be merged (an unknown key, a wrong type) is left out and
+    named, and the rest is checked. With `deferred`, those lines are appended to it instead of
+    raised when nothing else is wrong, for the caller's later checks to say with theirs."""
     schema = _schema()
     src = Path(path) if path is not None else None
     prov = Provenance(path=src)
@@ -412,10 +417,11 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
         if "=" not in ov:
             raise ConfigError(f"override '{ov}': expected key=value")
         prov.override_keys.add(ov.split("=", 1)[0].strip())
+    unmerged: list[str] = []
     try:
         cfg = merged(pickle.loads(_schema_pickle()), raw, overrides)
-    except OmegaConfBaseException:   # again step by step, to name the file's key or the override
-        cfg = merged_naming_the_culprit(schema, src, raw, overrides)
+    except OmegaConfBaseException:   # again step by step, to name each key of the file or override
+        cfg, unmerged = merged_naming_each_culprit(schema, src, raw, overrides)
     applied = {} if applied is None else applied
     cfg = _apply_algorithm(cfg, prov.file_keys | prov.override_keys, prov, applied)
     prov.preset_keys = {k for k, (how, _) in applied.items() if how == "preset"}
@@ -424,6 +430,8 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
     # OmegaConf's own walks (missing values, interpolations) only where the plain copy has such
     # a value: each costs more than the rest of the checks.
     missing = sorted(OmegaConf.missing_keys(cfg)) if MISSING in leaves else []
+    if missing and unmerged:   # most likely what was not merged (a section's name mistyped): that is said
+        raise problems_error(prov, [], unmerged)
     if missing:
         where = f"{src}: " if src else ""
         raise ConfigError(f"{where}missing required value: {', '.join(missing)} "
@@ -435,7 +443,7 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
         obj: ExperimentConfig = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         key, msg = explain(e, schema)
-        raise problems_error(prov, [(key, msg)]) from None
+        raise problems_error(prov, [(key, msg)], unmerged) from None
     # Non-finite values first: "got nan" says more than the range check a NaN or inf also fails.
     problems = _non_finite(obj)
     for section in SECTIONS:
@@ -443,8 +451,10 @@ def load_config_traced(path: str | os.PathLike | None, overrides: list[str] = ()
         if check:
             problems += [(f"{section}.{k}", m) for k, m in check()]
     problems += _cross_section_problems(obj)
-    if problems:
-        raise problems_error(prov, problems)
+    if problems or (unmerged and deferred is None):
+        raise problems_error(prov, problems, unmerged)
+    if deferred is not None:
+        deferred += unmerged
     obj.experiment.exp_dir = str(Path(obj.experiment.exp_dir).expanduser().absolute())
     model = Path(obj.experiment.model).expanduser()
     if obj.experiment.model.startswith((".", "~")) or model.exists():
@@ -472,5 +482,5 @@ def load_experiment(exp_dir: str | os.PathLike) -> ExperimentConfig:
     path = Path(exp_dir) / "config.yaml"
     if not path.exists():
         raise ConfigError(f"{path}: no such file; is '{exp_dir}' an experiment directory "
-                          f"created by `tandem run` (or `tandem config init`)?")
+                          f"created by `tandem run`?")
     return load_config(path)

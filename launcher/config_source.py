@@ -30,7 +30,9 @@ from omegaconf.errors import (
 
 
 class ConfigError(Exception):
-    """A user mistake in an experiment file or override; the message says what and where."""
+    """A user mistake in an experiment file or override; the message says what and where, and
+    `hint` (printed after it) what else the user can do."""
+    hint = ""
 
 
 # A value that is exactly one interpolation of another key: a copy ("${controller.max_staleness}").
@@ -173,18 +175,50 @@ def explain(err: OmegaConfBaseException, schema: DictConfig) -> tuple[str, str]:
     return key, msg.splitlines()[0]
 
 
+# YAML 1.1 (PyYAML's, and OmegaConf's) reads `7:1` as a base-60 integer, 421: a ratio, a time or
+# any colon-joined digits came out as a number nobody wrote (`launcher.gen_train_ratio=7:1` was
+# "got '421'"). YAML 1.2 has no base 60; neither do these loaders.
+_BASE60 = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+
+
+def _without_base60(loader):
+    class Loader(loader):
+        pass
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in loader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(_INT, re.compile(
+        r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+    Loader.add_implicit_resolver(_FLOAT, re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+    return Loader
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 # libyaml's parser where PyYAML was built with it (its wheels are): the same safe constructor,
 # several times faster to parse.
-_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_FAST_LOADER = _without_base60(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+_LOADER = _without_base60(yaml.SafeLoader)
 
 
 def parse_yaml(text: str):
-    """`yaml.safe_load`, parsed by libyaml. Its error messages are worded apart from the
-    pure-Python parser's, so a text that fails is parsed again by the latter for its error."""
+    """`yaml.safe_load` without base-60 numbers, parsed by libyaml. Its error messages are worded
+    apart from the pure-Python parser's, so a text that fails is parsed again by the latter."""
     try:
         return yaml.load(text, Loader=_FAST_LOADER)
     except yaml.YAMLError:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_LOADER)
+
+
+def plain_overrides(overrides) -> list[str]:
+    """The overrides with a colon-joined number quoted, so OmegaConf's YAML 1.1 reader keeps it
+    the text it is (see _BASE60)."""
+    out = []
+    for ov in overrides:
+        key, eq, value = ov.partition("=")
+        out.append(f"{key}={value.strip()!r}" if eq and _BASE60.match(value.strip()) else ov)
+    return out
 
 
 def read_yaml(src: Path, sections: tuple[str, ...]) -> dict:
@@ -215,27 +249,45 @@ def merged(fresh: DictConfig, raw: dict | None, overrides) -> DictConfig:
     config. (launcher/config.py makes the copy by unpickling bytes made once, in a sixth of a
     deep copy's time; merging the file and overrides so took a fifth of the time of two merges.)"""
     parts = ([OmegaConf.create(raw)] if raw is not None else []) + \
-        ([OmegaConf.from_dotlist(list(overrides))] if overrides else [])
+        ([OmegaConf.from_dotlist(plain_overrides(overrides))] if overrides else [])
     return OmegaConf.unsafe_merge(fresh, *parts)
 
 
-def merged_naming_the_culprit(schema: DictConfig, src: Path | None, raw: dict | None, overrides) -> DictConfig:
-    """The merge of `merged`, the file first, then one override at a time; the first that fails
-    raises a ConfigError naming it."""
-    cfg = schema
-    if raw is not None:
+def merged_naming_each_culprit(schema: DictConfig, src: Path | None, raw: dict | None,
+                               overrides) -> tuple[DictConfig, list[str]]:
+    """The merge of `merged`, one setting of the file and one override at a time: what merges,
+    and a line naming each that does not (where it was written, what is wrong), so a typo never
+    hides the next mistake."""
+    cfg, lines = schema, []
+    for key, value in _leaves(raw or {}):
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.create(raw))
+            cfg = OmegaConf.merge(cfg, OmegaConf.create(_nested(key, value)))
+        except OmegaConfBaseException as e:
+            full, msg = explain(e, schema)
+            lines.append(f"{where_in_file(src, full or key)}: {msg}")
+    for ov, plain in zip(overrides, plain_overrides(overrides), strict=True):
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([plain]))
         except OmegaConfBaseException as e:
             key, msg = explain(e, schema)
-            raise ConfigError(f"{where_in_file(src, key)}: {msg}") from None
-    for ov in overrides:
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([ov]))
-        except OmegaConfBaseException as e:
-            key, msg = explain(e, schema)
-            raise ConfigError(f"override '{ov}': {key}: {msg}") from None
-    return cfg
+            lines.append(f"override '{ov}': {key}: {msg}")
+    return cfg, lines
+
+
+def _leaves(node, prefix: str = ""):
+    """(dotted key, value) of every setting of a YAML mapping (a list is one value)."""
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _nested(dotted: str, value) -> dict:
+    out = value
+    for part in reversed(dotted.split(".")):
+        out = {part: out}
+    return out
 
 
 def scalars(value):

@@ -179,12 +179,19 @@ def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> 
     return out
 
 
-def check_before_launch(cfg: ExperimentConfig, prov: Provenance, files: bool = True) -> list[str]:
-    """Raise one ConfigError listing every problem (layout, then files unless `files` is False);
-    else return what was found worth saying (each data set's format and row count)."""
+def check_before_launch(cfg: ExperimentConfig, prov: Provenance, files: bool = True,
+                        earlier: list[str] = ()) -> list[str]:
+    """Raise one ConfigError listing every problem (`earlier` ones: settings loading could not
+    merge; layout, then files unless `files` is False); else return what was found worth saying
+    (each data set's format and row count)."""
     notes: list[str] = []
-    problems = layout_problems(cfg) + (resource_problems(cfg, notes) if files else [])
-    if problems:
-        raise problems_error(prov, problems)
+    layout = layout_problems(cfg)
+    resources = resource_problems(cfg, notes) if files else []
+    if layout or resources or earlier:
+        err = problems_error(prov, layout + resources, list(earlier))
+        if resources:   # files another machine may hold (a cluster's): the rest can be checked here
+            err.hint = ("the files a run reads are checked where you run this; `tandem config check FILE "
+                        "--skip-files` checks the rest alone")
+        raise err
     return notes
 

@@ -13,9 +13,10 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from tandem.services.protocol import ExpDir, generate_keys
+from tandem.services.protocol import ExpDir, generate_keys, numbered_dirs, read_metrics
 from tandem.services.protocol.private import (
     NotPrivate,
     check_ancestors,
@@ -38,15 +39,18 @@ def prepare(file: str | None, overrides: list[str], resume: bool,
             exclusive: bool = False) -> tuple[ExperimentConfig, ExpDir]:
     """Resolve the config and create (or reopen, with --resume) the experiment directory; with
     `exclusive` (a launch), hold it against a second launch before changing anything in it."""
-    cfg, prov = load_config_traced(file, overrides)
+    unmerged: list[str] = []   # said with the checks below: one mistake never hides another
+    cfg, prov = load_config_traced(file, overrides, deferred=unmerged)
     # What `tandem config check` checks, before the directory exists or any job is submitted: the
     # layout (sets gen.num_servers from the plan with sglang), the data sets, the model, the
     # episode function.
-    check_before_launch(cfg, prov)
+    check_before_launch(cfg, prov, earlier=unmerged)
     exp = check_launch_target(cfg, resume)
+    set_umask(cfg.experiment.group_access)   # what the launcher and the roles it starts create: private
+    if exp.config.exists() and not resume:   # a launch that never trained (check_launch_target)
+        set_aside(exp, exclusive)
     # Made before the directory, so an adapter that does not fit the model stops nothing half-made.
     adapter = initial_adapter(cfg) if cfg.trainer.lora.adapter_sync and not exp.initial_adapter.is_dir() else None
-    set_umask(cfg.experiment.group_access)   # what the launcher and the roles it starts create: private
     try:
         make_private_dir(exp.root, cfg.experiment.group_access)
         if exclusive:
@@ -82,9 +86,11 @@ def check_launch_target(cfg: ExperimentConfig, resume: bool) -> ExpDir:
     except NotPrivate as e:
         raise ConfigError(f"experiment.exp_dir: {e}") from None
     if exp.config.exists():
-        if not resume:
+        if not resume and trained(exp):
             raise ConfigError(f"{exp.root} already holds an experiment; pass --resume to continue it, "
                               f"or choose another experiment.name / experiment.exp_dir")
+        if not resume:   # a launch that failed before it trained: set aside by `prepare`
+            return exp
         previous = load_experiment(exp.root)
         if previous.trainer.groups_per_step != cfg.trainer.groups_per_step:
             raise ConfigError("trainer.groups_per_step differs from the run being resumed; "
@@ -93,6 +99,25 @@ def check_launch_target(cfg: ExperimentConfig, resume: bool) -> ExpDir:
     elif resume:
         raise ConfigError(f"--resume: {exp.root} holds no experiment to resume")
     return exp
+
+
+def trained(exp: ExpDir) -> bool:
+    """Whether the run in `exp` has trained a step (a checkpoint, or a step record)."""
+    return bool(numbered_dirs(exp.checkpoints, "step-")) or bool(read_metrics(exp, "trainer", "step"))
+
+
+def set_aside(exp: ExpDir, exclusive: bool) -> Path:
+    """Move a launch that failed before it trained to `<exp>.failed-<time>` (its config and logs
+    stay there to read), so the same command starts again: before, it was refused as a directory
+    that "already holds an experiment", for a run that had never started. A launch holding it
+    now (it may be starting) is refused as ever (the lock)."""
+    if exclusive:
+        hold_experiment(exp.root)
+    aside = exp.root.with_name(f"{exp.root.name}.failed-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.rename(exp.root, aside)
+    print(f"{exp.root} held a launch that never trained; moved it to {aside} (its logs are there) "
+          f"and starting again", flush=True)
+    return aside
 
 
 # What a checkpoint's tensors are shaped by: another value cannot load it.

@@ -62,8 +62,9 @@ class Experiment:
         """What `tandem config check` checks: raises ConfigError naming every problem; returns
         what was found worth saying (each data set's format and rows). `files=False` checks the
         configuration alone (not the model, data sets or functions it names)."""
-        cfg, prov = load_config_traced(self.file, self.overrides)
-        return check_before_launch(cfg, prov, files=files)
+        unmerged: list[str] = []
+        cfg, prov = load_config_traced(self.file, self.overrides, deferred=unmerged)
+        return check_before_launch(cfg, prov, files=files, earlier=unmerged)
 
     def command(self, resume: bool = False) -> list[str]:
         """The `tandem run` command line that launches this experiment (what `start` runs)."""
@@ -76,8 +77,9 @@ class Experiment:
         before starting (a config mistake, a directory that already holds an experiment without
         `resume`) raises ConfigError here, before any process starts. `output`: a file for the
         launcher's console (progress lines); None leaves it on this process's stdout."""
-        cfg, prov = load_config_traced(self.file, self.overrides)
-        check_before_launch(cfg, prov)
+        unmerged: list[str] = []
+        cfg, prov = load_config_traced(self.file, self.overrides, deferred=unmerged)
+        check_before_launch(cfg, prov, earlier=unmerged)
         check_launch_target(cfg, resume)
         proc = Run.spawn(self.command(resume), output)
         return Run(Path(cfg.experiment.exp_dir), proc, cfg.trainer.total_steps)

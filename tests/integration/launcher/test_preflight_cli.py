@@ -32,6 +32,9 @@ def test_run_refuses_a_missing_data_set_at_once(tmp_path):
     t0 = time.monotonic()
     r = tandem("run", cfg, f"rollout.dataset={tmp_path / 'nope.jsonl'}")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
-    assert r.stderr.strip() == (f"tandem: config error: command line: rollout.dataset: "
-                                f"{tmp_path / 'nope.jsonl'}: no such file or directory")
+    error, hint = r.stderr.strip().splitlines()
+    assert error == (f"tandem: config error: command line: rollout.dataset: "
+                     f"{tmp_path / 'nope.jsonl'}: no such file or directory")
+    assert hint == "(the files a run reads are checked where you run this; `tandem config check FILE " \
+                   "--skip-files` checks the rest alone)"
     assert time.monotonic() - t0 < 60 and not (tmp_path / "run").exists()

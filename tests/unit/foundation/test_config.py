@@ -82,3 +82,39 @@ def test_the_weight_relay_is_refused_where_nothing_whole_is_on_disk(tmp_path, ov
         load_config(write(tmp_path, GOOD_EXPERIMENT), overrides)
     relayed = load_config(write(tmp_path, GOOD_EXPERIMENT), ["gen.weight_relay=true"])
     assert relayed.gen.weight_relay and relayed.trainer.weight_sync == "disk"
+
+
+def test_colon_joined_digits_stay_what_was_written(tmp_path):
+    """YAML 1.1 reads `7:1` as 421 (base 60): `launcher.gen_train_ratio=7:1` was refused as
+    "got '421'". A file's value and an override's are the text written."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(GOOD_EXPERIMENT + "launcher:\n  gen_train_ratio: 7:1\n")
+    assert load_config(path).launcher.gen_train_ratio == "7:1"
+    assert load_config(path, ["launcher.gen_train_ratio=5:3"]).launcher.gen_train_ratio == "5:3"
+    assert load_config(path, ["trainer.total_steps=12"]).trainer.total_steps == 12   # numbers stay numbers
+    with pytest.raises(ConfigError, match=r"gen_train_ratio: must look like '3:1' \(two positive integers\), got '7:1:2'"):
+        load_config(path, ["launcher.gen_train_ratio=7:1:2"])
+
+
+def test_every_mistake_is_said_not_the_first(tmp_path, capsys):
+    """A typo in the file used to hide every other mistake (a key typo hid `gen.tp_size: 3`): each
+    setting that cannot be merged is named, and the rest is still checked."""
+    from tandem.launcher.cli import main
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(GOOD_EXPERIMENT.replace("groups_per_step: 8", "groups_per_step: many")
+                    + "gen:\n  num_servrs: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["trainer.optim.lrx=1", "trainer.total_steps=0"])
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid configuration:" and len(lines) == 5, lines
+    text = str(err.value)
+    assert "gen.num_servrs: unknown key (did you mean 'gen.num_servers'?)" in text
+    assert "trainer.groups_per_step: wrong type" in text
+    assert "override 'trainer.optim.lrx=1': trainer.optim.lrx: unknown key" in text
+    assert "command line: trainer.total_steps: must be >= 1" in text
+    # ... and with the checks made before a launch (the plan's layout), in one message
+    assert main(["config", "check", "configs/math-r1-1.5b.yaml", "gen.tp_size=3", "trainer.total_step=3",
+                 "--skip-files"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.total_step: unknown key" in err and "gen.tp_size=3 does not divide" in err, err

@@ -62,8 +62,13 @@ def test_check_is_config_check(exp_file, tmp_path):
 
 
 def test_start_refuses_a_directory_that_holds_an_experiment_before_starting_anything(exp_file, tmp_path):
+    from tandem.launcher.run import check_launch_target
+
     (tmp_path / "run").mkdir(mode=0o700)
     (tmp_path / "run" / "config.yaml").write_text("{}")
+    # A launch that never trained is no experiment to keep: the launch sets it aside and starts again.
+    assert check_launch_target(tandem.Experiment(exp_file).config, resume=False).root == tmp_path / "run"
+    (tmp_path / "run" / "checkpoints" / "step-1").mkdir(parents=True)
     with pytest.raises(tandem.ConfigError, match="already holds an experiment; pass --resume"):
         tandem.Experiment(exp_file).start()
 
