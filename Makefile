@@ -84,20 +84,25 @@ bench: install
 # The embedded default runs: warm the tiny model up once (cached in .cache/), then run RL.
 # EXP=path.yaml runs another experiment file; ARGS="trainer.total_steps=10" adds overrides;
 # SFT_ARGS="--steps 100" passes options to the warm-up (`tandem sft --help`).
-# Each run gets its own directory, runs/<name>-<timestamp>.
+# Each run gets its own directory, runs/<name>-<timestamp>, and runs/<name>-latest names the
+# newest (what the README's `tandem report --exp runs/math-latest` reads), whether it finished or not.
 RUN_ID := $(shell date +%Y%m%d-%H%M%S)
+# $(call rl_run,NAME,CONFIG): `tandem run` into runs/NAME-RUN_ID, then point runs/NAME-latest at it.
+rl_run = $(VENV)/bin/tandem run $(or $(EXP),$(2)) experiment.exp_dir=runs/$(1)-$(RUN_ID) $(ARGS); rc=$$?; \
+	if [ -d runs/$(1)-$(RUN_ID) ]; then ln -sfn $(1)-$(RUN_ID) runs/$(1)-latest; fi; exit $$rc
+
 train-math: install
 	$(VENV)/bin/tandem sft --task math --out .cache/tiny-math-sft $(SFT_ARGS)
-	$(VENV)/bin/tandem run $(or $(EXP),configs/math-tiny.yaml) experiment.exp_dir=runs/math-$(RUN_ID) $(ARGS)
+	$(call rl_run,math,configs/math-tiny.yaml)
 
 train-code: install
 	$(VENV)/bin/tandem sft --task code --out .cache/tiny-code-sft $(SFT_ARGS)
-	$(VENV)/bin/tandem run $(or $(EXP),configs/code-tiny.yaml) experiment.exp_dir=runs/code-$(RUN_ID) $(ARGS)
+	$(call rl_run,code,configs/code-tiny.yaml)
 
 # Multi-turn: programs revised from execution feedback on the visible examples (rollout/code_feedback.py).
 train-code-agent: install
 	$(VENV)/bin/tandem sft --task code-agent --out .cache/tiny-code-agent-sft $(SFT_ARGS)
-	$(VENV)/bin/tandem run $(or $(EXP),configs/code-agent-tiny.yaml) experiment.exp_dir=runs/code-agent-$(RUN_ID) $(ARGS)
+	$(call rl_run,code-agent,configs/code-agent-tiny.yaml)
 
 lint: install
 	$(PY) -m ruff check .

@@ -231,7 +231,9 @@ async def evaluate_checkpoint(cfg, exp: ExpDir, spec: str, n: int, out: Path | N
         say(f"v{version}: {what} ({time.time() - t0:.1f} s)")
         prompts = held_out_prompts(cfg, n)
         if not prompts:
-            raise EvalError("no held-out problems (rollout.eval_dataset / rollout.dataset)")
+            raise EvalError(f"no held-out problems: every problem of rollout.dataset ({cfg.rollout.dataset}) may "
+                            f"have been trained on and the run has no rollout.eval_dataset; give one: "
+                            f"tandem eval --exp {exp.root} --dataset FILE")
         server = PrivateServer(model_dir, tmp, exp.logs / f"eval-v{version}-gen.log", threads,
                                max_running=concurrency)
         say(f"generation server on {await server.start()}; {len(prompts)} problems, greedy, "

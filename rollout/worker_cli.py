@@ -146,6 +146,8 @@ def controller_answers(exp: ExpDir, timeout_s: float = PROBE_S) -> bool:
 
 def cmd_eval(args) -> int:
     from tandem.rollout.checkpoint_eval import FINAL, cmd_eval_checkpoint
+    if args.dataset:   # a held-out set the run was not given (its own, or another)
+        args.cfg.rollout.eval_dataset = args.dataset
     if args.checkpoint:
         return cmd_eval_checkpoint(args)
     exp = ExpDir(args.exp)
@@ -194,6 +196,10 @@ def register(sub) -> None:
                    help="evaluate this trainer checkpoint (<exp>/checkpoints/step-N) on a generation server of "
                         "its own, through its OpenAI-compatible API; final: the run's last policy (its newest "
                         "published weights, else checkpoint), what a run that has ended is evaluated on")
+    p.add_argument("--dataset", default=None, metavar="FILE",
+                   help="held-out problems to ask (a data set as rollout.eval_dataset reads them, through "
+                        "rollout.eval_columns or rollout.columns); default: the run's rollout.eval_dataset, else "
+                        "problems of rollout.dataset it never trained on (a synthetic task's other seed)")
     p.add_argument("--threads", type=int, default=0, help="with --checkpoint: torch threads of its server")
     p.add_argument("--answers", default=None, help="with --checkpoint: also write every problem, response and "
                                                    "verdict to this JSONL file")

@@ -184,3 +184,29 @@ def test_an_ended_run_with_nothing_to_serve_is_said_in_one_line(run, tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         f"tandem eval: {tmp_path / 'bare'}: no policy to evaluate: no published weights in "
         f"{tmp_path / 'bare' / 'weights'} and no checkpoint in {tmp_path / 'bare' / 'checkpoints'}")
+
+
+def test_a_run_on_a_data_file_is_scored_on_a_held_out_file_given_with_dataset(run, tmp_path):
+    """A run trained on a data file with no rollout.eval_dataset has no problem it surely never
+    trained on: `tandem eval` says so and how to give one (`--dataset FILE`); with it, it scores."""
+    import shutil
+
+    from tandem.launcher.config import load_config, save_resolved
+    from tandem.rollout.synthetic import generate
+    from tandem.services.protocol import ExpDir
+
+    cfg, exp, _, _ = run
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in generate("math", 20, 3)))
+    held.write_text("".join(json.dumps(r) + "\n" for r in generate("math", 4, 4)))
+    mine = ExpDir(tmp_path / "on-a-file")
+    save_resolved(load_config(None, ["experiment.name=on-a-file", f"experiment.model={cfg.experiment.model}",
+                                     f"experiment.exp_dir={mine.root}", f"rollout.dataset={train}",
+                                     f"rollout.max_new_tokens={MAX_NEW}", "reward.num_workers=1"]), mine.root)
+    shutil.copytree(exp.checkpoints / "step-2", mine.checkpoints / "step-2")
+    proc = subprocess.run(eval_argv(mine, "--checkpoint", "v2", "--n", 2), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and f"tandem eval --exp {mine.root} --dataset FILE" in proc.stderr, proc.stderr
+    proc = subprocess.run(eval_argv(mine, "--checkpoint", "v2", "--n", 2, "--dataset", held), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["n"] == 2

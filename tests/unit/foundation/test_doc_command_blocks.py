@@ -96,6 +96,9 @@ def test_every_make_target_exists_and_a_training_target_loads_its_config(block, 
     variables = dict(w.split("=", 1) for w in words if "=" in w)
     for target in targets:
         recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M)
-        config = re.search(r"tandem run \$\(or \$\(EXP\),(\S+)\)", recipe.group(1)) if recipe else None
+        # `tandem run $(or $(EXP),CONFIG)`, or the Makefile's `$(call rl_run,NAME,CONFIG)`
+        config = re.search(r"tandem run \$\(or \$\(EXP\),(\S+)\)|\$\(call rl_run,[^,]+,([^)]+)\)",
+                           recipe.group(1)) if recipe else None
+        assert config or not target.startswith("train-"), f"{target}: no experiment file found in its recipe"
         if config:
-            load_config(REPO / config.group(1), variables.get("ARGS", "").split())
+            load_config(REPO / (config.group(1) or config.group(2)), variables.get("ARGS", "").split())
