@@ -6,7 +6,7 @@ through. Servers (the controller, the reward service, the trainer's trajectory s
 experiment's `service` keypair, which every client checks them by. As a client, each role has a
 keypair of its own, named by its identity — `launcher`, `trainer`, `eval`, `rollout-<rank>` — and
 loads only its own secret. A server learns the identity of every message's sender from its key
-(transport.sender(), set for the handler), so it can refuse what that role may not do (a worker
+(senders.sender(), set for the handler), so it can refuse what that role may not do (a worker
 announcing weights, registering a server, speaking for another worker: RequestServer's
 `senders`). The `launcher` identity is the user's own (the launcher, `tandem status`): it may do
 everything.
