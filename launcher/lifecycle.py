@@ -10,7 +10,8 @@ the report; stop everything — also on an error, Ctrl-C or SIGTERM, with nothin
 With `launcher.elastic: true` the watch also runs the elastic split (`elastic.py`): every few
 training steps it may move a generation server's CPUs to the trainer or back.
 
-Exit codes: 0 the trainer finished; 1 a role failed or the run was cancelled; 2 the run could
+Exit codes: 0 the trainer finished; 1 a role failed, the run was cancelled, or the trainer stopped
+it before its steps (trainer.signals' cap: the reason is printed); 2 the run could
 not start as configured (a plan the backend cannot run, jobs of an earlier launch still
 running); 130 interrupted.
 """
@@ -39,6 +40,7 @@ from tandem.services.protocol.trackers import finish_trackers, tracker_hints
 
 from .backends import Backend, Ended, LaunchError
 from .config import ConfigError, ExperimentConfig
+from .learning import unfinished_warm_up
 from .plan import PlanError
 from .progress import Progress, mark_resumed, summarize
 from .report import write_report
@@ -104,6 +106,8 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
     if resume:   # where this launch's work starts in the run's stream (summary, report)
         mark_resumed(exp)
     progress = Progress(exp, cfg.trainer.total_steps, resume)
+    if note := unfinished_warm_up(cfg.experiment.model):   # RL from it may learn nothing: say so first
+        print(f"warning: {note}", flush=True)
     evaluating = cfg.rollout.eval_size > 0
     # A resumed run is the same run: its starting policy was evaluated by the first launch.
     evals: dict[str, dict | None] = {"before": _read_eval(exp, "before")} if resume else {}
@@ -131,8 +135,10 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
             finish_trackers(cfg, exp)
         except Exception as e:  # a tracker problem must not turn a finished run into a failure
             log.warning("could not forward the last records to the trackers: %s", e)
-        summary = summarize(exp, evals, wall_s=time.time() - t0)
+        summary = summarize(exp, evals, wall_s=time.time() - t0, model=cfg.experiment.model)
         print(json.dumps({k: summary[k] for k in ("steps", "eval", "wall_s")}, indent=1), flush=True)
+        if summary["verdict"]:
+            print(summary["verdict"], flush=True)
         try:
             png, page, _ = write_report(exp)
             print(f"report: {page} ({png})", flush=True)
@@ -140,7 +146,11 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
             log.warning("could not write the report: %s", e)
         for hint in tracker_hints(cfg.experiment.trackers, cfg.experiment.wandb, exp.root):
             print(hint, flush=True)
-        status = "finished"
+        status = "finished"   # every role ended as asked, the trainer too when its cap stopped the run
+        if summary["stopped"]:
+            print(f"tandem run: the trainer stopped the run after step {summary['steps']}: {summary['stopped']}",
+                  file=sys.stderr, flush=True)
+            return 1
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping every role ...", flush=True)

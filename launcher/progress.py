@@ -11,6 +11,8 @@ from collections import Counter
 
 from tandem.services.protocol import ExpDir, MetricsWriter, read_metrics, write_json_atomic
 
+from .learning import stopped_of, verdict, warnings_of
+
 RESUMED = "resumed"
 
 
@@ -30,7 +32,9 @@ def mark_resumed(exp: ExpDir) -> dict:
 
 
 class Progress:
-    """Prints one line per trained step: step, reward, accuracy, staleness, tokens/s, ETA.
+    """Prints one line per trained step: step, reward, accuracy, staleness, tokens/s, ETA; and
+    each warning the trainer records (no reward signal, groups dropped in a row: trainer/
+    learning_signals.py) where it falls between them.
 
     The accuracy is that of the samples the step trained (its `group_ids`, looked up in the
     rollout workers' `group` records), the same samples as its reward. After a resume the first
@@ -76,9 +80,12 @@ class Progress:
     def update(self) -> None:
         records = self._new_records()
         # Groups first: a group's record may land just after the step that trained it.
-        steps = [rec for rec in records if not self._note_group(rec)
-                 and rec.get("role") == "trainer" and rec.get("event") == "step"]
-        for rec in steps:
+        shown = [rec for rec in records if not self._note_group(rec) and rec.get("role") == "trainer"
+                 and rec.get("event") in ("step", "warning")]
+        for rec in shown:
+            if rec["event"] == "warning":
+                print(f"warning: {rec.get('message')}", flush=True)
+                continue
             staleness = max((int(k) for k in rec.get("staleness_hist") or {}), default=0)
             now = time.time()
             self.first_step_at = self.first_step_at or now
@@ -141,12 +148,15 @@ def _throughput(steps: list[dict]) -> tuple[float | None, float | None]:
     return (sum(r.get("n_seqs", 0) for r in steps) / span, sum(r.get("train_tokens", 0) for r in steps) / span)
 
 
-def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
+def summarize(exp: ExpDir, evals: dict, wall_s: float, model: str | None = None) -> dict:
     """Aggregate the run's metrics into `<exp>/summary.json` (the figures users compare runs by).
 
     Steps, staleness and evaluation are the run's (every launch, each step once); throughput and
     `rl_s` are this launch's (after its `resumed` mark): the time between launches is no one's
-    work, and counted in it would halve a resumed run's throughput."""
+    work, and counted in it would halve a resumed run's throughput. `warnings` are the run's,
+    `stopped` is why this launch's trainer stopped before its steps (null: it did not), and
+    `verdict` says whether held-out accuracy rose and, if not, why (`learning.py`; `model`: the
+    run's experiment.model, whose warm-up record it reads)."""
     records = read_metrics(exp)
     steps = run_steps([r for r in records if r.get("role") == "trainer"])
     now = run_steps([r for r in this_launch(records) if r.get("role") == "trainer"])
@@ -173,6 +183,9 @@ def summarize(exp: ExpDir, evals: dict, wall_s: float) -> dict:
         "wall_s": round(wall_s, 1),
         # seconds of RL in this launch: from the start of its first training step to the end of its last
         "rl_s": round(now[-1]["time"] - now[0]["time"] + now[0].get("step_s", 0.0), 1) if now else None,
+        "warnings": warnings_of(records),
+        "stopped": stopped_of(this_launch(records)),
     }
+    summary["verdict"] = verdict(summary, records, model)
     write_json_atomic(exp.root / "summary.json", summary)
     return summary

@@ -36,6 +36,7 @@ from .report_axes import (
     print_value,
     span_floor,
 )
+from .report_records import STYLE, learning_html, learning_lines, samples_html, samples_of
 from .run_info import RunInfo, run_info
 
 ZOOM_S = 20.0        # seconds of the zoomed timeline
@@ -357,14 +358,15 @@ def _headline(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def _summary(exp: ExpDir) -> tuple[str, list[tuple[str, str]]]:
-    """summary.json's text and its headline rows (none when absent or unreadable)."""
+def _summary(exp: ExpDir) -> tuple[str, list[tuple[str, str]], dict]:
+    """summary.json's text, its headline rows and itself (none when absent or unreadable)."""
     summary_file = exp.root / "summary.json"
     text = summary_file.read_text() if summary_file.exists() else "{}"
     try:
-        return text, _headline(json.loads(text))
+        summary = json.loads(text)
+        return text, _headline(summary), summary
     except (json.JSONDecodeError, AttributeError):
-        return text, []
+        return text, [], {}
 
 
 def write_report(exp: ExpDir) -> tuple:
@@ -375,27 +377,30 @@ def write_report(exp: ExpDir) -> tuple:
     fig, counts = build_figure(exp, records, info)
     counts["run"] = {"name": info.name, "config": info.config_file, "started": info.started,
                      "commit": info.commit, "resumed_at": info.resumes}
+    summary_text, headline, summary = _summary(exp)
+    counts["learning"] = learning_lines(records, summary)   # the verdict, a stop, the warnings
+    counts["sample_records"] = len(samples_of(records, last=len(records)))
     exp.report.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     png = exp.report / "report.png"
     png.write_bytes(buf.getvalue())
-    summary_text, headline = _summary(exp)
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in headline)
     notes = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in counts["notes"].items())
     page = exp.report / "report.html"
     page.write_text(
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(info.title())}</title>"
         "<style>body{font-family:sans-serif;margin:1.5em;background:#fff}th{text-align:left;padding-right:1em}"
-        "img{max-width:100%}.notes{color:#555}</style>"
+        f"img{{max-width:100%}}.notes{{color:#555}}{STYLE}</style>"
         f"<h1>{html.escape(info.title())}</h1><p class='run'>{html.escape(info.subtitle())}</p>"
         f"<p>{counts['steps']} training steps, {counts['groups']} groups, "
         f"{counts['weight_syncs']} weight syncs, {counts['held_out_points']} held-out evaluations.</p>"
-        f"<table>{table}</table>"
+        f"<table>{table}</table>" + learning_html(records, summary)
         + (f"<ul class='notes'>{notes}</ul>" if notes else "")
         + f"<img alt='run report' src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'>"
-        f"<details><summary>summary.json</summary><pre>{html.escape(summary_text)}</pre></details>")
+        + samples_html(records)
+        + f"<details><summary>summary.json</summary><pre>{html.escape(summary_text)}</pre></details>")
     return png, page, counts
 
 
@@ -409,6 +414,7 @@ def report_text(exp: ExpDir, png, page, counts: dict) -> str:
              f"  {counts['steps']} training steps, {counts['groups']} groups, {counts['weight_syncs']} weight "
              f"syncs, {counts['held_out_points']} held-out evaluations"]
     headline = _summary(exp)[1]
+    lines += [f"  {line}" for line in counts.get("learning", [])]
     width = max((len(k) for k, _ in headline), default=0)
     lines += [f"  {k:<{width}}  {v}" for k, v in headline]
     if counts["notes"]:

@@ -5,9 +5,11 @@ from dataclasses import dataclass, field
 
 from omegaconf import II
 
+from tandem.trainer.learning_signals import SignalsConfig
 from tandem.trainer.lr_schedule import schedule_problems
 from tandem.trainer.megatron.config import MegatronConfig
 from tandem.trainer.presets import objective_problems
+from tandem.trainer.samples import SamplesConfig
 from tandem.trainer.weights import METHODS as WEIGHT_SYNC_METHODS
 
 
@@ -240,6 +242,10 @@ class TrainerConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     # LoRA adapters instead of full fine-tuning (torch backend only); rank 0 = off.
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # Warnings when nothing is being learned, and the cap on groups dynamic sampling drops in a row.
+    signals: SignalsConfig = field(default_factory=SignalsConfig)
+    # A few trained samples (prompt, response, reward, version), decoded, every few steps.
+    samples: SamplesConfig = field(default_factory=SamplesConfig)
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -301,6 +307,8 @@ class TrainerConfig:
         out += [(f"optim.{k}", m) for k, m in schedule_problems(self.optim)]
         out += [(f"megatron.{k}", m) for k, m in self.megatron.problems()]
         out += [(f"lora.{k}", m) for k, m in self.lora.problems()]
+        out += [(f"signals.{k}", m) for k, m in self.signals.problems()]
+        out += [(f"samples.{k}", m) for k, m in self.samples.problems()]
         if self.lora.rank > 0 and self.backend != "torch":
             out.append(("lora.rank", f"LoRA (trainer.lora.rank={self.lora.rank}) is implemented on the torch backend "
                                      f"only, and trainer.backend is {self.backend!r}: set trainer.backend: torch, or "

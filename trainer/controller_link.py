@@ -95,12 +95,13 @@ class ControllerLink:
             out["ack_ok"] = False
         return out
 
-    def rejected_groups(self, timeout_s: float = 5.0) -> int | None:
-        """The admission ledger's count of groups their workflow rejected (RejectGroup: dynamic
-        sampling's all-equal groups) since the run began; None if the controller does not say."""
+    def admission(self, timeout_s: float = 5.0) -> dict | None:
+        """The admission ledger's counters (services/controller/admission.py), among them
+        `rejected` (groups their workflow rejected, RejectGroup: dynamic sampling's all-equal
+        groups, since the run began) and `rejected_in_a_row`; None if the controller does not say."""
         reply = self.request(StatusRequest(), "status", timeout_s=timeout_s)
         if isinstance(reply, StatusReply) and isinstance(reply.state.get("rejected"), int):
-            return reply.state["rejected"]
+            return reply.state
         return None
 
     def _connect(self, timeout_s: float) -> SyncRequestClient:

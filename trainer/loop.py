@@ -53,6 +53,8 @@ from tandem.trainer.controller_link import ControllerLink
 from tandem.trainer.distributed import init_distributed
 from tandem.trainer.elastic_cpus import TrainerCpus
 from tandem.trainer.intake import Intake
+from tandem.trainer.learning_signals import LearningSignals
+from tandem.trainer.samples import SampleLog
 from tandem.trainer.step_fields import groups_fields
 from tandem.trainer.trajectory_check import TrajectoryCheck, model_vocab_size
 from tandem.trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
@@ -86,7 +88,11 @@ class Trainer:
         self.shutdown = Shutdown()
         self.settings = objective.settings_from_config(self.tcfg)
         self.backend.entropy_grad = self.settings.entropy_coef > 0
-        self._rejected_seen = 0             # the controller's count of rejected groups, last step
+        self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
+        # Rank 0's watch on whether the run learns (trainer/learning_signals.py), and its samples.
+        self.signals = LearningSignals(self.tcfg.signals, self.tcfg.groups_per_step, self.metrics,
+                                       getattr(getattr(cfg, "rollout", None), "filter_all_equal", False))
+        self.samples = SampleLog(self.tcfg.samples, cfg.experiment.model, cfg.experiment.seed, self.metrics)
         # Announcements not answered yet; with coalesced versions (announcements.py) several.
         self.announcements = Announcements(coalesces_versions(
             getattr(getattr(cfg, "controller", None), "interruptible", True), self.tcfg.weight_sync,
@@ -97,7 +103,6 @@ class Trainer:
         self._step_dropped: list[str] = []
         self._step_ids: dict = {}
         self._last_checkpoint = -1
-        self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
         # launcher.elastic: the CPU set the launcher gives this trainer, followed at each step boundary.
         elastic = getattr(getattr(cfg, "launcher", None), "elastic", False) is True
         self.cpus = TrainerCpus(exp, self.metrics) if elastic else None
@@ -170,6 +175,7 @@ class Trainer:
     def record_step(self, record: dict) -> None:
         if self.rank == 0:
             self.metrics.log(event="step", step=self.version, **record, **self._step_ids)
+            self.signals.flush()   # the step's warnings (no reward signal) after its record
             self._step_dropped = []   # recorded; drops from now on go in the next record
             log.info("step %d: loss %.4g clip %.3f grad_norm %.3g tokens/s %.0f", self.version, record["loss"],
                      record["clip_fraction"], record["grad_norm"], record["tokens_per_s"])
@@ -195,8 +201,8 @@ class Trainer:
                 self.controller.request(GroupsDropped(ids, reason), "groups_dropped")
             if result.groups:
                 break
-            if self.shutdown.requested:
-                return None
+            if self.shutdown.requested or self.signals.should_stop(self.version, self.controller):
+                return None   # asked to stop, or trainer.signals' cap on groups rejected in a row
             if self.cpus:   # waiting for data is a step boundary too
                 self.cpus.check()
             self._drain(first_timeout_s=0.2)
@@ -206,19 +212,9 @@ class Trainer:
         self.token_staleness.update(self._step_token_staleness)
         # Which groups this step trained and dropped: `tandem audit` follows every group by id.
         self._step_ids = {**groups_fields(result.groups), "dropped_ids": self._step_dropped,
-                          # groups rejected by their workflow (dynamic sampling) since the last step
-                          "dynamic_filtered_groups": self._rejected_since_last_step()}
+                          **self.signals.step_fields(result.groups, self.version + 1, self.controller)}
+        self.samples.log(self.version + 1, result.groups)
         return StepBatch.from_groups(result.groups)
-
-    def _rejected_since_last_step(self) -> int | None:
-        """Groups never sent to the trainer because their workflow rejected them (rollout.
-        filter_all_equal): the controller's admission ledger counts them (their slots were
-        released, so admission replaced them); the step records the increase. None if unknown."""
-        total = self.controller.rejected_groups()
-        if total is None:
-            return None
-        delta, self._rejected_seen = max(0, total - self._rejected_seen), total
-        return delta
 
     def _release_refused(self) -> None:
         """Groups the buffer refused (an invalid trajectory) will never train: give their
@@ -400,7 +396,7 @@ class Trainer:
                 self._drain(first_timeout_s=0)  # whatever arrived (and was logged) joins the snapshot
                 loop_state = {"version": self.version, "buffer": self.buffer.state_dict(),
                               "staleness": dict(self.staleness), "token_staleness": dict(self.token_staleness),
-                              "wal_seq": self._wal_seq + 1, "rejected_seen": self._rejected_seen}
+                              "wal_seq": self._wal_seq + 1, "rejected_seen": self.signals.rejected_seen}
                 # Arrivals from now on go to the next log; resume replays it with this checkpoint
                 # (or, if this one is never written, with the previous one: see _open_wal).
                 self.intake.wal.close()
@@ -456,7 +452,7 @@ class Trainer:
             self.buffer.load_state_dict(loop_state["buffer"])
             self.staleness = Counter(loop_state["staleness"])
             self.token_staleness = Counter(loop_state["token_staleness"])
-            self._rejected_seen = int(loop_state.get("rejected_seen", 0))
+            self.signals.rejected_seen = int(loop_state.get("rejected_seen", 0))
         self._last_checkpoint = self.version
         log.info("resumed from %s: version %d, %d groups ready, %d partial", path, self.version,
                  self.buffer.n_ready, self.buffer.n_partial)

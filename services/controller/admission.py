@@ -102,6 +102,9 @@ class AdmissionLedger:
         self.epoch = epoch
         self.version = 0
         self.accepted = self.rejected = self.failed = 0
+        # Groups their workflow rejected since the last one accepted (dynamic sampling's all-equal
+        # groups in a row): the trainer warns on it and caps it (trainer/learning_signals.py).
+        self.rejected_in_a_row = 0
         # Accepted groups the trainer later dropped as over-stale (their slots were released).
         self.dropped = 0
         self.admitted = 0          # tickets ever issued
@@ -277,6 +280,8 @@ class AdmissionLedger:
         elif op == "done":
             gid, status = event["group"], event["status"]
             self.running.pop(gid)
+            if status != "failed":   # a failure says nothing of the groups' rewards
+                self.rejected_in_a_row = self.rejected_in_a_row + 1 if status == "rejected" else 0
             if self._dropped_first(gid) and status == "accepted":
                 self.dropped += 1                  # the trainer already dropped it: no slot taken
                 self._remember(gid, "dropped", False)
@@ -286,6 +291,7 @@ class AdmissionLedger:
         elif op == "late":
             gid = event["group"]
             self.failed -= 1
+            self.rejected_in_a_row = 0
             self.late_accepts += 1
             if self._dropped_first(gid):
                 self.dropped += 1
@@ -348,13 +354,14 @@ class AdmissionLedger:
         return {"version": self.version, "capacity": self.capacity(), "running": len(self.running),
                 "accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
                 "admitted": self.admitted, "late_accepts": self.late_accepts, "dropped": self.dropped,
-                "workers": len(self.leases)}
+                "rejected_in_a_row": self.rejected_in_a_row, "workers": len(self.leases)}
 
     def state_dict(self) -> dict:
         finished = self.finished.items()
         return {"epoch": self.epoch, "version": self.version, "accepted": self.accepted,
                 "rejected": self.rejected, "failed": self.failed, "admitted": self.admitted,
                 "late_accepts": self.late_accepts, "next_seq": self.next_seq, "dropped": self.dropped,
+                "rejected_in_a_row": self.rejected_in_a_row,
                 "running": {gid: [g.worker_id, g.admit_version] for gid, g in self.running.items()},
                 "finished": [[gid, st, rv] for gid, (st, rv) in finished],
                 "drop_pending": list(self.drop_pending)}
@@ -364,6 +371,7 @@ class AdmissionLedger:
         for key in ("epoch", "version", "accepted", "rejected", "failed", "admitted", "late_accepts", "next_seq"):
             setattr(self, key, int(state[key]))
         self.dropped = int(state.get("dropped", 0))
+        self.rejected_in_a_row = int(state.get("rejected_in_a_row", 0))
         self.running = {gid: RunningGroup(w, int(v), now) for gid, (w, v) in state["running"].items()}
         self.finished = OrderedDict((gid, (st, bool(rv))) for gid, st, rv in state["finished"])
         self.drop_pending = OrderedDict.fromkeys(state.get("drop_pending", ()))

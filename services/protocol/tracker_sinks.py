@@ -16,10 +16,14 @@ import yaml
 
 from .expdir import write_json_atomic
 
+# The columns of a sample as the sinks show it (trackers.sample_rows makes the rows).
+SAMPLE_COLUMNS = ("step", "group", "reward", "version", "prompt", "response")
+
 
 class TensorBoardSink:
     """Scalars under `<exp>/tb/` (one event file per trainer launch; TensorBoard reads the
-    directory as one run), the resolved config as text at step 0."""
+    directory as one run), the resolved config as text at step 0, and each step's sample
+    completions as text (`samples`, in the TEXT tab)."""
     name = "tensorboard"
 
     def __init__(self, log_dir: str | Path):
@@ -38,6 +42,14 @@ class TensorBoardSink:
     def log(self, values: dict[str, float], step: int, wall_time: float | None = None) -> None:
         for key, value in values.items():
             self.writer.add_scalar(key, value, step, walltime=wall_time)
+
+    def samples(self, rows: list[list], step: int) -> None:
+        """One markdown text per step: each sample's reward and versions as a heading, its prompt
+        and response indented (a code block: their newlines kept, nothing read as markdown)."""
+        parts = []
+        for _step, group, reward, version, prompt, response in rows:
+            parts.append(f"**{group}**: reward {reward}, {version}\n\n" + _indent(prompt) + "\n\n" + _indent(response))
+        self.writer.add_text("samples", "\n\n---\n\n".join(parts), step)
 
     def rewind(self, step: int) -> None:
         """Points from `step` on belong to an abandoned launch: a SessionLog START at `step` makes
@@ -103,6 +115,15 @@ class WandbSink:
             self._defined.add(key)
         self.run.log({**values, "step": step})
 
+    def samples(self, rows: list[list], step: int) -> None:
+        """A table per step under `samples` (W&B's Tables; the UI steps through them)."""
+        import wandb
+
+        if "samples" not in self._defined:
+            self.run.define_metric("samples", step_metric="step")
+            self._defined.add("samples")
+        self.run.log({"samples": wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows), "step": step})
+
     def flush(self) -> None:
         pass   # the run's service process writes (or sends) what it was given
 
@@ -118,3 +139,8 @@ class WandbSink:
                 # print a traceback at the trainer's exit if that process was already gone
                 # (SIGTERM reaches the trainer's whole process group).
                 wandb.teardown()
+
+
+def _indent(text: str) -> str:
+    """Markdown's indented code block (TensorBoard's text plugin renders it as written)."""
+    return "\n".join("    " + line for line in (text or " ").splitlines() or [" "])

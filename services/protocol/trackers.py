@@ -18,6 +18,9 @@ starts there. A last line without its newline is being written and waits for the
 A resumed trainer trains the steps after its checkpoint again; the first such step record tells
 the sinks to `rewind` (TensorBoard drops the abandoned launch's points from that step on, as
 `launcher.progress.run_steps` does for the summary).
+
+The trainer's `samples` records (trainer/samples.py: a few prompts and responses with their
+reward and versions) go to a sink's `samples(rows, step)`: a W&B table, TensorBoard text.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ WANDB_MODES = ("offline", "online")
 NOT_METRICS = frozenset({"step", "time", "rank"})
 # Cheap byte test before parsing: most lines are rollout records no tracker shows (MetricsWriter
 # writes json.dumps's default separators; the parsed record is checked again).
-_WANTED = (b'"event": "step"', b'"event": "eval"')
+_WANTED = (b'"event": "step"', b'"event": "eval"', b'"event": "samples"')
 
 
 @dataclass
@@ -97,12 +100,28 @@ def tracked(rec: dict) -> tuple[int, dict[str, float]] | None:
     return step, values
 
 
+def sample_rows(rec: dict) -> list[list]:
+    """The rows (tracker_sinks.SAMPLE_COLUMNS) of a trainer's `samples` record; [] for any other."""
+    step = rec.get("step")
+    if rec.get("event") != "samples" or rec.get("role") != "trainer" or isinstance(step, bool) \
+            or not isinstance(step, int) or not isinstance(rec.get("samples"), list):
+        return []
+    rows = []
+    for r in rec["samples"]:
+        lo, hi = r.get("version_min"), r.get("version_max")
+        rows.append([step, f"{r.get('group_id')}/{r.get('sample_idx')}", r.get("reward"),
+                     f"v{lo}" if lo == hi else f"v{lo}-v{hi}", r.get("prompt", ""), r.get("response", "")])
+    return rows
+
+
 class TrackerFollower:
     """Follows `<exp>/metrics.jsonl` from its persisted offset and forwards tracked records.
 
     A sink is any object with `name`, `open(config)`, `log(values, step, wall_time)`, `flush()`
-    and `close()`, and optionally `rewind(step)`. `start()`/`stop()` run it in a daemon thread;
-    `open()`, `poll()` and `close()` are the same steps, callable directly (tests).
+    and `close()`, and optionally `rewind(step)` and `samples(rows, step)` (rows of
+    tracker_sinks.SAMPLE_COLUMNS, from the trainer's `samples` records). `start()`/`stop()`
+    run it in a daemon thread; `open()`, `poll()` and `close()` are the same steps, callable
+    directly (tests).
     """
 
     def __init__(self, exp: ExpDir, sinks: list, config: dict | None = None, poll_s: float = 2.0,
@@ -190,6 +209,9 @@ class TrackerFollower:
             rec = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return 0   # a line cut by a crash mid-write
+        if isinstance(rec, dict) and (rows := sample_rows(rec)):
+            self._each("samples", rows, rec["step"])
+            return 1
         point = tracked(rec) if isinstance(rec, dict) else None
         if point is None:
             return 0

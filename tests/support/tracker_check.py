@@ -1,6 +1,7 @@
 """What a run with `experiment.trackers: [jsonl, tensorboard, wandb]` must leave: the trainer's
 steps and every held-out evaluation (before, during, after) in the TensorBoard event file under
-`<exp>/tb/` with the values metrics.jsonl holds, and one offline W&B run under `<exp>/wandb/`.
+`<exp>/tb/` with the values metrics.jsonl holds, the sample completions as text there and as
+tables in the one offline W&B run under `<exp>/wandb/`.
 Checked on an end-to-end run that has other things to prove too (one run, not two)."""
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def assert_trackers_hold_the_run(exp: ExpDir, out: str) -> None:
     rows = [row for piece in pieces for row in history(next(piece.glob("run-*.wandb")))]
     assert [r["step"] for r in rows if "loss" in r] == [r["step"] for r in trained]
     assert [r["step"] for r in rows if "eval_accuracy" in r] == [r["step"] for r in evals]
+    # The sample completions (trainer/samples.py): TensorBoard text and a W&B table at each of their steps.
+    sampled = [r["step"] for r in records if r.get("event") == "samples"]
+    assert [e.step for e in acc.Tensors("samples/text_summary")] == sampled
+    assert [r["step"] for r in rows if r.get("samples/_type") == "table-file"] == sampled
     # No sink failed, and W&B printed nothing into the trainer's console log.
     trainer_log = (exp.logs / "trainer-0.log").read_text().splitlines()
     assert not [line for line in trainer_log if " WARNING " in line or " ERROR " in line or "wandb:" in line]

@@ -22,9 +22,13 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
     # and early, so a point is scored before the 4-step run ends: a stopping worker cancels a
     # point still being scored, and one due only at version 2 was cut off three times on a
     # loaded machine.
-    curve = ["rollout.eval_size=2", "rollout.eval_every=1"] if eta else []
+    # eta=2 also records sample completions every 2 steps (trainer.samples), which reach the
+    # report and the trackers.
+    curve = ["rollout.eval_size=2", "rollout.eval_every=1", "trainer.samples.every=2"] if eta else []
     # eta=0's roles start as fresh interpreters, eta=2's as forks of the preloading server (the default).
-    forks = [] if eta else ["launcher.fork_roles=false"]
+    # The untrained model is wrong on everything, so no group has a reward signal: eta=0 warns
+    # after every 2 such steps (trainer.signals.no_signal_steps).
+    forks = [] if eta else ["launcher.fork_roles=false", "trainer.signals.no_signal_steps=2"]
     trackers = eta and tracker_check.INSTALLED
     if trackers:
         tracker_check.offline_wandb(monkeypatch, tmp_path)
@@ -68,6 +72,18 @@ def test_run_respects_the_staleness_bound(tmp_path, tiny_model_dir, eta, monkeyp
         assert all(0 <= e["eval_accuracy"] <= 1 and e["version_min"] <= e["version_max"] for e in evals)
         assert summary["eval"]["before"] is not None and summary["eval"]["after"] is not None
     assert summary["throughput"]["trajectories_per_s"] > 0 and summary["weight_sync"]["mean_s"] > 0
+    if not eta:   # warned after steps 2 and 4, on the console between the progress lines and in the summary
+        said = [line for line in out.splitlines() if line.startswith(("step ", "warning: "))]
+        assert [line.split(":")[0].split(" |")[0] for line in said] == \
+            ["step 1/4", "step 2/4", "warning", "step 3/4", "step 4/4", "warning"], said
+        assert [(w["kind"], w["step"]) for w in summary["warnings"]] == [("no_reward_signal", 2), ("no_reward_signal", 4)]
+        assert all(r["signal_groups"] == 0 for r in trained) and trained[-1]["no_signal_steps"] == 4
+    if eta:   # the trained samples, decoded, every 2 steps: in the records and on the report's page
+        sampled = [r for r in read_metrics(exp, "trainer") if r.get("event") == "samples"]
+        assert [r["step"] for r in sampled] == [2, 4] and all(len(r["samples"]) == 2 for r in sampled)
+        assert all(s["prompt"] and s["response_chars"] >= 0 and s["version_min"] <= s["version_max"] <= s["admit_version"] + 2
+                   for r in sampled for s in r["samples"])
+        assert "<h3>step 4</h3>" in (exp.report / "report.html").read_text()
     if trackers:
         tracker_check.assert_trackers_hold_the_run(exp, out)
     assert ("roles start as forks" in out) == bool(eta) and (exp.logs / "role-forks.console").exists() == bool(eta)

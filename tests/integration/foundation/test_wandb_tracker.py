@@ -83,3 +83,20 @@ def test_online_without_a_key_turns_the_sink_off_without_prompting(exp, no_wandb
     follower = follow(exp, mode="online")
     assert "WANDB_API_KEY" in follower.disabled["wandb"]
     assert not (exp.root / "wandb").exists()
+
+
+def test_samples_become_a_table_in_the_offline_run(exp, no_wandb_account):
+    """The trainer's `samples` records (trainer/samples.py) are W&B Tables, one per step."""
+    row = {"group_id": "0-3", "sample_idx": 1, "prompt": "What is 2+2?", "response": "\\boxed{4}", "reward": 5.0,
+           "version_min": 2, "version_max": 3}
+    MetricsWriter(exp, "trainer").log(event="samples", step=4, samples=[row, {**row, "reward": -5.0}])
+    assert follow(exp).disabled == {}
+    (run,) = offline_runs(exp)
+    run_id = json.loads((exp.root / "trackers" / "wandb.json").read_text())["id"]
+    (logged,) = history(run / f"run-{run_id}.wandb")
+    # W&B stores a table as a file of the run, which the row names (flattened: samples/<field>)
+    assert logged["step"] == 4 and logged["samples/_type"] == "table-file" and logged["samples/nrows"] == 2
+    table = json.loads((run / "files" / logged["samples/path"]).read_text())
+    assert table["columns"] == ["step", "group", "reward", "version", "prompt", "response"]
+    assert table["data"] == [[4, "0-3/1", 5.0, "v2-v3", "What is 2+2?", "\\boxed{4}"],
+                             [4, "0-3/1", -5.0, "v2-v3", "What is 2+2?", "\\boxed{4}"]]

@@ -300,3 +300,22 @@ def test_coalesced_versions_charge_each_group_to_the_version_served_when_admitte
         replayed.apply(e)
     assert replayed.counters() | {"workers": 0} == ledger.counters() | {"workers": 0}
     assert replayed.state_dict()["running"] == ledger.state_dict()["running"]
+
+
+def test_groups_rejected_in_a_row_count_until_one_is_accepted_and_survive_a_restart():
+    """What the trainer's cap on dynamic sampling reads (trainer/learning_signals.py): rejected
+    groups since the last accepted one; a failure (a crashed generation) neither counts nor
+    breaks the run of rejections. Journal replay and the snapshot both restore it."""
+    ledger = AdmissionLedger(8, max_staleness=0, max_concurrent=1000)
+    tickets = [gid for gid, _ in ledger.admit("w", 8, 0.0)[0]]
+    events, seen = [], []
+    for gid, status in zip(tickets, ["rejected", "rejected", "failed", "rejected", "accepted", "rejected"],
+                           strict=False):
+        events.append(ledger.finish("w", gid, status, 0.0)[1])
+        seen.append(ledger.counters()["rejected_in_a_row"])
+    assert seen == [1, 2, 2, 3, 0, 1]
+    admit = {"op": "admit", "worker": "w", "version": 0, "epoch": 0, "first_seq": 0, "count": 8, "admitted_at": 0.0}
+    assert _replayed(ledger, [admit] + events).rejected_in_a_row == 1
+    restored = AdmissionLedger(8, 0, 1000)
+    restored.load_state_dict(ledger.state_dict(), now=0.0)
+    assert restored.rejected_in_a_row == 1

@@ -40,6 +40,9 @@ class Recorder:
     def rewind(self, step):
         self._call("rewind", step)
 
+    def samples(self, rows, step):
+        self._call("samples", rows, step)
+
     def flush(self):
         self._call("flush")
 
@@ -193,6 +196,39 @@ def test_tensorboard_event_file_holds_the_scalars(exp):
     assert [(e.step, e.value) for e in acc.Scalars("reward_mean")] == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0)]
     assert [(e.step, e.value) for e in acc.Scalars("eval_accuracy")] == [(4, 0.25)]
     assert any("config" in tag for tag in acc.Tags()["tensors"])
+
+
+SAMPLE = {"group_id": "0-3", "sample_idx": 1, "prompt": "What is 2+2?", "response": "It is \\boxed{4}.\n| done",
+          "reward": 5.0, "version_min": 2, "version_max": 3}
+
+
+def test_sample_records_go_to_the_sinks_as_rows(exp):
+    """The trainer's `samples` records (trainer/samples.py) reach a sink's `samples(rows, step)`."""
+    write_run(exp, steps=(1,))
+    MetricsWriter(exp, "trainer").log(event="samples", step=1, samples=[SAMPLE, {**SAMPLE, "version_max": 2}])
+    MetricsWriter(exp, "rollout").log(event="samples", step=1, samples=[SAMPLE])   # not the trainer's
+    rec = Recorder()
+    TrackerFollower(exp, [rec], config={}).poll()
+    assert [c for c in rec.calls if c[0] == "samples"] == [("samples", [
+        [1, "0-3/1", 5.0, "v2-v3", "What is 2+2?", "It is \\boxed{4}.\n| done"],
+        [1, "0-3/1", 5.0, "v2", "What is 2+2?", "It is \\boxed{4}.\n| done"]], 1)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="pip install 'tandem[trackers]'")
+def test_tensorboard_shows_the_samples_as_text_at_their_step(exp):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    MetricsWriter(exp, "trainer").log(event="samples", step=7, samples=[SAMPLE])
+    follower = TrackerFollower(exp, [TensorBoardSink(exp.root / "tb")], config={})
+    follower.open()
+    follower.poll()
+    follower.close()
+    acc = EventAccumulator(str(exp.root / "tb"))
+    acc.Reload()
+    (event,) = acc.Tensors("samples/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 7 and "**0-3/1**: reward 5.0, v2-v3" in text
+    assert "    What is 2+2?" in text and "    It is \\boxed{4}.\n    | done" in text   # code blocks, as written
 
 
 def test_config_names_a_bad_tracker_and_a_missing_package(tmp_path, monkeypatch):
