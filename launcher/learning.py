@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+from .warmup import describe, stopped_short
+
 # Below this held-out accuracy a starting policy rarely has a right answer in a group to learn from.
 RARELY_RIGHT = 0.10
 
@@ -37,11 +39,9 @@ def unfinished_warm_up(model_dir: str | Path) -> str | None:
         done = json.loads((Path(model_dir) / "sft.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    ran, asked = done.get("steps"), (done.get("settings") or {}).get("max_steps")
-    if done.get("complete") is False or (isinstance(ran, int) and isinstance(asked, int) and ran < asked):
-        return (f"experiment.model {model_dir} is a warm-up stopped at step {ran} of {asked} (greedy accuracy "
-                f"{done.get('greedy_accuracy')}); `tandem sft` with the same --out makes it again")
-    return None
+    if not isinstance(done, dict) or not isinstance(done.get("steps"), int) or not stopped_short(done):
+        return None   # not a `tandem sft` marker, or a finished warm-up
+    return f"experiment.model {model_dir} is {describe(done)}; `tandem sft` with the same --out makes it again"
 
 
 def verdict(summary: dict, records: list[dict], model_dir: str | Path | None = None) -> str | None:

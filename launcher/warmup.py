@@ -67,13 +67,23 @@ def cached(out: Path, task: str, steps: int, seed: int) -> tuple[dict | None, st
         done = json.loads((out / "sft.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None, ""
-    ran, asked = done.get("steps"), (done.get("settings") or {}).get("max_steps")
-    if done.get("task") != task or asked != steps or (done.get("settings") or {}).get("seed") != seed:
+    settings = done.get("settings") or {}
+    if done.get("task") != task or settings.get("max_steps") != steps or settings.get("seed") != seed:
         return None, ""
-    if done.get("complete") is False or not isinstance(ran, int) or ran < steps:
-        return None, (f"{out} holds a warm-up stopped at step {ran} of {asked} (greedy accuracy "
-                      f"{done.get('greedy_accuracy')}): not using it")
+    if stopped_short(done):
+        return None, f"{out} holds {describe(done)}: not using it"
     return done, ""
+
+
+def stopped_short(done: dict) -> bool:
+    """Whether the `sft.json` of a warm-up says it stopped before its steps."""
+    ran, asked = done.get("steps"), (done.get("settings") or {}).get("max_steps")
+    return done.get("complete") is False or not isinstance(ran, int) or not isinstance(asked, int) or ran < asked
+
+
+def describe(done: dict) -> str:
+    return (f"a warm-up stopped at step {done.get('steps')} of {(done.get('settings') or {}).get('max_steps')} "
+            f"(greedy accuracy {done.get('greedy_accuracy')})")
 
 
 def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, eval_n: int,
