@@ -26,7 +26,8 @@ PR_SET_PDEATHSIG = 1
 
 class RunFailed(RuntimeError):
     """A run ended without finishing: `returncode` is the launcher's exit status (1 a role
-    failed, 2 it could not start, 130 interrupted), `exp_dir` where its logs are."""
+    failed, or the trainer stopped the run at trainer.signals' cap: summary.json's `stopped`
+    says why; 2 it could not start, 130 interrupted), `exp_dir` where its logs are."""
 
     def __init__(self, exp_dir: Path, returncode: int):
         self.exp_dir, self.returncode = exp_dir, returncode
