@@ -29,7 +29,8 @@ from tandem.services.protocol import ExpDir
 
 pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[3]
-SUMMARY_KEYS = {"steps", "eval", "staleness", "throughput", "weight_sync", "wall_s", "rl_s"}
+SUMMARY_KEYS = {"steps", "eval", "staleness", "throughput", "weight_sync", "wall_s", "rl_s", "warnings", "stopped",
+                "verdict"}
 
 
 def documented_commands() -> list[str]:
@@ -114,3 +115,8 @@ def test_the_documented_local_cluster_commands_run_a_tiny_experiment(slurm_clust
     assert "relay" in relayed["phases"] and not relayed["failed"] and len(relayed["updated"]) == 2, relayed
     node_dir = Path(gens[0]["relay_node"].split(":", 1)[1])
     assert not node_dir.exists()      # removed when the node's last server stopped
+    # What the jobs wrote is the user's alone, as on one machine (services/protocol/private.py):
+    # every role sets its umask from the run's config on whichever node it landed.
+    loose = [f"{p} {oct(p.lstat().st_mode & 0o777)}" for p in [exp.root, *exp.root.rglob("*")]
+             if not p.is_symlink() and p.lstat().st_mode & 0o077]
+    assert loose == [], loose
