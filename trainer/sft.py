@@ -71,8 +71,10 @@ def read_partial(path: str | Path, identity: dict) -> tuple[dict | None, str]:
 
 
 def _save_partial(path: Path, state: dict) -> None:
-    """Written beside its name and renamed: a kill mid-write leaves the previous state whole."""
+    """Written beside its name and renamed: a kill mid-write leaves the previous state whole. Its
+    folder may not exist yet (`.cache/` of a fresh clone, before the first warm-up saved a model)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, tmp)
     os.replace(tmp, path)
 

@@ -18,7 +18,7 @@ def sft(out, *extra):
 
 
 def test_warm_up_writes_a_model_and_reuses_it(tmp_path):
-    out = tmp_path / "warm"
+    out = tmp_path / "cache" / "warm"   # as make train-math's .cache/ in a fresh clone: not there yet
     first = sft(out)
     assert first.returncode == 0, first.stderr[-2000:]
     meta = json.loads((out / "sft.json").read_text())
