@@ -143,8 +143,9 @@ class Run:
     def spawn(command: list[str], output: str | os.PathLike | None) -> subprocess.Popen:
         """The launcher as a child in its own session (a Ctrl-C reaches this process, which stops
         the run once, with SIGTERM: a second signal would cut its teardown short)."""
-        if output is not None:
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
+        if output is not None:   # its missing folders made private: it may be the run's own directory
+            for folder in reversed([p for p in Path(output).absolute().parents if not p.exists()]):
+                folder.mkdir(mode=0o700, exist_ok=True)
         out = open(output, "ab") if output is not None else None   # noqa: SIM115 (the child holds it)
         try:
             return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None,

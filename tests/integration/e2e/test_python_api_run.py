@@ -31,7 +31,7 @@ import tandem
 
 exp = tandem.Experiment(sys.argv[1]).set("reward.function", "reward:score").set("trainer.total_steps", 3)
 exp.check()
-run = exp.start(output="launcher-1.out")
+run = exp.start(output=exp.exp_dir / "launcher-1.out")   # in the run's directory, not made yet
 while run.progress()["step"] < 1:
     assert run.running(), "the run ended before its first step"
     time.sleep(0.2)
@@ -56,12 +56,12 @@ def test_a_user_project_with_reward_trainer_and_rollout_modules_runs_through_the
 
     proc = subprocess.run([sys.executable, "train.py", str(cfg)], cwd=project, capture_output=True, text=True,
                           timeout=600)
-    logs = "".join(p.read_text()[-3000:] for p in sorted(project.glob("launcher-*.out")))
+    logs = "".join(p.read_text()[-3000:] for p in sorted([*project.glob("launcher-*.out"), *exp.root.glob("*.out")]))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
     out = json.loads(proc.stdout.strip().splitlines()[-1])
 
     assert out["stopped"] == 130 and out["first"]["step"] >= 1 and not out["first"]["running"], out
-    assert "resume" in (project / "launcher-1.out").read_text()   # the stop's hint
+    assert "resume" in (exp.root / "launcher-1.out").read_text()   # the stop's hint
     assert out["steps"] == [1, 2, 3] and out["summary"]["steps"] == 3, out
     assert out["audit"]["lost"] == 0 and out["audit"]["trained_twice"] == 0, out["audit"]
     # The rewards are the user's module's: every item graded by it, every group's mean 0.25.
