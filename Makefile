@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # in `make test`) compiles the project's modules again, about a CPU-second each (measured here).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps browser-deps test test-fast test-gpu wheelhouse bench lint docs clean train-math train-code train-code-agent
+.PHONY: install sandbox-deps browser-deps test test-fast test-gpu wheelhouse bench lint docs clean train-math train-code train-code-agent train-agent
 
 install: $(STAMP)
 
@@ -103,6 +103,11 @@ train-code: install
 train-code-agent: install
 	$(VENV)/bin/tandem sft --task code-agent --out .cache/tiny-code-agent-sft $(SFT_ARGS)
 	$(call rl_run,code-agent,configs/code-agent-tiny.yaml)
+
+# An agent with a tool: the calculator math agent (rollout/agents/calculator.py; docs/agents.md).
+train-agent: install
+	$(VENV)/bin/tandem sft --task agent-math --out .cache/tiny-agent-math-sft $(SFT_ARGS)
+	$(call rl_run,agent,configs/agent-math-tiny.yaml)
 
 lint: install
 	$(PY) -m ruff check .

@@ -313,7 +313,7 @@ def model_turns(rollout) -> int:
     """Model turns a sample may hold: one for the built-in single-turn episode, else max_turns."""
     from tandem.rollout.workflow import DEFAULT_WORKFLOW
 
-    return 1 if rollout.workflow == DEFAULT_WORKFLOW else rollout.max_turns
+    return 1 if rollout.workflow == DEFAULT_WORKFLOW and not rollout.agent else rollout.max_turns
 
 
 def longest_sequence(rollout) -> int:
@@ -328,6 +328,11 @@ def _sequence_fits_micro_batch(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     budget equal to max_new_tokens silently dropped exactly the samples cut at the length limit."""
     r, budget = cfg.rollout, cfg.trainer.max_tokens_per_mb
     turns, need = model_turns(r), longest_sequence(r)
+    if r.agent and r.agent_context_tokens:   # an agent's episode: tool results and all
+        return [] if budget >= r.agent_context_tokens else [
+            ("trainer.max_tokens_per_mb", f"{budget} is less than rollout.agent_context_tokens = "
+                                          f"{r.agent_context_tokens}: an episode that long would be left out of "
+                                          f"the loss (counted as too_long); raise it or lower the other")]
     if budget >= need:
         return []
     outputs = f"{turns} x rollout.max_new_tokens" if turns > 1 else "rollout.max_new_tokens"

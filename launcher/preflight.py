@@ -140,6 +140,21 @@ def workflow_problem(spec: str) -> str | None:
     return None
 
 
+def agent_problem(spec: str) -> str | None:
+    """Whether `rollout.agent` imports here and is an async function of (row, client)."""
+    if not spec:
+        return None
+    from tandem.rollout.agent import AgentError, load_agent
+
+    try:
+        load_agent(spec)
+    except AgentError as e:
+        return str(e)
+    except Exception as e:  # the module itself fails to import: a SyntaxError, its own error
+        return f"importing {spec.partition(':')[0]!r} failed: {type(e).__name__}: {e}"
+    return None
+
+
 def reward_function_problem(spec: str) -> str | None:
     """Whether `reward.function` imports here and is callable, as a grader worker will import it."""
     if not spec:
@@ -173,6 +188,9 @@ def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> 
     problem = workflow_problem(cfg.rollout.workflow)
     if problem:
         out.append(("rollout.workflow", problem))
+    problem = agent_problem(cfg.rollout.agent)
+    if problem:
+        out.append(("rollout.agent", problem))
     problem = reward_function_problem(cfg.reward.function)
     if problem:
         out.append(("reward.function", problem))

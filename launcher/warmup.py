@@ -30,7 +30,8 @@ BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # Optimizer steps (batch 64) by task. Half of code-agent's rows are revision conversations, so it
 # takes twice the steps to see as many first programs as the code warm-up: with 1000, RL started
 # from a first-turn pass rate 13 points below the code warm-up's and gained less.
-DEFAULT_STEPS = {"math": 1000, "code": 1000, "code-agent": 2000}
+DEFAULT_STEPS = {"math": 1000, "code": 1000, "code-agent": 2000, "agent-math": 1000}
+TASKS = tuple(DEFAULT_STEPS)
 
 
 def _boxed_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
@@ -42,6 +43,20 @@ def _boxed_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> flo
     for out, row in zip(outs, rows, strict=True):
         found = BOXED.findall(out)
         hits += bool(found) and found[-1].strip() == row["answer"]
+    return hits / max(1, len(rows))
+
+
+def _agent_math_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
+    """The calculator agent's first turn: a call of `calc` on the problem's expression (the tool
+    then gives the answer) or a right \\boxed{} answer."""
+    from tandem.rollout.synthetic import calculator_call
+    from tandem.trainer.sft import greedy_completions
+
+    outs = greedy_completions(model, tok, [r["prompt"] for r in rows], encode_prompt, max_new_tokens)
+    hits = 0
+    for out, row in zip(outs, rows, strict=True):
+        found = BOXED.findall(out)
+        hits += out.strip() == calculator_call(row) or (bool(found) and found[-1].strip() == row["answer"])
     return hits / max(1, len(rows))
 
 
@@ -119,7 +134,7 @@ def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, 
         print(f"continuing the unfinished warm-up from step {resume['step']} of {steps} ({partial})")
     base = Path(tempfile.mkdtemp(prefix="tandem-tiny-"))
     init_tiny(base, seed=seed)
-    kind = "code" if task == "code-agent" else task
+    kind = {"code-agent": "code", "agent-math": "math"}.get(task, task)
     # A pool of 50,000 solved tasks, or what `steps` batches can draw if that is fewer (the default
     # steps draw more; a short warm-up need not encode 50,000 prompts first).
     rows = list(generate(kind, min(50_000, steps * settings.batch_size), seed=seed))
@@ -132,9 +147,12 @@ def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, 
         from tandem.rollout.synthetic import code_revision
         rng = random.Random(f"code-agent-{seed}")
         rows = rows + [code_revision(rng, describe_failure) for _ in range(len(rows))]
+    if task == "agent-math":   # a third of first turns call the calculator; RL learns when it pays
+        from tandem.rollout.synthetic import calculator_turns
+        rows = rows + [turn for r in rows[:len(rows) // 2] for turn in calculator_turns(r)]
     held_out = list(generate(kind, eval_n, seed=seed + 10_000))
-    max_new = 96 if task == "math" else 48
-    accuracy = _boxed_accuracy if task == "math" else _code_accuracy
+    max_new = 96 if kind == "math" else 48
+    accuracy = {"math": _boxed_accuracy, "agent-math": _agent_math_accuracy}.get(task, _code_accuracy)
 
     def evaluate(model):
         from transformers import AutoTokenizer
@@ -194,8 +212,8 @@ def stop_on_signals():
 
 
 def cmd_sft(args) -> int:
-    if args.task not in ("math", "code", "code-agent"):
-        print(f"tandem sft: --task must be math, code or code-agent, got {args.task!r}", file=sys.stderr)
+    if args.task not in TASKS:
+        print(f"tandem sft: --task must be one of {', '.join(TASKS)}, got {args.task!r}", file=sys.stderr)
         return 2
     if args.seconds is not None and args.seconds <= 0:
         print(f"tandem sft: --seconds must be > 0, got {args.seconds:g}", file=sys.stderr)
@@ -213,7 +231,7 @@ def cmd_sft(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("sft", help="warm up the tiny model on solved synthetic tasks (cached)")
-    p.add_argument("--task", required=True, help="math, code, or code-agent (with revision conversations)")
+    p.add_argument("--task", required=True, help="math, code, code-agent (with revision conversations) or agent-math (with calculator calls)")
     p.add_argument("--out", required=True, help="output Hugging Face directory")
     # Steps, not seconds, so the cached model is the same on a busy machine as on an idle one.
     p.add_argument("--steps", type=int, default=None,

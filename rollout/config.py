@@ -70,8 +70,24 @@ class RolloutConfig:
     # The episode function, `module:function` (see rollout/workflow.py); multi-turn code with
     # execution feedback: `tandem.rollout.code_feedback:code_with_feedback`.
     workflow: str = "tandem.rollout.workflow:single_turn"
-    # Multi-turn workflows (e.g. tandem.rollout.code_feedback:code_with_feedback): model turns per sample.
+    # Multi-turn workflows (e.g. tandem.rollout.code_feedback:code_with_feedback): model turns per sample;
+    # with an agent, completions per episode.
     max_turns: int = 3
+    # An agent to train, `module:function`: an async function (row, client) that talks to the model
+    # through an OpenAI-compatible client, runs its tools and returns the episode's reward
+    # (docs/agents.md). Replaces `workflow`; "" = none.
+    agent: str = ""
+    # Seconds an agent episode may take; past them it ends with agent_limit_reward.
+    agent_timeout_s: float = 600.0
+    # Tokens an agent episode may hold (first prompt, completions, tool results); 0 =
+    # max_prompt_tokens + max_turns * max_new_tokens. An episode at the limit ends with agent_limit_reward.
+    agent_context_tokens: int = 0
+    # The reward of an episode ended by a limit (turns, context, time) or a tool failure the
+    # Toolbox was told to end it on; null = reward.wrong_reward.
+    agent_limit_reward: float | None = None
+    # How the model writes tool calls: hermes (Qwen, Hermes: <tool_call>), llama3 or mistral;
+    # "" = the format the model's chat template teaches (hermes when it teaches none).
+    tool_call_format: str = ""
     # The factor a correct answer's reward takes per turn before it (turn k: turn_discount^(k-1)).
     turn_discount: float = 1.0
     # Characters of environment feedback shown per turn.
@@ -125,6 +141,7 @@ class RolloutConfig:
             out.append(("prompt_template", problem))
         if self.max_turns < 1:
             out.append(("max_turns", "must be >= 1"))
+        out += self._agent_problems()
         if not (0 < self.turn_discount <= 1):
             out.append(("turn_discount", "must be in (0, 1]"))
         if self.feedback_chars < 20:
@@ -135,6 +152,23 @@ class RolloutConfig:
             out.append(("eval_every" if self.eval_every < 0 else "eval_every_size", "must be >= 0"))
         elif self.eval_every and not (self.eval_every_size or self.eval_size):
             out.append(("eval_every", "needs held-out problems: set eval_size or eval_every_size"))
+        return out
+
+    def _agent_problems(self) -> list[tuple[str, str]]:
+        from tandem.rollout.tool_calls import FORMATS
+
+        out = []
+        if self.agent and ":" not in self.agent:
+            out.append(("agent", f"must look like 'module:function', got {self.agent!r}"))
+        if self.agent and self.workflow != "tandem.rollout.workflow:single_turn":
+            out.append(("agent", f"replaces the workflow: leave rollout.workflow out (it is {self.workflow!r})"))
+        if self.agent_timeout_s <= 0:
+            out.append(("agent_timeout_s", "must be > 0"))
+        if self.agent_context_tokens < 0:
+            out.append(("agent_context_tokens", "must be >= 0 (0: max_prompt_tokens + max_turns * max_new_tokens)"))
+        if self.tool_call_format and self.tool_call_format not in FORMATS:
+            out.append(("tool_call_format", f"must be one of {', '.join(FORMATS)} or \"\" (from the chat template), "
+                                            f"got {self.tool_call_format!r}"))
         return out
 
 

@@ -65,7 +65,7 @@ async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, conc
     greedy = {"temperature": 0.0, "top_k": 1, "max_new_tokens": cfg.rollout.max_new_tokens}
     sem = asyncio.Semaphore(concurrency)
     t0 = time.time()
-    if cfg.rollout.workflow != DEFAULT_WORKFLOW:
+    if cfg.rollout.workflow != DEFAULT_WORKFLOW or cfg.rollout.agent:
         return await _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy, sem, deadline_s)
 
     async def one(i, p):
@@ -90,11 +90,12 @@ async def _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy: dict,
     """A custom (e.g. multi-turn) workflow scored as it trains: one greedy episode per problem,
     correct when the workflow's own verdict says so. Workflows that record `first_turn_correct`
     (rollout/code_feedback.py) also get the pass rate of their first turn, on the same problems."""
-    from tandem.rollout.workflow import EpisodeContext, load_workflow
+    from tandem.rollout.agent import episode_function
+    from tandem.rollout.workflow import EpisodeContext
     from tandem.services.protocol import Ticket
 
     rc, t0 = cfg.rollout, time.time()
-    workflow = load_workflow(rc.workflow)
+    workflow = episode_function(cfg)
 
     async def grade(items):
         return (await reward.request(GradeRequest(items=items, deadline_s=deadline_s))).verdicts

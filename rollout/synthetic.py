@@ -91,6 +91,23 @@ def code_revision(rng: random.Random, describe_failure) -> dict:
             "solution": row["solution"]}
 
 
+def calculator_call(row: dict) -> str:
+    """The calculator agent's tool call on a math row (rollout/agents/calculator.py), as the
+    warm-up teaches it: Hermes `<tool_call>` JSON, compact."""
+    call = {"name": "calc", "arguments": {"expression": row["prompt"].removesuffix("=?")}}
+    return f"<tool_call>{json.dumps(call, separators=(',', ':'))}</tool_call>"
+
+
+def calculator_turns(row: dict) -> list[dict]:
+    """Warm-up rows of a calculator episode on a math row: the call, then the answer after the
+    tool's result (the conversation as the episode renders it)."""
+    call = calculator_call(row)
+    after = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": call},
+             {"role": "tool", "content": row["answer"]}]
+    return [{"prompt": row["prompt"], "solution": call},
+            {"prompt": after, "solution": f"\\boxed{{{row['answer']}}}"}]
+
+
 GENERATORS = {"math": math_problem, "code": code_problem}
 
 

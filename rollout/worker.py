@@ -39,7 +39,8 @@ from tandem.services.protocol import (
 from .data_position import DataPosition
 from .dataset import Prompt, PromptStream, load_prompts
 from .heldout_curve import HeldOutCurve
-from .workflow import EpisodeContext, RejectGroup, load_workflow
+from .agent import episode_function
+from .workflow import EpisodeContext, RejectGroup
 
 log = logging.getLogger(__name__)
 # More characters than any tokenizer packs into one token: a problem longer than this many per
@@ -85,7 +86,7 @@ class RolloutWorker:
         self.metrics = MetricsWriter(exp, "rollout", rank)
         # Prompts are used up when their group settles (see data_position.py).
         self.data = DataPosition(exp.checkpoints / f"rollout-{rank}.json")
-        self.workflow = load_workflow(self.rc.workflow)
+        self.workflow = episode_function(cfg)
         self.running: dict[str, asyncio.Task] = {}
         self.counts = {"accepted": 0, "rejected": 0, "failed": 0}
         self.version = 0

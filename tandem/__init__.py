@@ -14,7 +14,10 @@ in the background; read any run's records as Python objects::
     records = tandem.open_run("runs/from-python")
     records.steps(), records.eval_curve(), records.audit(), records.export("my-model")
 
-The roles import a reward function or workflow named by `module:function` from the directory
+An agent to train (`rollout.agent`, docs/agents.md) returns `tandem.AgentResult` and may run its
+tools through `tandem.Toolbox`.
+
+The roles import a reward function, workflow or agent named by `module:function` from the directory
 the run was launched in, then from `PYTHONPATH` (docs/running.md, "Your own code").
 """
 from __future__ import annotations
@@ -25,7 +28,10 @@ import importlib
 # first, and a role must not pay for (or depend on) the launcher's API it never calls.
 _API = {"Experiment": "tandem.experiment", "Run": "tandem.runs", "RunFailed": "tandem.runs",
         "RunRecords": "tandem.runs", "open_run": "tandem.runs", "Audit": "tandem.launcher.audit",
-        "ConfigError": "tandem.launcher.config", "ExperimentConfig": "tandem.launcher.config"}
+        "ConfigError": "tandem.launcher.config", "ExperimentConfig": "tandem.launcher.config",
+        # for agents (rollout.agent, docs/agents.md)
+        "AgentResult": "tandem.rollout.agent", "EpisodeLimit": "tandem.rollout.agent_client",
+        "Toolbox": "tandem.rollout.agent_tools", "ToolFailed": "tandem.rollout.agent_tools"}
 __all__ = sorted(_API)
 
 

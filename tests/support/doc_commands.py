@@ -109,6 +109,22 @@ def fenced_blocks(path: Path) -> list[Block]:
     return blocks
 
 
+DOC_FILE = re.compile(r"^\s*<!--\s*doc-file:\s*(\S+)\s*-->\s*$")
+
+
+def page_files(path: Path) -> dict[str, str]:
+    """The files a page shows whole, to be saved as they are: each fence right below a
+    `<!-- doc-file: PATH -->` line, by PATH (a test writes them out and runs what the page says)."""
+    lines = path.read_text().splitlines()
+    out = {}
+    for block in fenced_blocks(path):
+        above = lines[block.line - 2] if block.line >= 2 else ""
+        m = DOC_FILE.match(above)
+        if m:
+            out[m.group(1)] = "\n".join(block.body) + "\n"
+    return out
+
+
 def command_blocks() -> list[Block]:
     return [b for p in doc_files() for b in fenced_blocks(p) if b.lang in SHELL_LANGS]
 

@@ -117,7 +117,7 @@ def test_the_held_out_evaluation_asks_as_training_does(tok):
         async def request(self, req):
             return SimpleNamespace(verdicts=[Verdict(1.0, True, {}) for _ in req.items])
 
-    cfg = SimpleNamespace(rollout=SimpleNamespace(workflow=DEFAULT_WORKFLOW, max_new_tokens=8),
+    cfg = SimpleNamespace(rollout=SimpleNamespace(workflow=DEFAULT_WORKFLOW, agent="", max_new_tokens=8),
                           experiment=SimpleNamespace(model="unused"))
     prompts = [Prompt(str(i), f"{i}+{i}?", "math", {"answer": str(2 * i)}, system=SYSTEM, template=TEMPLATE)
                for i in range(3)]
