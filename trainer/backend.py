@@ -205,6 +205,12 @@ class TrainBackend(ABC):
         of micro-batches (the allocator guarantees it; an empty one may be a zero-token batch).
         """
 
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics of the backend's own for the step's record, over the updates since the last call
+        (the Megatron backend's MoE routing: expert load and dropped tokens per layer). Collective:
+        the loop calls it on every rank once per step. Default: none."""
+        return {}
+
     @abstractmethod
     def state_dict(self) -> dict:
         """Everything to resume bit-exactly: model, optimizer, LR schedule (this rank's share).

@@ -231,6 +231,10 @@ class TrainerConfig:
     # Megatron backend: tensor- and pipeline-parallel sizes (data parallel takes the rest).
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    # Megatron backend, mixture-of-experts models: each layer's experts are split over this many
+    # data-parallel ranks (expert parallelism; tokens travel to their experts' ranks). It must
+    # divide the number of experts and the data-parallel size (trainer ranks / TP / PP).
+    expert_parallel: int = 1
     # Torch threads of one trainer rank. The local launcher with launcher.cpus.pin gives each
     # rank as many threads as its CPU set instead (OMP/MKL threads follow).
     threads: int = 1
@@ -296,6 +300,16 @@ class TrainerConfig:
         if self.tensor_parallel < 1 or self.pipeline_parallel < 1:
             out.append(("tensor_parallel" if self.tensor_parallel < 1 else "pipeline_parallel",
                         "must be >= 1"))
+        if self.expert_parallel < 1:
+            out.append(("expert_parallel", "must be >= 1"))
+        elif self.expert_parallel > 1 and self.backend != "megatron":
+            out.append(("expert_parallel", f"expert parallelism (trainer.expert_parallel={self.expert_parallel}) is "
+                                           f"the Megatron backend's; trainer.backend is {self.backend!r}"))
+        elif self.expert_parallel > 1 and self.megatron.moe_token_dispatcher != "alltoall":
+            out.append(("megatron.moe_token_dispatcher",
+                        f"{self.megatron.moe_token_dispatcher!r} needs equal token counts on every "
+                        f"expert-parallel rank (megatron-core 0.16.1), and packed micro-batches differ: "
+                        f"use alltoall with trainer.expert_parallel={self.expert_parallel}"))
         if self.threads < 1:
             out.append(("threads", "must be >= 1"))
         if self.optim.lr <= 0:

@@ -308,6 +308,7 @@ class Trainer:
             **({f"buffer_{k}": v for k, v in self.buffer.counters.items()} if self.rank == 0 else {}),
             **objective.step_metrics(totals, len(plan.minibatches), self.settings), **plan.shaping,
             **objective.nonfinite_fields(stop, self.nonfinite_steps),
+            **be.step_metrics(),   # the backend's own (MoE routing on Megatron), collective
         }
 
     def _reduce_stats(self, totals: dict) -> dict:

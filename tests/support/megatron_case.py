@@ -131,19 +131,19 @@ def logps(backend, mbs: list[PackedBatch]) -> torch.Tensor:
     return torch.cat([backend.forward_logprobs(mb, 1.0).logp for mb in mbs])
 
 
-def in_process_backend(model_dir: Path, params_dtype: str = "float32"):
+def in_process_backend(model_dir: Path, params_dtype: str = "float32", cfg: TrainerConfig | None = None):
     """Yields the in-process TP=1 backend, then closes it (Megatron's process-group state is
     global: one per process, torn down only if this created it).
 
     float32 parameters by default, on a GPU too: the unit tests check exact properties
     (conversion, packing, export) to float32 tolerances; bf16 is the GPU tier's, with tolerances
-    derived for it."""
+    derived for it. `cfg`: another trainer config (its own layout: one rank)."""
     import torch.distributed as dist
 
     from tandem.trainer.megatron.backend import MegatronBackend
 
     created_group = not dist.is_initialized()
-    be = MegatronBackend(trainer_cfg(tp=1, params_dtype=params_dtype), model_dir, seed=0)
+    be = MegatronBackend(cfg or trainer_cfg(tp=1, params_dtype=params_dtype), model_dir, seed=0)
     try:
         yield be
     finally:   # also when the generator is closed rather than run to its end

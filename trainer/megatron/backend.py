@@ -23,6 +23,7 @@ last stages' copies of the embedding get their gradients summed over Megatron's 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -46,7 +47,17 @@ from tandem.trainer.backend import (
     to_device,
 )
 from tandem.trainer.lr_schedule import decay_updates, lr_factor
-from tandem.trainer.megatron import convert, cpu_compat, dist_ckpt, gpu, optim_state
+from tandem.trainer.megatron import (
+    convert,
+    convert_moe,
+    cpu_compat,
+    cpu_grads,
+    dist_ckpt,
+    gpu,
+    moe,
+    moe_step,
+    optim_state,
+)
 from tandem.trainer.megatron.config import MegatronConfig
 from tandem.trainer.megatron.export import write_hf_dir
 from tandem.trainer.megatron.logprob_head import hidden_logprobs
@@ -95,7 +106,7 @@ class MegatronBackend(TrainBackend):
         self.mcfg = mcfg or getattr(cfg, "megatron", None) or MegatronConfig()
         self.model_dir = Path(model_dir)
         self.on_gpu = torch.cuda.is_available()
-        tp, pp = cfg.tensor_parallel, cfg.pipeline_parallel
+        tp, pp, ep = cfg.tensor_parallel, cfg.pipeline_parallel, getattr(cfg, "expert_parallel", 1)
         attention_without_cudnn()   # a graph build per new sequence length (services/protocol/runtime.py)
         if self.on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -105,28 +116,31 @@ class MegatronBackend(TrainBackend):
             self.device = torch.device("cpu")
         self.bounds_device = bounds_device(self.on_gpu, self.device)   # where cu_seqlens go
         self.shape = decoder_shape(self.model_dir)
-        check_parallel_fits(self.shape, tp, pp)
-        init_parallel(tp, pp)
+        check_parallel_fits(self.shape, tp, pp, ep)
+        init_parallel(tp, pp, ep)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         torch.manual_seed(seed)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), tp
         self.pp_size = pp
+        self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ep
         self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         self.padded_vocab = padded_vocab_size(self.shape.vocab_size, self.mcfg.vocab_multiple, tp)
         dtype = _DTYPES[self.mcfg.params_dtype] if self.on_gpu else torch.float32
         self.dtype = dtype
         self.config = transformer_config(self.shape, dtype, self.on_gpu, recompute=self.mcfg.recompute,
-                                         fused_activation=cfg.compile)
+                                         fused_activation=cfg.compile, mcfg=self.mcfg)
         # trainer.compile: the log-prob chunks compiled too (the one-rank output layer's; with TP
         # the vocabulary-parallel chunks, which all-reduce, stay eager)
         self.chunk_fn = compiled.compiled_chunk_fn() if cfg.compile and tp == 1 else None
         with cpu_compat.model_construction():
-            model = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu, self.shape.qk_norm),
-                                    self.padded_vocab)
+            model = build_gpt_model(self.shape, self.config, self._layer_spec(), self.padded_vocab)
         if self.on_gpu:
             model.cuda()
+        # MoE: each step's routing counts (moe.py), read by step_metrics
+        self.router_stats = (moe.RouterStats(model, self.shape.num_layers, self.shape.num_experts, self.shape.moe_topk)
+                             if self.shape.is_moe else None)
         self.te_norms = any(k.endswith("layer_norm_weight") for k in model.state_dict())
         self.model = model
         hf_local = self.load_hf(self.model_dir)
@@ -160,6 +174,7 @@ class MegatronBackend(TrainBackend):
             hf, self.shape, self.padded_vocab, te_norms=self.te_norms,
             layers=range(start, start + n_local), embedding=ps.is_pipeline_first_stage(),
             output=ps.is_pipeline_last_stage())
+        full = convert_moe.ep_shard(full, self.ep_rank, self.ep_size, self.shape.num_experts)
         local = {k: convert.shard(k, v, self.tp_rank, self.tp_size) for k, v in full.items()}
         self.load_model_state(local, module)
         return local
@@ -172,6 +187,9 @@ class MegatronBackend(TrainBackend):
         if missing or unexpected:
             raise KeyError(f"Megatron model load: missing {missing}, unexpected {unexpected}")
 
+    def _layer_spec(self):
+        return layer_spec(self.on_gpu, self.shape.qk_norm, self.shape.num_experts)
+
     def _module(self):
         """The GPTModel itself (unwrapped from Megatron's DDP on GPUs)."""
         return getattr(self.model, "module", self.model)
@@ -180,8 +198,7 @@ class MegatronBackend(TrainBackend):
         """The initial policy (experiment.model) frozen in a GPTModel of this rank's layout, dtype
         and layer spec: the same forward as the policy's, another copy of the weights."""
         with cpu_compat.model_construction():
-            ref = build_gpt_model(self.shape, self.config, layer_spec(self.on_gpu, self.shape.qk_norm),
-                                  self.padded_vocab)
+            ref = build_gpt_model(self.shape, self.config, self._layer_spec(), self.padded_vocab)
         if self.on_gpu:
             ref.cuda()
         self.load_hf(self.model_dir, module=ref)
@@ -198,6 +215,9 @@ class MegatronBackend(TrainBackend):
         # THD on both specs: TE's fused attention, or the local spec's VarlenCoreAttention; rotary
         # positions restart per sequence from cu_seqlens.
         forward = gpu.forward_thd if logits else gpu.forward_thd_hidden
+        if moe_step.is_phantom(mb):   # no router loss, no routing counted (moe_step.py)
+            with moe_step.without_router_losses(self._module(), self.router_stats):
+                return forward(model, ids, pos, mb.cu_seqlens, self.bounds_device)
         return forward(model, ids, pos, mb.cu_seqlens, self.bounds_device)
 
     def _logits(self, mb: PackedBatch) -> torch.Tensor:
@@ -224,6 +244,11 @@ class MegatronBackend(TrainBackend):
                          model=None) -> TokenOutputs:
         if mb.n_tokens == 0:
             z = torch.zeros(0)
+            if self.ep_size > 1:   # the expert-parallel peers run a forward: so does this rank
+                self._run([moe_step.phantom_batch(self.device)], lambda m, hidden: (None, None),
+                          forward_only=True, model=model)
+                if self.pp_size > 1:
+                    self._from_last_stage(None, 1, with_entropy)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
         res = self._run([mb], lambda m, hidden: (None, self._outputs(m, hidden, temperature, with_entropy, model)),
                         forward_only=True, model=model)
@@ -269,6 +294,8 @@ class MegatronBackend(TrainBackend):
         stats: dict = {}
 
         def on_last(mb: PackedBatch, hidden: torch.Tensor):
+            if moe_step.is_phantom(mb):   # expert-parallel ranks in step; no gradient (moe_step.py)
+                return hidden.sum() * 0.0, None
             out = self._outputs(mb, hidden, temperature, with_entropy=True)
             loss, mb_stats = loss_fn(mb, out)
             add_stats(stats, mb_stats)
@@ -278,15 +305,20 @@ class MegatronBackend(TrainBackend):
         # stay in eval mode (the block's flag gates nothing else in megatron-core 0.16.1).
         block = self._module().decoder
         block.training = self.mcfg.recompute
+        # each micro-batch on the device once: the first stage's forward and the last's loss read it
+        run = moe_step.in_step([mb.on(self.device) for mb in mbs], self.ep_size, self.device)
+        routing = (moe_step.training_routers(self._module(), self.mcfg, self.router_stats,
+                                             moe_step.global_tokens(run) if moe.router_losses_on(self.mcfg) else 0.0,
+                                             self.device) if self.shape.is_moe else contextlib.nullcontext())
         try:
-            # each micro-batch on the device once: the first stage's forward and the last's loss read it
-            self._run([mb.on(self.device) for mb in mbs if mb.n_tokens], on_last, forward_only=False)
+            with routing:
+                self._run(run, on_last, forward_only=False)
         finally:
             block.training = False
         if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
-            self._sum_shared_embedding_grads()
+            cpu_grads.sum_shared_embedding_grads(self)
         if self.tp_size > 1 and self.shape.qk_norm and not self.on_gpu:
-            self._sum_qk_norm_grads_over_tp()
+            cpu_grads.sum_qk_norm_grads_over_tp(self)
         stats = self._count_once(stats_on_host(stats))
         nonfinite = agreed_nonfinite(stats)
         if nonfinite:   # the loop names the terms and stops the step; no rank steps
@@ -300,8 +332,8 @@ class MegatronBackend(TrainBackend):
             self.updates += applied
             return StepResult(grad_norm=grad_norm, lr=lr, stats=stats, applied=applied)
         if self.dp_size > 1:
-            self._sum_grads_over_dp()
-        grad_norm = self._grad_norm()
+            cpu_grads.sum_grads_over_dp(self)
+        grad_norm = cpu_grads.grad_norm(self)
         if not math.isfinite(grad_norm):
             log.warning("non-finite gradient norm %s: update skipped", grad_norm)
             self.optimizer.zero_grad()
@@ -324,66 +356,6 @@ class MegatronBackend(TrainBackend):
         if self.tp_rank == 0:
             return stats
         return {k: (v if k.endswith("_max") else 0.0) for k, v in stats.items()}
-
-    def _sum_shared_embedding_grads(self) -> None:
-        """Tied embeddings across stages: the first stage's embedding and the last stage's output
-        copy are one parameter, so their gradients are summed (Megatron's embedding group)."""
-        from megatron.core import parallel_state as ps
-
-        if not ps.is_rank_in_embedding_group():
-            return
-        module = self._module()
-        weight = module.shared_embedding_or_output_weight()
-        if weight.grad is None:
-            weight.grad = torch.zeros_like(weight)
-        collectives.all_reduce(weight.grad, group=ps.get_embedding_group())
-
-    def _sum_qk_norm_grads_over_tp(self) -> None:
-        """Qwen3's q/k norms: one weight, replicated, applied by each TP rank to its own heads
-        only, so each rank's gradient is its heads' part; the sum over TP ranks is the gradient
-        (what `finalize_model_grads` does on the GPU path for `qk_layernorm`)."""
-        from megatron.core import parallel_state as ps
-
-        norms = [p for n, p in self._module().named_parameters()
-                 if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in norms]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        collectives.all_reduce(flat, group=ps.get_tensor_model_parallel_group())
-        for p, part in zip(norms, torch.split(flat, [p.numel() for p in norms]), strict=True):
-            p.grad = part.view_as(p).clone()
-
-    def _sum_grads_over_dp(self) -> None:
-        from megatron.core import parallel_state as ps
-
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        collectives.all_reduce(flat, group=ps.get_data_parallel_group())
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset: offset + n].view_as(p).clone()
-            offset += n
-
-    def _grad_norm(self) -> float:
-        """L2 norm of the full gradient: shards summed over the model-parallel group, replicated
-        tensors (norms) counted on TP rank 0 only. Which tensors are shards is decided by name
-        (convert.tp_layout): Megatron's `tensor_model_parallel` attribute is not set on weights
-        when `perform_initialization=False`."""
-        from megatron.core import parallel_state as ps
-
-        # The last stage's copy of a tied embedding is the first stage's parameter: count it once.
-        skip = "output_layer.weight" if self.shape.tie_word_embeddings and not self.first_stage else None
-        sq = torch.zeros((), dtype=torch.float64)
-        for name, p in self._module().named_parameters():
-            sharded = convert.tp_layout(name)[0] is not None
-            if p.grad is not None and name != skip and (sharded or self.tp_rank == 0):
-                sq += p.grad.double().pow(2).sum()
-        group = ps.get_model_parallel_group()
-        if dist.get_world_size(group=group) > 1:
-            collectives.all_reduce(sq, group=group)
-        return float(sq.sqrt())
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -444,6 +416,12 @@ class MegatronBackend(TrainBackend):
                 collectives.all_gather(parts, t, group=group)
                 t = convert.merge(name, parts)
             out[name] = t.cpu()
+        if self.ep_size > 1:   # each expert-parallel rank holds its own experts: gather them all
+            parts: list = [None] * self.ep_size
+            collectives.all_gather_object(parts, {k: v for k, v in out.items() if moe.is_expert_param(k)},
+                                          group=ps.get_expert_model_parallel_group())
+            dense = {k: v for k, v in out.items() if not moe.is_expert_param(k)}
+            out = convert_moe.ep_merge([dense | parts[0]] + parts[1:])
         return out
 
     def hf_state(self) -> dict[str, torch.Tensor]:
@@ -468,6 +446,13 @@ class MegatronBackend(TrainBackend):
         state = self.hf_state()
         if self.rank == 0:
             write_hf_dir(state, self.model_dir, out_dir)
+
+    def step_metrics(self) -> dict[str, float]:
+        """MoE models: each layer's expert load and dropped assignments over the step's updates
+        (moe.routing_metrics). Collective."""
+        if self.router_stats is None:
+            return {}
+        return moe_step.routing_metrics(self.router_stats, self.tp_rank)
 
     def close(self) -> None:
         from megatron.core import parallel_state as ps

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
+DISPATCHERS = ("alltoall", "allgather")
 
 
 @dataclass
@@ -27,9 +28,33 @@ class MegatronConfig:
     # its input and recomputes the rest in the backward pass, about a third more compute for a
     # fraction of the activation memory (`tandem plan` prints both ways; docs/plan.md).
     recompute: bool = False
+    # Mixture-of-experts models (Qwen3-MoE) only; docs/megatron.md, "Mixture of experts".
+    # Switch-Transformer load-balancing loss of each MoE layer, times this coefficient, added to
+    # the training loss (megatron-core's `aux_loss`; 0 = off; Megatron-LM uses 1e-2, Qwen3-MoE's
+    # config.json says 1e-3).
+    moe_aux_loss_coeff: float = 0.0
+    # ST-MoE router z-loss (the squared log-sum-exp of the router logits), times this (0 = off;
+    # 1e-3 is the usual start).
+    moe_z_loss_coeff: float = 0.0
+    # Expert capacity as a multiple of the even share (tokens x top-k / experts) of each micro-batch;
+    # assignments past it are dropped (lowest router probability first) and counted in the
+    # `moe_dropped_fraction` metric. 0 = dropless: every token reaches its k experts, as in the
+    # generation engine (what RL wants: a dropped token is computed differently there).
+    moe_capacity_factor: float = 0.0
+    # How tokens reach the experts of other expert-parallel ranks: megatron-core's `alltoall`
+    # (tokens of different counts per rank, what packed RL micro-batches have) or `allgather`
+    # (every rank's tokens gathered; megatron-core 0.16.1 needs equal token counts on every rank
+    # for it, so it is refused with trainer.expert_parallel > 1).
+    moe_token_dispatcher: str = "alltoall"
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
+        for key in ("moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_capacity_factor"):
+            if getattr(self, key) < 0:
+                out.append((key, f"must be >= 0 (0 = off), got {getattr(self, key)}"))
+        if self.moe_token_dispatcher not in DISPATCHERS:
+            out.append(("moe_token_dispatcher", f"must be one of {', '.join(DISPATCHERS)}, "
+                                                f"got {self.moe_token_dispatcher!r}"))
         if self.params_dtype not in DTYPES:
             out.append(("params_dtype", f"must be one of {', '.join(DTYPES)}, got {self.params_dtype!r}"))
         if self.vocab_multiple < 1:

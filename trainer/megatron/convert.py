@@ -19,6 +19,8 @@ Layouts (checked against megatron-core 0.16.1's `SelfAttention.get_query_key_val
 - Qwen3's per-head `q_norm` / `k_norm` ([head_dim] weights shared by every head) are
   `self_attention.q_layernorm` / `k_layernorm` in both specs, replicated over TP ranks.
 
+Qwen3-MoE's router and experts are convert_moe.py's (with their expert-parallel shards).
+
 A model stage of a pipeline holds a contiguous range of layers; `offset` maps its local layer
 indices to the global ones of the HF checkpoint.
 """
@@ -28,6 +30,7 @@ import re
 
 import torch
 
+from tandem.trainer.megatron import convert_moe
 from tandem.trainer.megatron.shape import DecoderShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -97,7 +100,6 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: DecoderShape, padded_voca
     for local, i in enumerate(layers):
         h, m = f"model.layers.{i}.", f"decoder.layers.{local}."
         out[m + in_norm] = get(h + "input_layernorm.weight")
-        out[m + mlp_norm] = get(h + "post_attention_layernorm.weight")
         for kind in _qkv_kinds(shape):
             out[m + f"self_attention.linear_qkv.{kind}"] = fuse_qkv(
                 get(h + f"self_attn.q_proj.{kind}"), get(h + f"self_attn.k_proj.{kind}"),
@@ -106,6 +108,10 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], shape: DecoderShape, padded_voca
             for mg_name, hf_name in _QK_NORMS.items():
                 out[m + mg_name] = get(h + hf_name)
         out[m + "self_attention.linear_proj.weight"] = get(h + "self_attn.o_proj.weight")
+        if shape.is_moe:
+            out |= {m + k: t for k, t in convert_moe.layer_to_megatron(get, h, shape).items()}
+            continue
+        out[m + mlp_norm] = get(h + "post_attention_layernorm.weight")
         out[m + "mlp.linear_fc1.weight"] = torch.cat([get(h + "mlp.gate_proj.weight"),
                                                       get(h + "mlp.up_proj.weight")])
         out[m + "mlp.linear_fc2.weight"] = get(h + "mlp.down_proj.weight")
@@ -125,9 +131,9 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], shape: DecoderShape, *, te_norms
     Unknown names raise: an export that silently dropped a tensor would publish a broken model.
     """
     in_norm, mlp_norm = _norm_names(te_norms)
-    per_layer = {in_norm: "input_layernorm.weight", mlp_norm: "post_attention_layernorm.weight",
-                 "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-                 "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
+    per_layer = {in_norm: "input_layernorm.weight", "self_attention.linear_proj.weight": "self_attn.o_proj.weight"}
+    if not shape.is_moe:
+        per_layer |= {mlp_norm: "post_attention_layernorm.weight", "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
     if shape.qk_norm:
         per_layer |= _QK_NORMS
     qkv = tuple(f"self_attention.linear_qkv.{kind}" for kind in _qkv_kinds(shape))
@@ -154,7 +160,9 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], shape: DecoderShape, *, te_norms
                 out[h + f"self_attn.q_proj.{kind}"] = q
                 out[h + f"self_attn.k_proj.{kind}"] = k
                 out[h + f"self_attn.v_proj.{kind}"] = vv
-            elif rest == "mlp.linear_fc1.weight":
+            elif shape.is_moe and (moe := convert_moe.layer_to_hf(rest, t, h)) is not None:
+                out |= moe
+            elif rest == "mlp.linear_fc1.weight" and not shape.is_moe:
                 gate, up = torch.chunk(t, 2, dim=0)
                 out[h + "mlp.gate_proj.weight"] = gate
                 out[h + "mlp.up_proj.weight"] = up
@@ -168,8 +176,9 @@ def megatron_to_hf(mg: dict[str, torch.Tensor], shape: DecoderShape, *, te_norms
 # ---- tensor-parallel shards -------------------------------------------------------------------
 _ROWS = ("embedding.word_embeddings.weight", "output_layer.weight",
          "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
-_COLS = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
-_GATED = "mlp.linear_fc1.weight"
+# The dense MLP's and every expert's (`mlp.experts.local_experts.<e>.linear_fc1.weight`) alike.
+_COLS = ("self_attention.linear_proj.weight", ".linear_fc2.weight")
+_GATED = ".linear_fc1.weight"
 
 
 def tp_layout(name: str) -> tuple[int | None, bool]:

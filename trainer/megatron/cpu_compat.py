@@ -21,7 +21,13 @@ a few places that assume CUDA. `apply()` fixes them and is called only when
    and restores the CUDA generator's state around the recomputed forward; without CUDA there is
    none, so those two calls save nothing and restore nothing (the CPU generator and the tracker
    above are still saved and restored by Megatron itself).
-6. Not patched but required of callers (see `packing.py` and `backend.py`): pack sequences in
+6. Mixture-of-experts models: megatron-core's all-to-all token dispatcher
+   (`MoEAlltoAllTokenDispatcher`) creates a CUDA stream for its device-to-host copies of the
+   split sizes and waits on an event of it (`_maybe_dtoh_and_synchronize`). Without CUDA the
+   counts are already on the host: the stream is never made, and the copy step only turns the
+   split sizes into numpy arrays, as the GPU path's copy does (`as_numpy=True`), so
+   `all_to_all_single` gets the same kind of sizes on both paths.
+7. Not patched but required of callers (see `packing.py` and `backend.py`): pack sequences in
    THD format with no mask (the default causal mask is built on CUDA), use torch AdamW
    (Megatron's DDP and optimizer allocate CUDA buffers), and do not use Megatron's pipeline
    schedules (they allocate a `device="cuda"` counter; see pipeline.py).
@@ -52,6 +58,7 @@ def apply() -> None:
     torch.cuda.synchronize = _nothing_to_wait_for
     _install_cpu_rng_tracker()
     _no_cuda_rng_state_in_recompute()
+    _host_split_sizes_in_moe_dispatch()
     _applied = True
 
 
@@ -117,3 +124,20 @@ def _no_cuda_rng_state_in_recompute() -> None:
 
     mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
     mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
+
+
+def _host_split_sizes_in_moe_dispatch() -> None:
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    def on_host(t, as_numpy: bool = False):
+        return t.numpy() if as_numpy and torch.is_tensor(t) else t
+
+    def dtoh_on_host(self, point, tokens_per_expert=None):
+        if not self.drop_and_pad and point == self.cuda_dtoh_point:
+            self.input_splits = on_host(self.input_splits, as_numpy=True)
+            self.output_splits = on_host(self.output_splits, as_numpy=True)
+            self.output_splits_tp = on_host(self.output_splits_tp, as_numpy=True)
+        return tokens_per_expert
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "host"   # any non-None: no CUDA stream is made
+    MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = dtoh_on_host

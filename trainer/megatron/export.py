@@ -61,7 +61,7 @@ def hf_state_from_dist(dist_dir: Path, model_dir: Path, vocab_multiple: int = 12
         init_parallel(1, 1)
         config = transformer_config(shape, torch.float32, on_gpu=False)
         with cpu_compat.model_construction():
-            model = build_gpt_model(shape, config, layer_spec(on_gpu=False, qk_norm=shape.qk_norm),
+            model = build_gpt_model(shape, config, layer_spec(on_gpu=False, qk_norm=shape.qk_norm, num_experts=shape.num_experts),
                                     padded_vocab_size(shape.vocab_size, vocab_multiple, 1))
         common = dist_checkpointing.load_common_state_dict(str(dist_dir))
         model_sd = model.sharded_state_dict()

@@ -21,24 +21,29 @@ def padded_vocab_size(vocab: int, multiple: int, tp: int) -> int:
     return int(math.ceil(vocab / step) * step)
 
 
-def check_parallel_fits(shape: DecoderShape, tp: int, pp: int) -> None:
+def check_parallel_fits(shape: DecoderShape, tp: int, pp: int, ep: int = 1) -> None:
     """ValueError when the model cannot be split this way (named, before Megatron asserts)."""
+    from tandem.trainer.megatron.moe import check_moe_fits
+
+    check_moe_fits(shape, tp, ep)
     if shape.num_heads % tp:
         raise ValueError(f"trainer.tensor_parallel={tp} must divide num_attention_heads={shape.num_heads}")
     if shape.num_kv_heads % tp and tp % shape.num_kv_heads:
         raise ValueError(f"trainer.tensor_parallel={tp} and num_key_value_heads={shape.num_kv_heads}: "
                          "one must divide the other")
-    if shape.intermediate_size % tp:
+    if not shape.is_moe and shape.intermediate_size % tp:
         raise ValueError(f"trainer.tensor_parallel={tp} must divide intermediate_size={shape.intermediate_size}")
     if shape.num_layers % pp:
         raise ValueError(f"trainer.pipeline_parallel={pp} must divide num_hidden_layers={shape.num_layers}")
 
 
-def init_parallel(tp: int, pp: int) -> None:
+def init_parallel(tp: int, pp: int, ep: int = 1) -> None:
     """Megatron's TP/PP/DP groups over the already initialised default process group.
 
     A single-process job has no default group yet: one is made here (an in-memory store, so no
-    port is needed). Data parallel takes world_size / (tp * pp) ranks.
+    port is needed). Data parallel takes world_size / (tp * pp) ranks; expert parallelism splits
+    the experts over `ep` of them (megatron-core carves it out of data parallel: each expert
+    rank routes its own tokens), so it must divide that data-parallel size.
     """
     from megatron.core import parallel_state as ps
 
@@ -49,15 +54,20 @@ def init_parallel(tp: int, pp: int) -> None:
     if world % (tp * pp):
         raise ValueError(f"trainer world size {world} is not a multiple of "
                          f"tensor_parallel*pipeline_parallel = {tp}*{pp}")
+    if (world // (tp * pp)) % ep:
+        raise ValueError(f"trainer.expert_parallel={ep} must divide the data-parallel size "
+                         f"{world // (tp * pp)} (trainer world {world} / tensor_parallel {tp} / pipeline_parallel {pp})")
     if ps.model_parallel_is_initialized():
-        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
+        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                ps.get_expert_model_parallel_world_size()) != (tp, pp, ep):
             raise RuntimeError("Megatron process groups already exist with a different layout")
         return
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=tp)
 
 
 def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, recompute: bool = False,
-                       fused_activation: bool = False):
+                       fused_activation: bool = False, mcfg=None):
     """The `TransformerConfig` equivalent of a HF decoder config (no dropout: RL needs r = 1 exactly
     at the start of a step, so proximal and first-update log-probs must be the same numbers).
     `recompute`: full activation recompute, one layer per unit (the layer's input is kept, the
@@ -65,9 +75,16 @@ def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, re
     (trainer.compile): megatron-core's SwiGLU autograd function (`bias_activation_fusion`), which
     keeps only its input for the backward pass and runs its forward and backward under
     torch.compile (megatron-core 0.16.1's `jit_fuser` on torch >= 2.2): two generated kernels
-    instead of the eager split, SiLU, product and their gradients."""
+    instead of the eager split, SiLU, product and their gradients. A mixture-of-experts shape
+    adds the MoE fields (moe.py), with `mcfg`'s router-loss options (defaults: off)."""
     from megatron.core import parallel_state as ps
     from megatron.core.transformer import TransformerConfig
+
+    from tandem.trainer.megatron.config import MegatronConfig
+    from tandem.trainer.megatron.moe import transformer_config_fields
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    moe = transformer_config_fields(shape, mcfg or MegatronConfig(), tp, ps.get_expert_model_parallel_world_size())
 
     return TransformerConfig(
         num_layers=shape.num_layers, hidden_size=shape.hidden_size,
@@ -80,7 +97,7 @@ def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, re
         # gradients over TP ranks: each rank normalises only its own heads with the shared weight.
         qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0, attention_dropout=0.0,
-        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         # Weights are always loaded from a checkpoint: skip the random init.
@@ -94,17 +111,20 @@ def transformer_config(shape: DecoderShape, dtype: torch.dtype, on_gpu: bool, re
         attention_softmax_in_fp32=True,
         **({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
            if recompute else {}),
+        **moe,
     )
 
 
-def layer_spec(on_gpu: bool, qk_norm: bool = False):
+def layer_spec(on_gpu: bool, qk_norm: bool = False, num_experts: int = 0):
     """TransformerEngine spec on GPUs when TE is installed (fused norms, THD packing), else the
     local spec with `VarlenCoreAttention` (THD packing too, one SDPA call per sequence).
 
     The two specs name the norm weights differently (`input_layernorm.weight` vs
     `linear_qkv.layer_norm_weight`); `convert.py` handles both. `qk_norm` (Qwen3) adds the
     per-head `self_attention.q_layernorm` / `k_layernorm`, named the same in both specs; the
-    specs take it as an argument, not from the `TransformerConfig`.
+    specs take it as an argument, not from the `TransformerConfig`. `num_experts` (Qwen3-MoE)
+    makes the MLP megatron-core's `MoELayer` with `SequentialMLP` experts on both specs (moe.py);
+    the TransformerEngine spec then keeps `pre_mlp_layernorm` as a module of its own.
     """
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -112,12 +132,18 @@ def layer_spec(on_gpu: bool, qk_norm: bool = False):
     )
 
     if uses_transformer_engine(on_gpu):
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+        return get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts or None, qk_layernorm=qk_norm)
     from tandem.trainer.megatron.varlen_attention import VarlenCoreAttention
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=num_experts or None, qk_layernorm=qk_norm, normalization="RMSNorm")
     # padding-free attention without TE: one causal SDPA per packed sequence (varlen_attention.py)
     spec.submodules.self_attention.submodules.core_attention = VarlenCoreAttention
+    if num_experts:
+        # The local spec names its MLP norm as the TE spec's fused one in dist checkpoints
+        # (`mlp.linear_fc1.layer_norm_weight`); with experts the TE spec keeps a separate
+        # `pre_mlp_layernorm`, so the local one keeps its own name too: one checkpoint format.
+        spec.submodules.sharded_state_dict_keys_map = {
+            k: v for k, v in spec.submodules.sharded_state_dict_keys_map.items() if k != "pre_mlp_layernorm."}
     return spec
 
 
@@ -148,6 +174,10 @@ def build_gpt_model(shape: DecoderShape, config, spec, padded_vocab: int):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
+    if shape.is_moe:
+        from tandem.trainer.megatron.moe import define_te_gemm_when_absent
+
+        define_te_gemm_when_absent()
     model = GPTModel(
         config=config, transformer_layer_spec=spec, vocab_size=padded_vocab,
         max_sequence_length=shape.max_position_embeddings,

@@ -1,6 +1,6 @@
 """Which Hugging Face decoder families the Megatron backend trains, and their shape numbers.
 
-Qwen2, Qwen3, Llama 3.x and Mistral are one architecture with switches: a pre-norm decoder with
+Qwen2, Qwen3, Qwen3-MoE, Llama 3.x and Mistral are one architecture with switches: a pre-norm decoder with
 RMSNorm, rotary embeddings, grouped-query attention and a gated SiLU MLP. What differs maps onto
 a megatron-core 0.16.1 switch each:
 
@@ -8,6 +8,11 @@ a megatron-core 0.16.1 switch each:
 - RMSNorm on each query and key head before RoPE (Qwen3): `qk_layernorm=True`, the layer spec's
   `q_layernorm`/`k_layernorm` (the local and the TransformerEngine specs both build them);
 - an explicit `head_dim` that is not hidden/heads (Qwen3, some Mistral): `kv_channels`;
+- Qwen3-MoE (Qwen3's attention, a mixture-of-experts MLP in every layer): megatron-core's
+  `MoELayer` (`num_moe_experts`, `moe_router_topk`, `moe_ffn_hidden_size`; moe.py). Qwen3-MoE's
+  router takes the softmax over all experts, then the top k; with `norm_topk_prob` it renormalises
+  those k, which is exactly a softmax over the k largest logits (`moe_router_pre_softmax=False`),
+  without it the top k of the full softmax (`moe_router_pre_softmax=True`);
 - Llama 3.1/3.2's "llama3" rope scaling: `GPTModel(rope_scaling=True, rope_scaling_factor=...)`.
   Megatron's `RotaryEmbedding._apply_scaling` takes only the factor; it hard-codes
   low_freq_factor 1, high_freq_factor 4 and original_max_position_embeddings 8192 (Llama 3.1's),
@@ -36,6 +41,7 @@ FAMILIES: dict[str, _Family] = {
     "qwen3": _Family(qkv_bias=False, qk_norm=True, rope_types=("default",)),
     "llama": _Family(qkv_bias=False, qk_norm=False, rope_types=("default", "llama3")),
     "mistral": _Family(qkv_bias=False, qk_norm=False, rope_types=("default",)),
+    "qwen3_moe": _Family(qkv_bias=False, qk_norm=True, rope_types=("default",)),
 }
 
 # The "llama3" rope-scaling constants megatron-core 0.16.1 hard-codes in
@@ -64,6 +70,17 @@ class DecoderShape:
     qk_norm: bool = False
     # Llama 3.x "llama3" rope scaling factor; None: no rope scaling.
     rope_scaling_factor: float | None = None
+    # Mixture of experts (Qwen3-MoE; 0 experts: a dense MLP): experts per layer, experts each
+    # token goes to, each expert's intermediate size, and whether the k routing weights are
+    # renormalised to sum to 1 (Qwen3-MoE's norm_topk_prob).
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
 
 def _unsupported(where: str, what: str, why: str = "") -> ValueError:
@@ -89,13 +106,28 @@ def decoder_shape(model_dir: str | Path) -> DecoderShape:
     rope = _rope_dict(c)
     theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    moe = _moe_fields(c, where) if c.model_type == "qwen3_moe" else {}
     return DecoderShape(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_layers=c.num_hidden_layers,
         num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=head_dim,
         intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps, rope_theta=float(theta),
         max_position_embeddings=c.max_position_embeddings,
         tie_word_embeddings=bool(c.tie_word_embeddings), model_type=c.model_type,
-        qkv_bias=family.qkv_bias, qk_norm=family.qk_norm, rope_scaling_factor=factor)
+        qkv_bias=family.qkv_bias, qk_norm=family.qk_norm, rope_scaling_factor=factor, **moe)
+
+
+def _moe_fields(c, where: str) -> dict:
+    """Qwen3-MoE's expert settings; refuses a checkpoint with dense layers among the MoE ones (every
+    layer of the released Qwen3-MoE models is MoE; a mixed layout would need a second layer spec)."""
+    if getattr(c, "mlp_only_layers", None):
+        raise _unsupported(where, f"mlp_only_layers={list(c.mlp_only_layers)}", "every layer must be MoE")
+    if getattr(c, "decoder_sparse_step", 1) != 1:
+        raise _unsupported(where, f"decoder_sparse_step={c.decoder_sparse_step}", "every layer must be MoE")
+    if not 0 < c.num_experts_per_tok <= c.num_experts:
+        raise _unsupported(where, f"num_experts_per_tok={c.num_experts_per_tok}",
+                           f"must be between 1 and num_experts={c.num_experts}")
+    return {"num_experts": int(c.num_experts), "moe_topk": int(c.num_experts_per_tok),
+            "moe_intermediate_size": int(c.moe_intermediate_size), "norm_topk_prob": bool(c.norm_topk_prob)}
 
 
 def _rope_dict(c) -> dict:

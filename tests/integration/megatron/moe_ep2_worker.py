@@ -1,0 +1,55 @@
+"""One rank of the 2-process expert-parallel job of test_megatron_moe_ep2.py (gloo, CPU).
+
+`MODEL OUT AUX`: the Megatron backend at TP=1, EP=2 (so data parallel 2: each rank its own
+micro-batches, the experts split 2 + 2) on MODEL, router load-balancing and z-losses at
+coefficient AUX; records the HF round trip, this rank's log-probs (its empty micro-batch
+included), one training step (loss, gradient norm, every gradient after the data-parallel sums),
+the step's routing metrics, the HF tensors after it, and a dist checkpoint in OUT/dist; each rank
+writes OUT/ep2.rank<r>.pt. Run with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    model_dir, out, aux = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))   # megatron_case
+    import megatron_case as mc
+    import megatron_moe_case as mm
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    from tandem.trainer.megatron.backend import MegatronBackend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    be = MegatronBackend(mm.moe_trainer_cfg(ep=2, aux=aux, z=aux), model_dir, seed=0)
+    rank = dist.get_rank()
+    everything = mm.ep2_micro_batches()
+    mbs = everything[be.dp_rank]
+    total_valid = sum(mc.n_valid(m) for m in everything)
+    original = load_file(str(model_dir / "model.safetensors"))
+    exported = be.hf_state()
+    res = {"ep_size": be.ep_size, "dp_rank": be.dp_rank, "ep_rank": be.ep_rank,
+           "roundtrip_exact": sorted(exported) == sorted(original)
+           and all(torch.equal(exported[k], original[k]) for k in original),
+           "logp_initial": [be.forward_logprobs(mb, 1.0).logp for mb in mbs]}
+    r = be.train_step(mbs, mc.make_loss_fn(total_valid), 1.0)
+    res |= {"grad_norm": r.grad_norm, "loss": r.stats.get("loss", 0.0),
+            "grads": {n: p.grad.clone() for n, p in be._module().named_parameters() if p.grad is not None},
+            "metrics": be.step_metrics(), "hf_step1": be.hf_state()}
+    be.save_checkpoint(out / "dist")
+    torch.save(res, out / f"ep2.rank{rank}.pt")
+    be.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
