@@ -36,15 +36,16 @@ CONFIG = """\
 experiment: {{name: {name}, model: {model}, exp_dir: {exp_dir}}}
 controller: {{max_staleness: 2, lease_s: 10}}
 gen: {{num_servers: 1, threads: 1, metrics_interval_s: 0.5}}
-rollout: {{dataset: "synthetic:math", n_samples: 2, max_new_tokens: 48, concurrency: 4, heartbeat_s: 1.0}}
+rollout: {{dataset: "synthetic:math", n_samples: 2, max_new_tokens: 48, concurrency: 4, heartbeat_s: 1.0{rollout}}}
 reward: {{task: math, num_workers: 1}}
 trainer: {{groups_per_step: 2, total_steps: {steps}, checkpoint_every: 2, max_tokens_per_mb: 4096}}
 """
 
 
-def experiment_file(workdir: Path, model: Path, name: str, total_steps: int) -> Path:
+def experiment_file(workdir: Path, model: Path, name: str, total_steps: int, rollout: str = "") -> Path:
+    """`rollout`: more settings of the rollout section, e.g. `, agent: my_agent:solve`."""
     path = workdir / f"{name}.yaml"
-    path.write_text(CONFIG.format(name=name, model=model, exp_dir=workdir / name, steps=total_steps))
+    path.write_text(CONFIG.format(name=name, model=model, exp_dir=workdir / name, steps=total_steps, rollout=rollout))
     return path
 
 
@@ -57,10 +58,10 @@ def as_terminal_foreground() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-def launch(cfg: Path, *extra: str) -> subprocess.Popen:
+def launch(cfg: Path, *extra: str, cwd: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tandem.launcher.cli", "run", str(cfg), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=as_terminal_foreground)
+                            preexec_fn=as_terminal_foreground, cwd=cwd)
 
 
 def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str]:
@@ -125,20 +126,22 @@ def stall_s(result: Audit, fault: dict, until: float | None) -> float:
 
 
 def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[int, str]], total_steps: int,
-                    timeout_s: float = 600.0, tail_steps: int | None = None) -> dict:
+                    timeout_s: float = 600.0, tail_steps: int | None = None, rollout: str = "") -> dict:
     """One run; each `(after_step, kind)` injected once the run has trained `after_step` steps
     and recovered from the previous fault. A fault that ends the launch is followed by --resume.
 
     `total_steps` must leave room for every fault and its recovery, however long they take. With
     `tail_steps`, a last fault that ends the launch is resumed to only that many steps past the
     last one trained (`trainer.total_steps` given with --resume, as a user shortens a run), so the
-    run does not train out the rest of that room after its last fault."""
+    run does not train out the rest of that room after its last fault. `rollout` adds settings to
+    the rollout section (an agent's: every launch starts in `workdir`, where its module is)."""
     from tandem.launcher.audit import audit
     from tandem.services.protocol import ExpDir
 
-    cfg = experiment_file(workdir, model, name, total_steps)
+    cfg = experiment_file(workdir, model, name, total_steps, rollout)
     exp_root = workdir / name
-    proc, outputs, exits, injected = launch(cfg), [], [], []
+    cwd = workdir if rollout else None
+    proc, outputs, exits, injected = launch(cfg, cwd=cwd), [], [], []
     deadline = time.monotonic() + timeout_s
 
     def wait_for(ready, what: str) -> None:
@@ -169,7 +172,7 @@ def run_with_faults(workdir: Path, model: Path, name: str, faults: list[tuple[in
             last = len(injected) == len(faults) and tail_steps is not None
             if last:
                 total_steps = max((s["step"] for s in progress(exp_root)[0]), default=0) + tail_steps
-            proc = launch(cfg, *([f"trainer.total_steps={total_steps}"] if last else []), "--resume")
+            proc = launch(cfg, *([f"trainer.total_steps={total_steps}"] if last else []), "--resume", cwd=cwd)
     code, out = finish(proc, max(1.0, deadline - time.monotonic()))
     exits.append(code), outputs.append(out)
     result = audit(ExpDir(exp_root))
