@@ -80,6 +80,7 @@ def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tup
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
           for k in ("before", "after")}
     turns = {f"{k}_accuracy": ev[k] for k in ("first_turn_before", "first_turn_after") if k in ev}
+    turns.update({f"{k}_mean": ev[k] for k in ("turns_before", "turns_after") if k in ev})
     rl_s = summary.get("rl_s")
     return {"seed": seed, "steps": summary["steps"], "wall_s": summary["wall_s"], "rl_s": rl_s,
             "rl_s_per_step": round(rl_s / summary["steps"], 2) if rl_s and summary["steps"] else None,

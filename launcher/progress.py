@@ -172,7 +172,10 @@ def summarize(exp: ExpDir, evals: dict, wall_s: float, model: str | None = None)
                  # multi-turn workflows: the pass rate of the first turn, before feedback
                  **({"first_turn_before": before and before.get("first_turn_accuracy"),
                      "first_turn_after": after and after.get("first_turn_accuracy")}
-                    if "first_turn_accuracy" in (after or before or {}) else {})},
+                    if "first_turn_accuracy" in (after or before or {}) else {}),
+                 # multi-turn workflows and agents: model turns per episode (an agent's tool use)
+                 **({"turns_before": before and before.get("turns_mean"), "turns_after": after and after.get("turns_mean")}
+                    if "turns_mean" in (after or before or {}) else {})},
         "staleness": {"max": max(hist) if hist else None, "histogram": {str(k): hist[k] for k in sorted(hist)},
                       # groups the trainer dropped as staler than eta (cumulative, like the histogram)
                       "dropped": int(steps[-1].get("buffer_dropped_stale", 0)) if steps else 0},

@@ -121,8 +121,11 @@ def tool_format(tokenizer, configured: str) -> str:
 
 
 async def _episode(ctx: EpisodeContext, settings: AgentSettings, prompt: Prompt, key: str):
-    async def grade(text: str):
-        return (await ctx.grade([grade_item(prompt, text)]))[0]
+    async def grade(text: str, **reference):
+        item = grade_item(prompt, text)
+        for key, value in reference.items():   # the agent's own reference: e.g. the tests it shows
+            setattr(item, key, value)
+        return (await ctx.grade([item]))[0]
 
     client = AgentClient(ctx.generate, ctx.tokenizer, ctx.sampling_params, key, settings.max_turns,
                          settings.context_tokens, tool_format(ctx.tokenizer, settings.tool_format), grade=grade)

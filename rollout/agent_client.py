@@ -219,12 +219,14 @@ class AgentClient:
     def length(self) -> int:
         return len(self.prompt_ids or []) + sum(len(s.ids) for s in self.segments)
 
-    async def grade(self, response: str):
+    async def grade(self, response: str, *, answer: str | None = None, tests: dict | None = None):
         """The run's own grader (reward.task, reward.function) on `response` for this episode's
-        problem: a Verdict (reward, correct, details)."""
+        problem: a Verdict (reward, correct, details). `answer` / `tests` grade against another
+        reference than the row's (e.g. the visible examples a code environment runs)."""
         if self._grade is None:
             raise AgentUsageError("this client has no grader")
-        return await self._grade(response)
+        reference = {k: v for k, v in (("answer", answer), ("tests", tests)) if v is not None}
+        return await self._grade(response, **reference)
 
     def _check_settings(self, temperature, top_p, extra: dict) -> None:
         # Greedy (held-out evaluation, `tandem eval`): the run's greedy settings replace the agent's.

@@ -36,10 +36,10 @@ from tandem.services.protocol import (
     worker_identity,
 )
 
+from .agent import episode_function
 from .data_position import DataPosition
 from .dataset import Prompt, PromptStream, load_prompts
 from .heldout_curve import HeldOutCurve
-from .agent import episode_function
 from .workflow import EpisodeContext, RejectGroup
 
 log = logging.getLogger(__name__)
