@@ -57,6 +57,8 @@ class Plan:
     cpus: CpuPlacement | None = None
     # False when no role uses a GPU (local backend with embedded CPU servers).
     uses_gpus: bool = True
+    # trainer.expert_parallel: each MoE layer's experts over this many of the data-parallel ranks.
+    train_ep: int = 1
 
     @property
     def total_gpus(self) -> int:
@@ -130,7 +132,7 @@ def _check_tp(key: str, tp: int, gpus_per_node: int) -> None:
 
 def make_plan(nodes: int, gpus_per_node: int, ratio: str | tuple[int, int], gen_tp: int = 1,
               train_tp: int = 1, train_pp: int = 1, cpu_where: str = "a CPU job (no GPUs)",
-              rollout_workers: int = 1) -> Plan:
+              rollout_workers: int = 1, train_ep: int = 1) -> Plan:
     """Split `nodes x gpus_per_node` GPUs between generation servers and trainer ranks."""
     a, b = parse_ratio(ratio) if isinstance(ratio, str) else ratio
     if nodes < 1:
@@ -164,9 +166,10 @@ def make_plan(nodes: int, gpus_per_node: int, ratio: str | tuple[int, int], gen_
                         f"{ratio_txt}) is not divisible by trainer.tensor_parallel x "
                         f"trainer.pipeline_parallel = {train_tp} x {train_pp}; change the ratio, the "
                         f"node count or the parallel layout")
+    _check_expert_parallel(f"trainer world size {train_gpus}", train_gpus, train_tp, train_pp, train_ep)
     plan = Plan(nodes=nodes, gpus_per_node=gpus_per_node, ratio=(a, b), split=split,
                 gen_gpus=gen_gpus, train_gpus=train_gpus, gen_tp=gen_tp, train_tp=train_tp,
-                train_pp=train_pp)
+                train_pp=train_pp, train_ep=train_ep)
     for i in range(gen_gpus // gen_tp):
         first = i * gen_tp
         node, local = divmod(first, gpus_per_node)
@@ -192,7 +195,8 @@ def plan_for(cfg: ExperimentConfig, place_cpus: bool = True) -> Plan:
     where = "this machine" if la.backend == "local" else "a CPU job (no GPUs)"
     plan = make_plan(la.nodes, la.gpus_per_node, la.gen_train_ratio, gen_tp=cfg.gen.tp_size,
                      train_tp=cfg.trainer.tensor_parallel, train_pp=cfg.trainer.pipeline_parallel,
-                     cpu_where=where, rollout_workers=cfg.rollout.num_workers)
+                     cpu_where=where, rollout_workers=cfg.rollout.num_workers,
+                     train_ep=cfg.trainer.expert_parallel)
     if place_cpus:
         plan.cpus = cpu_placement_for(cfg)
     if plan.cpus is not None:
@@ -231,7 +235,17 @@ def local_trainer_world(cfg: ExperimentConfig) -> int:
         raise PlanError(f"launcher.cpus.trainer_ranks={world} is not divisible by trainer.tensor_parallel x "
                         f"trainer.pipeline_parallel = {tp} x {pp}: the ranks would not form whole model "
                         f"replicas")
+    _check_expert_parallel(f"launcher.cpus.trainer_ranks={world}", world, tp, pp, cfg.trainer.expert_parallel)
     return world
+
+
+def _check_expert_parallel(what: str, world: int, tp: int, pp: int, ep: int) -> None:
+    """Expert parallelism splits each data-parallel group of ranks (megatron-core carves it out of
+    data parallelism): trainer.expert_parallel must divide world / (TP x PP)."""
+    if ep > 1 and (world // (tp * pp)) % ep:
+        raise PlanError(f"trainer.expert_parallel={ep} must divide the trainer's data-parallel size "
+                        f"{world // (tp * pp)} ({what} / trainer.tensor_parallel {tp} / "
+                        f"trainer.pipeline_parallel {pp}); change the ratio, the node count or the layout")
 
 
 def cpu_placement_for(cfg, available=None) -> CpuPlacement | None:
@@ -281,7 +295,7 @@ def render(plan: Plan, console=None) -> None:
                     f"{plan.num_servers} servers x TP {plan.gen_tp}")
     summary.add_row("training", str(plan.train_gpus), format_ranges(plan.train_nodes),
                     f"world {plan.trainer_world} = TP {plan.train_tp} x PP {plan.train_pp} "
-                    f"x DP {plan.train_dp}")
+                    f"x DP {plan.train_dp}" + (f" (experts: EP {plan.train_ep})" if plan.train_ep > 1 else ""))
     for role, where in plan.cpu_roles.items():
         summary.add_row(role, "0", "-", where)
     console.print(summary)

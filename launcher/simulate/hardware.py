@@ -43,7 +43,10 @@ class GPU:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A dense decoder of the Qwen2/Qwen3/Llama/Mistral kind (GQA, SwiGLU MLP, BF16 weights)."""
+    """A decoder of the Qwen2/Qwen3/Llama/Mistral kind (GQA, SwiGLU MLP, BF16 weights), dense or, with
+    `experts`, a mixture of experts in every layer (Qwen3-MoE): each token through
+    `experts_per_token` of them. Memory and weight sync count every parameter (`params`); compute
+    counts the ones a token goes through (`matmul_params`)."""
     name: str
     layers: int
     hidden: int
@@ -56,17 +59,40 @@ class ModelShape:
     explicit_head_dim: int = 0
     qkv_bias: bool = True   # Qwen2's q/k/v biases; Qwen3, Llama and Mistral have none
     qk_norm: bool = False   # Qwen3's per-head q/k RMSNorm weights
+    # Mixture of experts (config.json's num_experts, num_experts_per_tok, moe_intermediate_size);
+    # 0 experts: a dense MLP of `intermediate`.
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden // self.heads
 
-    @property
-    def layer_params(self) -> int:
+    def _attn_and_norms(self) -> int:
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
-        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
-        return attn + 3 * h * self.intermediate + norms
+        return attn + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def expert_layer_params(self) -> int:
+        """The routed experts' parameters of one layer (split over expert-parallel ranks); 0 dense."""
+        return self.experts * 3 * self.hidden * self.moe_intermediate
+
+    @property
+    def layer_params(self) -> int:
+        """Every parameter of one layer (with experts: all of them, and the router)."""
+        if self.experts:
+            return self._attn_and_norms() + self.experts * self.hidden + self.expert_layer_params
+        return self._attn_and_norms() + 3 * self.hidden * self.intermediate
+
+    @property
+    def active_layer_params(self) -> int:
+        """The parameters of one layer a token goes through (with experts: the router and k experts)."""
+        if self.experts:
+            return (self._attn_and_norms() + self.experts * self.hidden
+                    + self.experts_per_token * 3 * self.hidden * self.moe_intermediate)
+        return self.layer_params
 
     @property
     def params(self) -> int:
@@ -79,8 +105,9 @@ class ModelShape:
 
     @property
     def matmul_params(self) -> int:
-        """Parameters that cost 2 FLOPs per token (every weight but the embedding lookup)."""
-        return self.layers * self.layer_params + self.vocab * self.hidden
+        """Parameters that cost 2 FLOPs per token (every weight a token goes through but the
+        embedding lookup: with experts, the active ones)."""
+        return self.layers * self.active_layer_params + self.vocab * self.hidden
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -141,6 +168,16 @@ def shape_name_for(model: str, table: dict) -> str | None:
     return None
 
 
+def _experts(c: dict) -> dict:
+    """A MoE config.json's expert fields ({} for a dense model). The Hub's Qwen3-MoE files say
+    `num_experts`; transformers 5 saves the same number as `num_local_experts`."""
+    experts = c.get("num_experts") or c.get("num_local_experts")
+    if not experts:
+        return {}
+    return {"experts": int(experts), "experts_per_token": int(c["num_experts_per_tok"]),
+            "moe_intermediate": int(c["moe_intermediate_size"])}
+
+
 def load_model_shape(name: str, model_dir: str | None = None) -> ModelShape:
     """A named shape from configs/hardware/models.yaml; else the config.json of the experiment's
     model directory; else the models.yaml entry the directory's name matches (a cluster config
@@ -169,6 +206,7 @@ def load_model_shape(name: str, model_dir: str | None = None) -> ModelShape:
                           tied=bool(c.get("tie_word_embeddings", False)),
                           explicit_head_dim=int(c.get("head_dim") or 0),
                           qkv_bias=c.get("model_type", "qwen2") == "qwen2",
-                          qk_norm=c.get("model_type") == "qwen3")
+                          qk_norm=c.get("model_type") in ("qwen3", "qwen3_moe"),
+                          **_experts(c))
     except KeyError as e:
         raise ConfigError(f"{cfg_path}: missing {e}; set simulate.model_size instead") from None

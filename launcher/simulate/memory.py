@@ -6,16 +6,22 @@ the simulator finds it). It is an estimate of what this code allocates, term by 
 number can be checked against the code it describes:
 
 Trainer rank (Megatron-core on GPUs, the worst pipeline stage; P = its parameters, t = TP, d = DP,
-s = bytes per parameter of `trainer.megatron.params_dtype`, N = `trainer.max_tokens_per_mb`):
-- weights: s * P (the embedding and output layer padded to `vocab_multiple * t` rows);
+e = `trainer.expert_parallel`, s = bytes per parameter of `trainer.megatron.params_dtype`, N =
+`trainer.max_tokens_per_mb`):
+- weights: s * P (the embedding and output layer padded to `vocab_multiple * t` rows; a
+  mixture-of-experts layer's routed experts over t * e: each rank holds E / e experts, each split
+  over TP; its attention, norms and router over t only: every parameter counts, active or not);
 - gradients: 4 * P (DDP's gradient buffer is float32: gpu.py, `grad_reduce_in_fp32`);
 - optimizer: float32 main weights and two Adam moments, 12 * P (8 when the parameters are float32),
-  over d with the distributed optimizer;
+  over d with the distributed optimizer (the experts over d / e, the ranks holding the same ones);
 - reference model: s * P more when `trainer.kl_coef > 0` (a frozen copy of the initial policy);
 - activations: per token and layer, the tensors autograd keeps (bf16 with s = 2): both norms'
   inputs and outputs (4h, replicated over TP: no sequence parallelism), the fused q/k/v output,
   the rotated q and k, the attention output (3h + 3kv over t), the MLP's gate/up output, SiLU
-  output and product (4 ffn over t) — s * (4h + (3h + 3kv + 4ffn) / t) bytes; with
+  output and product (4 ffn over t) — s * (4h + (3h + 3kv + 4ffn) / t) bytes (a MoE layer: for
+  each of the k experts a token goes to, the expert's 4 ffn and the dispatcher's permuted input and
+  output, 2h; with t > 1 and no sequence parallelism every TP rank's tokens reach each expert's
+  TP shard, so the k copies are not divided by t; tokens are counted as if evenly routed); with
   `trainer.megatron.recompute` a layer keeps only its input (s * h) and one layer at a time is
   whole during the backward pass. With pipeline parallelism every micro-batch of a minibatch stays
   alive until its backward (the GPipe schedule of pipeline.py), counted from the simulator's
@@ -105,6 +111,9 @@ def _padded(vocab: int, multiple: int, tp: int) -> int:
 def _layer_activation_bytes(m: ModelShape, tp: int, s: int) -> float:
     """Bytes autograd keeps per token for one transformer layer (module docstring)."""
     kv = m.kv_heads * m.head_dim
+    if m.experts:
+        mlp = m.experts_per_token * (4 * m.moe_intermediate + 2 * m.hidden)
+        return s * (4 * m.hidden + (3 * m.hidden + 3 * kv) / tp + mlp)
     return s * (4 * m.hidden + (3 * m.hidden + 3 * kv + 4 * m.intermediate) / tp)
 
 
@@ -126,8 +135,10 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     # bf16 under trainer.compute_dtype: bfloat16 (autocast: float32 weights, bf16 products)
     a = s if megatron else DTYPE_BYTES[t.compute_dtype]
     vocab = _padded(m.vocab, mc.vocab_multiple, tp) if megatron else m.vocab
+    ep = t.expert_parallel if megatron else 1
     layers = m.layers // pp
-    body = layers * m.layer_params / tp
+    experts = layers * m.expert_layer_params / (tp * ep)   # this rank's routed experts
+    body = layers * (m.layer_params - m.expert_layer_params) / tp + experts
     emb = vocab * m.hidden / tp
     if pp == 1:
         params = body + emb * (1 if m.tied else 2) + m.hidden
@@ -137,7 +148,8 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
     parts = {"weights": s * params, "gradients": 4 * params}
     if megatron:
         shards = train_dp if mc.use_distributed_optimizer else 1
-        parts["optimizer"] = (12 if s < 4 else 8) * params / shards
+        expert_shards = max(1, shards // ep)   # the experts' optimizer: over the ranks holding them
+        parts["optimizer"] = (12 if s < 4 else 8) * ((params - experts) / shards + experts / expert_shards)
     else:
         parts["optimizer"] = 8 * params
     if t.kl_coef > 0:
@@ -159,7 +171,7 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
         notes.append(f"pipeline_parallel={pp}: {earlier + 1} micro-batches of a minibatch alive at once "
                      f"(GPipe), from simulate.prompt_tokens + simulate.output_median")
     parts["activations"], parts["logits"] = act, logits
-    where = f"TP {tp} x PP {pp}, DP {train_dp}" if megatron else \
+    where = f"TP {tp} x PP {pp}, DP {train_dp}" + (f", EP {ep}" if ep > 1 else "") if megatron else \
         f"torch backend, float32 replica, {t.compute_dtype} products"
     unset = [k for k, on in (("trainer.megatron.recompute: true", mc.recompute or not megatron),
                              ("trainer.recompute: true", t.recompute or megatron),
@@ -167,6 +179,7 @@ def trainer_memory(cfg, m: ModelShape, gpu: GPU, train_dp: int) -> RoleMemory:
                              ("trainer.logprob_chunk: 1024", t.logprob_chunk)) if not on]
     advice = (f"set {' and '.join(unset)}, " if unset else "") + \
         ("lower trainer.pipeline_parallel (this schedule keeps a minibatch's micro-batches), " if pp > 1 else "") + \
+        ("raise trainer.expert_parallel, " if megatron and m.experts else "") + \
         ("raise trainer.tensor_parallel, " if megatron else "use trainer.backend: megatron, ") + \
         "or lower trainer.max_tokens_per_mb (and rollout.max_new_tokens)"
     return RoleMemory(f"trainer rank ({where})", parts, gpu.memory_bytes, notes, advice=advice)
