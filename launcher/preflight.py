@@ -172,6 +172,7 @@ def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> 
     """The data sets, the model and the episode function exist, are readable and import; each
     data set that passes adds its summary (format, row count) to `notes`."""
     from tandem.rollout.data_check import check_dataset
+    from tandem.trainer.model_fit import model_fit_problems
 
     out, rc = [], cfg.rollout
     for key, columns_key in (("dataset", "columns"), ("eval_dataset", "eval_columns" if rc.eval_columns else "columns")):
@@ -185,6 +186,8 @@ def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> 
     problem = model_problem(cfg.experiment.model)
     if problem:
         out.append(("experiment.model", problem))
+    else:   # what the trainer's settings ask of this model (LoRA, expert parallelism)
+        out += model_fit_problems(cfg.trainer, cfg.experiment.model)
     problem = workflow_problem(cfg.rollout.workflow)
     if problem:
         out.append(("rollout.workflow", problem))

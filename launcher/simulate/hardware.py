@@ -169,9 +169,10 @@ def shape_name_for(model: str, table: dict) -> str | None:
 
 
 def _experts(c: dict) -> dict:
-    """A MoE config.json's expert fields ({} for a dense model). The Hub's Qwen3-MoE files say
-    `num_experts`; transformers 5 saves the same number as `num_local_experts`."""
-    experts = c.get("num_experts") or c.get("num_local_experts")
+    """A MoE config.json's expert fields ({} for a dense model)."""
+    from tandem.trainer.model_fit import num_experts
+
+    experts = num_experts(c)
     if not experts:
         return {}
     return {"experts": int(experts), "experts_per_token": int(c["num_experts_per_tok"]),

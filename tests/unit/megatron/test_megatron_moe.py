@@ -246,3 +246,22 @@ def test_routing_metrics_count_what_transformers_routes(moe_dirs, backend_of, ca
     assert got["moe_load_max"] == max(got["moe_l0_load_max"], got["moe_l1_load_max"])
     assert (got["moe_l0_dropped"] > 0) is bool(capacity)
     assert backend.step_metrics() == {}   # taken: the next step starts from zero
+
+
+def test_the_export_of_a_trained_moe_loads_in_transformers(moe_dirs, backend_of, tmp_path):
+    """After an update on Megatron, the HF directory it writes (as a published version or `tandem
+    export`) is one transformers loads, one tensor per expert as the Hub's, and its logits are the
+    trained model's."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    backend = backend_of(moe_dirs[True])
+    mbs = mc.micro_batches(0)
+    backend.train_step(mbs, mc.make_loss_fn(mc.n_valid(mbs)), 1.0)
+    backend.export_hf(tmp_path / "v1")
+    written = load_file(str(tmp_path / "v1" / "model.safetensors"))
+    assert sorted(written) == sorted(_hf(moe_dirs[True]))
+    assert not torch.equal(written["model.layers.0.mlp.experts.1.down_proj.weight"],
+                           _hf(moe_dirs[True])["model.layers.0.mlp.experts.1.down_proj.weight"])
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "v1", dtype=torch.float32).eval()
+    mc.assert_logits_match(backend, hf, mc.micro_batches(1)[0])
