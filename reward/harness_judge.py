@@ -104,7 +104,7 @@ def _judge(task, runs, outputs):
             rec["status"] = "passed" if rec["passed"] else "wrong output"
         if not rec["passed"]:
             if "answer" in run:
-                rec["got"] = (repr(run["answer"]) if call else run["answer"])[:SNIPPET]
+                rec["got"] = (repr(run["answer"]) if call else run["answer"])[:task.get("shown_chars") or SNIPPET]
             rec["expected"] = (repr(expected) if call else _as_text(expected))[:SNIPPET]
             if "stderr" in run:
                 rec["stderr"] = run["stderr"]

@@ -103,6 +103,8 @@ class GraderPool:
 
     def hard_limit_s(self, task: str) -> float:
         """Seconds a worker may hold one item before it is deemed hung and killed."""
+        if task == "run":   # an agent's program: the sandbox, whatever grades the answers
+            return self.cfg.code_total_timeout_s + REPORT_GRACE_S + 5.0
         if self.cfg.url:
             from tandem.reward.remote_reward import budget_s
             return budget_s(self.cfg) + 5.0

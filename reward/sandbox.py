@@ -257,9 +257,10 @@ class Sandbox:
         return None
 
     def run(self, program: str, inputs: list, outputs: list, fn_name: str | None = None,
-            convention: str = "tandem") -> SandboxResult:
+            convention: str = "tandem", shown_chars: int = 0) -> SandboxResult:
         """Run `program` on every test, judged by `convention` (the tests' benchmark: its implicit
-        imports and comparison rules, `docs/reward.md`); never raises for anything the program does."""
+        imports and comparison rules, `docs/reward.md`); never raises for anything the program does.
+        A failed test's record keeps `shown_chars` characters of what it printed (0: the default 200)."""
         cfg = self.cfg
         t0 = time.monotonic()
         deadline = t0 + cfg.code_total_timeout_s
@@ -269,6 +270,7 @@ class Sandbox:
         frames = [marshal.dumps(x) for x in inputs] if fn_name else \
             [_as_text(x).encode() for x in inputs]
         task = {"program": program, "n": len(inputs), "fn_name": fn_name, "convention": convention,
+                "shown_chars": shown_chars,
                 "test_timeout": cfg.code_test_timeout_s, "total_timeout": cfg.code_total_timeout_s,
                 "deadline": deadline, "max_output": cfg.code_max_output_bytes, "uid": self.uid,
                 # Without a cgroup the harness itself watches the sandbox as a whole.

@@ -55,7 +55,10 @@ def grade_item(cfg: RewardConfig, job: dict, user=None) -> dict:
     from tandem.reward.code_grader import grade_code
     from tandem.reward.math_grader import grade_math
 
-    if user is not None:
+    if job.get("task") == "run":   # an agent's code tool: the sandbox, never the user's reward
+        from tandem.reward.code_runner import run_program
+        v = run_program(job.get("response", ""), job.get("answer") or "", cfg)
+    elif user is not None:
         task = job.get("task", "")
         row = item_row(task, job.get("answer") or "", job.get("tests"), job.get("row"))
         v = user.grade(task, job.get("question") or "", job.get("response", ""), row)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tandem.services.protocol import Ticket, Trajectory, import_user_module
+from tandem.services.protocol import GradeItem, Ticket, Trajectory, import_user_module
 
 from .agent_client import AgentClient, AgentUsageError, EpisodeLimit
 from .agent_tools import ToolFailed
@@ -127,8 +127,11 @@ async def _episode(ctx: EpisodeContext, settings: AgentSettings, prompt: Prompt,
             setattr(item, key, value)
         return (await ctx.grade([item]))[0]
 
+    async def run(program: str, stdin: str):
+        return (await ctx.grade([GradeItem(task="run", response=program, answer=stdin)]))[0]
+
     client = AgentClient(ctx.generate, ctx.tokenizer, ctx.sampling_params, key, settings.max_turns,
-                         settings.context_tokens, tool_format(ctx.tokenizer, settings.tool_format), grade=grade)
+                         settings.context_tokens, tool_format(ctx.tokenizer, settings.tool_format), grade=grade, run=run)
     try:
         result = await asyncio.wait_for(settings.agent(agent_row(prompt), client), timeout=settings.timeout_s)
         ended = client.finish_reason

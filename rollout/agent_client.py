@@ -204,10 +204,10 @@ class AgentClient:
     bound the episode; `tool_format` is how tool calls are written (rollout/tool_calls.py)."""
 
     def __init__(self, generate, tokenizer, sampling: dict, sticky_key: str, max_turns: int, max_context: int,
-                 tool_format: str, grade=None, model_name: str = "policy"):
+                 tool_format: str, grade=None, run=None, model_name: str = "policy"):
         self._generate, self._tok, self._sampling = generate, tokenizer, sampling
         self._key, self._max_turns, self._max_context = sticky_key, max_turns, max_context
-        self._format, self._grade, self._model = tool_format, grade, model_name
+        self._format, self._grade, self._run, self._model = tool_format, grade, run, model_name
         self.prompt_ids: list[int] | None = None
         self.segments: list[Segment] = []
         self.history: list[dict] = []      # the conversation as of the last reply, normalized
@@ -227,6 +227,14 @@ class AgentClient:
             raise AgentUsageError("this client has no grader")
         reference = {k: v for k, v in (("answer", answer), ("tests", tests)) if v is not None}
         return await self._grade(response, **reference)
+
+    async def run_code(self, program: str, stdin: str = ""):
+        """Run a Python program in the reward service's code sandbox (never in this worker): a
+        Verdict whose details hold `status` ("ok" or why it stopped), `stdout` (its first 4,000
+        characters) and `stderr` (its tail). For code tools: `agent_tools.sandboxed_python`."""
+        if self._run is None:
+            raise AgentUsageError("this client has no sandbox")
+        return await self._run(program, stdin)
 
     def _check_settings(self, temperature, top_p, extra: dict) -> None:
         # Greedy (held-out evaluation, `tandem eval`): the run's greedy settings replace the agent's.

@@ -93,5 +93,24 @@ class Toolbox:
         return text
 
 
+def sandboxed_python(client, name: str = "python"):
+    """A tool that runs the model's Python program in the reward sandbox (`client.run_code`):
+    what it printed, or why it stopped. For a Toolbox of this episode: `Toolbox(sandboxed_python(client))`."""
+    async def python(code: str) -> str:
+        """Run a Python program and return what it prints.
+
+        Args:
+            code: the program; print what you need to see
+        """
+        ran = (await client.run_code(code)).details
+        if ran.get("status") == "ok":
+            return ran.get("stdout") or "(the program printed nothing)"
+        tail = (ran.get("stderr") or ran.get("reason") or "").strip().splitlines()[-1:]
+        raise _ToolError(f"{ran.get('status', 'failed')}" + (f": {tail[0]}" if tail else ""))
+
+    python.__name__ = python.__qualname__ = name
+    return python
+
+
 class _ToolError(Exception):
     """A failure whose message is already the model's to read."""

@@ -31,7 +31,8 @@ _API = {"Experiment": "tandem.experiment", "Run": "tandem.runs", "RunFailed": "t
         "ConfigError": "tandem.launcher.config", "ExperimentConfig": "tandem.launcher.config",
         # for agents (rollout.agent, docs/agents.md)
         "AgentResult": "tandem.rollout.agent", "EpisodeLimit": "tandem.rollout.agent_client",
-        "Toolbox": "tandem.rollout.agent_tools", "ToolFailed": "tandem.rollout.agent_tools"}
+        "Toolbox": "tandem.rollout.agent_tools", "ToolFailed": "tandem.rollout.agent_tools",
+        "sandboxed_python": "tandem.rollout.agent_tools"}
 __all__ = sorted(_API)
 
 

@@ -9,10 +9,12 @@ from .codec import message
 @message("grade_item")
 class GradeItem:
     """One response to grade. Math: `answer`, and the problem's text as `question` (options
-    and percents asked for); code: `tests` in the APPS/TACO convention. `row`: the rest of the
+    and percents asked for); code: `tests` in the APPS/TACO convention; run: `response` is a
+    program run once in the code sandbox with `answer` as its stdin, its verdict's details
+    carrying what it printed (`stdout`) — an agent's code tool (reward/code_runner.py). `row`: the rest of the
     data set's row (its id, other columns) for a user's reward function (reward.function), which
     sees it through `item_row`; the built-in graders ignore it."""
-    task: Literal["math", "code"]
+    task: Literal["math", "code", "run"]
     response: str
     answer: str = ""
     tests: dict | None = None

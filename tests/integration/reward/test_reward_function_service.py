@@ -151,3 +151,23 @@ def test_offline_grading_gives_the_function_each_input_row(tmp_path, monkeypatch
     assert out[0]["details"]["user"]["row"] == {"id": 1, "answer": 7, "level": "easy", "problem": "3 + 4?"}
     assert out[1]["reward"] == -5.0 and out[1]["details"]["refused"]
     assert "2 graded, 1 correct" in capsys.readouterr().out
+
+
+def test_an_agents_program_runs_in_the_sandbox_never_through_the_function(service):
+    """`task: run` (an agent's code tool, reward/code_runner.py): the program runs once in the code
+    sandbox with its stdin and what it printed comes back; what it does wrong is its status. The
+    user's function, which grades answers, never sees it."""
+    before = len(service.calls.read_text().splitlines()) if service.calls.exists() else 0
+    add, loops, peeks, floods = _grade(service, [
+        GradeItem(task="run", response="import sys\nprint(sum(map(int, sys.stdin.read().split())))", answer="2 3"),
+        GradeItem(task="run", response="while True:\n    pass"),
+        GradeItem(task="run", response="print(open('/etc/shadow').read())"),
+        GradeItem(task="run", response="print('x' * 100000)"),
+    ])
+    assert (add.correct, add.details["status"], add.details["stdout"]) == (True, "ok", "5\n"), add.details
+    assert not loops.correct and "time" in loops.details["status"], loops.details
+    assert not peeks.correct and peeks.details["status"].startswith("runtime error"), peeks.details
+    assert "Error" in peeks.details["stderr"] and "root:" not in peeks.details["stdout"], peeks.details
+    assert floods.correct and floods.details["stdout"] == "x" * 4000, len(floods.details["stdout"])
+    after = len(service.calls.read_text().splitlines()) if service.calls.exists() else 0
+    assert after == before

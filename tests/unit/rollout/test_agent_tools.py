@@ -127,3 +127,25 @@ def test_calculator_refuses_what_could_run_away(expression, message):
     from tandem.rollout.agents.calculator import calculate
     with pytest.raises(ValueError, match=message):
         calculate(expression)
+
+
+def test_the_sandboxed_python_tool_reports_output_and_failures():
+    """The reward service is a stand-in here (its sandbox runs are tested in
+    tests/integration/reward/test_reward_function_service.py): what the tool makes of its answers."""
+    from tandem.rollout.agent_tools import sandboxed_python
+    from tandem.services.protocol import Verdict
+
+    class Client:
+        async def run_code(self, program, stdin=""):
+            if "loop" in program:
+                return Verdict(0.0, False, {"status": "cpu time limit", "stdout": "", "stderr": ""})
+            if "raise" in program:
+                return Verdict(0.0, False, {"status": "runtime error (exit 1)", "stdout": "",
+                                            "stderr": "Traceback ...\nValueError: no"})
+            return Verdict(0.0, True, {"status": "ok", "stdout": "42\n"})
+
+    box = Toolbox(sandboxed_python(Client()))
+    assert box.schemas[0]["function"]["name"] == "python"
+    assert asyncio.run(box.call("python", {"code": "print(42)"})) == "42\n"
+    assert asyncio.run(box.call("python", {"code": "loop"})) == "error: cpu time limit"
+    assert asyncio.run(box.call("python", {"code": "raise"})) == "error: runtime error (exit 1): ValueError: no"
