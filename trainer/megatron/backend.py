@@ -315,6 +315,8 @@ class MegatronBackend(TrainBackend):
                 self._run(run, on_last, forward_only=False)
         finally:
             block.training = False
+        if self.shape.is_moe:   # each expert shard saw every TP rank's copy of the tokens (moe_step.py)
+            moe_step.undo_tp_copies(list(self._module().named_parameters()), self.tp_size)
         if self.pp_size > 1 and self.shape.tie_word_embeddings and not self.on_gpu:
             cpu_grads.sum_shared_embedding_grads(self)
         if self.tp_size > 1 and self.shape.qk_norm and not self.on_gpu:

@@ -10,6 +10,13 @@ gradients reduced over the right groups.
 - Router losses: megatron-core attaches them only while a router's `training` flag is set (the
   backend keeps every layer in eval mode, see backend.py); the flag is set on the routers alone,
   for the update's forwards, with the backward scale moe.py explains.
+- Tensor parallelism without sequence parallelism: every TP rank routes all of the replica's tokens,
+  and megatron-core's dispatcher gathers each TP rank's copy of them for every expert shard
+  (written for sequence parallelism, where the copies are different tokens). The forward is
+  right (each rank gets back its own copy's output), but each expert shard's weight gradient
+  sums the gradient of every rank's copy of the loss: TP times the gradient. `undo_tp_copies`
+  divides it back (on GPUs in DDP's `main_grad` buffers, before they are reduced); a test takes
+  the TP=2 step against one rank's.
 - Gradients (CPU path; on GPUs Megatron's DDP and `finalize_model_grads` do the same): a dense
   parameter's gradient is summed over data-parallel ranks, a routed expert's over the expert-data-
   parallel ranks that hold the same experts (its expert-parallel peers hold other experts), and
@@ -92,6 +99,19 @@ def without_router_losses(module, stats: moe.RouterStats | None = None):
             r.training = flag
         if stats is not None:
             stats.active = active
+
+
+def undo_tp_copies(named_params, tp: int) -> None:
+    """Routed experts' gradients divided by TP (see the module doc); nothing at TP = 1."""
+    if tp == 1:
+        return
+    for name, p in named_params:
+        if not moe.is_expert_param(name):
+            continue
+        grad = getattr(p, "main_grad", None)   # Megatron DDP's float32 buffer (GPU path)
+        grad = grad if grad is not None else p.grad
+        if grad is not None:
+            grad.div_(tp)
 
 
 def sum_grads(named_params: list[tuple[str, torch.nn.Parameter]]) -> None:

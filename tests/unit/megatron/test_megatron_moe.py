@@ -4,7 +4,7 @@ shards, logits parity with transformers in float32 (both router conventions), th
 gradients against a reference computed here, and the per-layer routing metrics against
 transformers' own routing.
 
-EP=2 against EP=1 in a real 2-process job: tests/integration/megatron/test_megatron_moe_ep2.py.
+EP=2 against EP=1 in a real 2-process job: tests/integration/megatron/test_megatron_moe_parallel.py.
 """
 from __future__ import annotations
 

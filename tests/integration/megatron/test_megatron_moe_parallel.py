@@ -1,5 +1,5 @@
 """Expert parallelism on the CPU: a tiny Qwen3-MoE at EP=2 in a real 2-process job (gloo) takes the
-step one rank takes at EP=1 on the same micro-batches.
+step one rank takes at EP=1 on the same micro-batches; so does TP=2.
 
 At EP=2 the two ranks are also data-parallel (megatron-core carves expert parallelism out of data
 parallelism): each packs its own micro-batches, routes its own tokens, and megatron-core's
@@ -8,8 +8,14 @@ rank holding their experts and back. Rank 1 holds an empty micro-batch: it must 
 forward for its peer's all-to-all (moe_step.py's phantom), or the job hangs. What must come out
 the same as one rank's: log-probs, the summed loss, every gradient (dense ones summed over the two
 ranks, each expert's on the rank that holds it), the gradient norm, the routing metrics and the
-weights after the update; with the router losses on too (their scale is the minibatch's token
-count over both ranks). The job's dist checkpoint exports, in one process, to the same weights.
+weights after the update, with the router losses on (their scale is the minibatch's token count
+over both ranks; the unit tier checks their gradient against a reference). The job's dist checkpoint exports, in one process, to the same weights.
+
+At TP=2 (no sequence parallelism) both ranks route all tokens and each holds half of every expert:
+megatron-core's dispatcher gathers both ranks' (identical) tokens for each expert shard and
+reduce-scatters the partial outputs, and its router losses, written for sequence parallelism,
+count each rank's share as 1/TP, which moe.py compensates: the router's gradient, the loss, the
+gradient norm and the weights after the update must be the single rank's.
 """
 from __future__ import annotations
 
@@ -31,8 +37,8 @@ def moe_dir(tmp_path_factory) -> Path:
     return mm.make_moe_dir(tmp_path_factory.mktemp("qwen3moe"))
 
 
-def _job(moe_dir: Path, out: Path, aux: float) -> list[dict]:
-    procs, logs = start_ranks(["-m", "moe_ep2_worker", str(moe_dir), str(out), str(aux)], out, "ep2")
+def _job(moe_dir: Path, out: Path, aux: float, layout: str = "ep2") -> list[dict]:
+    procs, logs = start_ranks(["-m", "moe_parallel_worker", str(moe_dir), str(out), str(aux), layout], out, layout)
     try:
         errors = rank_errors(procs, logs, timeout_s=240)
     finally:
@@ -63,8 +69,7 @@ def _global_expert_name(name: str, ep_rank: int, per_rank: int = mm.EXPERTS // 2
     return name if e is None else name.replace(f"local_experts.{e}.", f"local_experts.{ep_rank * per_rank + e}.")
 
 
-@pytest.mark.parametrize("aux", [0.0, AUX], ids=["no-router-loss", "router-losses"])
-def test_ep2_step_equals_the_ep1_step(moe_dir, tmp_path, aux):
+def test_ep2_step_equals_the_ep1_step(moe_dir, tmp_path, aux=AUX):
     ranks = _job(moe_dir, tmp_path, aux)
     one = _single_rank(moe_dir, aux)
     assert [r["ep_size"] for r in ranks] == [2, 2] and [r["ep_rank"] for r in ranks] == [0, 1]
@@ -88,10 +93,29 @@ def test_ep2_step_equals_the_ep1_step(moe_dir, tmp_path, aux):
         for k, v in one["hf_step1"].items():
             torch.testing.assert_close(r["hf_step1"][k], v, atol=1e-4, rtol=1e-4, msg=k)
     assert one["metrics"]["moe_dropped_fraction"] == 0.0 and one["metrics"]["moe_load_max"] > 1.0
-    if aux == 0.0:   # the checkpoint of the EP=2 job, resharded into one process, as tandem export reads it
-        from tandem.trainer.megatron.export import hf_state_from_dist
+    # the checkpoint of the EP=2 job, resharded into one process, as tandem export reads it
+    from tandem.trainer.megatron.export import hf_state_from_dist
 
-        state = hf_state_from_dist(tmp_path / "dist", moe_dir)
-        assert sorted(state) == sorted(ranks[0]["hf_step1"])
-        for k, v in ranks[0]["hf_step1"].items():
-            assert torch.equal(state[k], v), k
+    state = hf_state_from_dist(tmp_path / "dist", moe_dir)
+    assert sorted(state) == sorted(ranks[0]["hf_step1"])
+    for k, v in ranks[0]["hf_step1"].items():
+        assert torch.equal(state[k], v), k
+
+
+def test_tp2_step_equals_the_single_rank_step(moe_dir, tmp_path):
+    from tandem.trainer.megatron import convert
+
+    ranks = _job(moe_dir, tmp_path, AUX, "tp2")
+    one = _single_rank(moe_dir, AUX)
+    assert [r["tp_size"] for r in ranks] == [2, 2] and all(r["roundtrip_exact"] for r in ranks)
+    torch.testing.assert_close(torch.cat(ranks[0]["logp_initial"]), torch.cat(one["logp"]), atol=2e-5, rtol=1e-5)
+    assert ranks[0]["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7) and ranks[1]["loss"] == 0.0   # counted once
+    for r in ranks:
+        assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        replicated = {n: g for n, g in r["grads"].items() if convert.tp_layout(n)[0] is None}
+        assert {f"decoder.layers.{i}.mlp.router.weight" for i in range(2)} <= replicated.keys()
+        for name, g in replicated.items():
+            torch.testing.assert_close(g, one["grads"][name], atol=1e-6, rtol=1e-5, msg=name)
+        assert r["metrics"] == pytest.approx(one["metrics"], rel=1e-9)
+        for k, v in one["hf_step1"].items():   # (the AdamW tolerance of the EP test)
+            torch.testing.assert_close(r["hf_step1"][k], v, atol=1e-4, rtol=1e-4, msg=k)

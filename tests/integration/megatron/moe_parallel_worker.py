@@ -1,8 +1,9 @@
-"""One rank of the 2-process expert-parallel job of test_megatron_moe_ep2.py (gloo, CPU).
+"""One rank of the 2-process MoE jobs of test_megatron_moe_parallel.py (gloo, CPU).
 
-`MODEL OUT AUX`: the Megatron backend at TP=1, EP=2 (so data parallel 2: each rank its own
-micro-batches, the experts split 2 + 2) on MODEL, router load-balancing and z-losses at
-coefficient AUX; records the HF round trip, this rank's log-probs (its empty micro-batch
+`MODEL OUT AUX LAYOUT`: the Megatron backend on MODEL, router load-balancing and z-losses at
+coefficient AUX, LAYOUT `ep2` (TP=1, EP=2, so data parallel 2: each rank its own micro-batches,
+the experts split 2 + 2) or `tp2` (TP=2: both ranks all the micro-batches, every expert split over
+the two); records the HF round trip, this rank's log-probs (its empty micro-batch
 included), one training step (loss, gradient norm, every gradient after the data-parallel sums),
 the step's routing metrics, the HF tensors after it, and a dist checkpoint in OUT/dist; each rank
 writes OUT/ep2.rank<r>.pt. Run with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 
 def main() -> int:
-    model_dir, out, aux = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    model_dir, out, aux, layout = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))   # megatron_case
     import megatron_case as mc
     import megatron_moe_case as mm
@@ -27,14 +28,15 @@ def main() -> int:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    be = MegatronBackend(mm.moe_trainer_cfg(ep=2, aux=aux, z=aux), model_dir, seed=0)
+    ep, tp = (2, 1) if layout == "ep2" else (1, 2)
+    be = MegatronBackend(mm.moe_trainer_cfg(ep=ep, tp=tp, aux=aux, z=aux), model_dir, seed=0)
     rank = dist.get_rank()
     everything = mm.ep2_micro_batches()
-    mbs = everything[be.dp_rank]
+    mbs = everything[be.dp_rank] if layout == "ep2" else [mb for part in everything for mb in part]
     total_valid = sum(mc.n_valid(m) for m in everything)
     original = load_file(str(model_dir / "model.safetensors"))
     exported = be.hf_state()
-    res = {"ep_size": be.ep_size, "dp_rank": be.dp_rank, "ep_rank": be.ep_rank,
+    res = {"ep_size": be.ep_size, "tp_size": be.tp_size, "dp_rank": be.dp_rank, "ep_rank": be.ep_rank,
            "roundtrip_exact": sorted(exported) == sorted(original)
            and all(torch.equal(exported[k], original[k]) for k in original),
            "logp_initial": [be.forward_logprobs(mb, 1.0).logp for mb in mbs]}
