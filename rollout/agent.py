@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tandem.services.protocol import GradeItem, Ticket, Trajectory, import_user_module
+from tandem.services.protocol import GradeItem, Ticket, Trajectory
 
 from .agent_client import AgentClient, AgentUsageError, EpisodeLimit
 from .agent_tools import ToolFailed
 from .dataset import Prompt
 from .tool_calls import detect_format
-from .workflow import EpisodeContext, RejectGroup, grade_item, load_workflow
+from .workflow import EpisodeContext, RejectGroup, grade_item, import_function, load_workflow
 
 AGENT_WORKFLOW = "tandem.rollout.agent:agent_episodes"
 
@@ -69,16 +69,11 @@ class AgentError(ValueError):
 
 def load_agent(spec: str):
     """`module:function` → the async function, or an AgentError saying what is wrong."""
-    module_name, _, fn_name = spec.partition(":")
-    if not module_name or not fn_name:
-        raise AgentError(f"must look like 'module:function', got {spec!r}")
     try:
-        module = import_user_module(module_name)
-    except ImportError as e:
-        raise AgentError(f"cannot import {module_name!r} ({e})") from None
-    fn = getattr(module, fn_name, None)
-    if fn is None:
-        raise AgentError(f"{module_name} has no function {fn_name!r}")
+        fn = import_function(spec)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
+    fn_name = spec.partition(":")[2]
     if not inspect.iscoroutinefunction(fn):
         raise AgentError(f"{spec} must be an async function (async def {fn_name}(row, client))")
     try:

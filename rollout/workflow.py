@@ -130,16 +130,24 @@ async def single_turn(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> li
     ) for i, (s, v) in enumerate(zip(samples, verdicts, strict=True))]
 
 
-def load_workflow(spec: str) -> Workflow:
-    """`module:function` → the function, with an error that says what is wrong."""
+def import_function(spec: str):
+    """`module:function` of the user's code → the function; a ValueError says what is wrong."""
     module_name, _, fn_name = spec.partition(":")
     if not module_name or not fn_name:
-        raise ValueError(f"rollout.workflow must look like 'module:function', got {spec!r}")
+        raise ValueError(f"must look like 'module:function', got {spec!r}")
     try:
         module = import_user_module(module_name)
     except ImportError as e:
-        raise ValueError(f"rollout.workflow {spec!r}: cannot import {module_name!r} ({e})") from None
+        raise ValueError(f"cannot import {module_name!r} ({e})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        raise ValueError(f"rollout.workflow {spec!r}: {module_name} has no function {fn_name!r}")
+        raise ValueError(f"{module_name} has no function {fn_name!r}")
     return fn
+
+
+def load_workflow(spec: str) -> Workflow:
+    """`module:function` → the function, with an error that says what is wrong."""
+    try:
+        return import_function(spec)
+    except ValueError as e:
+        raise ValueError(f"rollout.workflow {spec!r}: {e}") from None
