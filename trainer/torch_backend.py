@@ -49,6 +49,7 @@ from tandem.trainer.backend import (
     stats_on_host,
     to_device,
 )
+from tandem.trainer.expert_names import hub_tensors
 from tandem.trainer.hf_dir import copy_tokenizer_files
 from tandem.trainer.logprobs import token_logprobs
 from tandem.trainer.lr_schedule import decay_updates, lr_factor
@@ -332,4 +333,4 @@ class TorchBackend(TrainBackend):
             yield from lora.merged_tensors(self.model)
             return
         for name, p in self.model.named_parameters():
-            yield name, p.detach()
+            yield from hub_tensors(name, p.detach())   # a MoE's fused experts under the Hub's names

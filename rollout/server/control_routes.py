@@ -28,7 +28,7 @@ import time
 
 from aiohttp import web
 
-from . import weights
+from . import expert_weights, weights
 from .requests import field, read_json
 from .sampling import BadRequest
 
@@ -166,6 +166,8 @@ class ControlRoutes:
                 # Receive while still generating; only the copy into the model needs the gate.
                 state = await asyncio.get_running_loop().run_in_executor(
                     None, self.group.receive, group, names, dtypes, shapes)
+                # a MoE model's experts arrive in the Hub's names, one tensor each (expert_weights.py)
+                state = expert_weights.served(self.engine.model, state, partial=True, error=weights.WeightError)
                 weights.validate(self.engine.model, state, partial=True)
             except weights.WeightError as e:
                 return _result(False, f"Failed to receive weights: {e}")

@@ -15,6 +15,7 @@ import torch
 
 from tandem.services.protocol.weight_group import join_weight_group, leave_weight_group
 
+from . import expert_weights
 from .lora import Adapter, AdapterBase, AdapterError, is_adapter_dir, read_adapter
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def load_from_disk(model, model_path: str) -> dict[str, torch.Tensor]:
             state.update(load_file(str(f)))
         except Exception as e:
             raise WeightError(f"cannot read {f}: {e}") from None
+    state = expert_weights.served(model, state, partial=False, error=WeightError)   # MoE: Hub names
     validate(model, state)
     return state
 

@@ -87,3 +87,22 @@ def test_tandem_config_check_refuses_lora_on_moe(tmp_path):
     assert resource_problems(load_config(None, exp)) == []
     problems = dict(resource_problems(load_config(None, [*exp, "trainer.lora.rank=8"])))
     assert "128 experts per layer" in problems["trainer.lora.rank"]
+
+
+def test_a_broadcast_names_the_experts_as_the_hub_does(moe_dir):
+    """What the torch backend broadcasts is the checkpoint's own tensors, one per expert (SGLang's
+    loader takes those names), and the embedded server fuses them back into what it serves."""
+    from safetensors.torch import load_file
+
+    from tandem.rollout.server import expert_weights, weights
+
+    be = TorchBackend(_cfg(), moe_dir, seed=0)
+    sent = dict(be.full_parameters())
+    hub = load_file(str(moe_dir / "model.safetensors"))
+    assert sorted(sent) == sorted(hub)
+    for name, t in hub.items():
+        assert torch.equal(sent[name], t), name
+    served = expert_weights.served(be.model, sent, partial=True, error=weights.WeightError)
+    weights.validate(be.model, served)   # every served tensor, none missing
+    for name, t in be.model.state_dict().items():
+        assert torch.equal(served[name], t), name
