@@ -120,13 +120,15 @@ class RoutingCounts:
 
 class RouterStats:
     """Counts the routers' assignments during training forwards (not the proximal or reference
-    passes, and not the forward a recomputing backward repeats), for `step_metrics`."""
+    passes, and not the forward a recomputing backward repeats), for `step_metrics`. The counts
+    stay on the routers' device until `take` (one host read per step, not one per layer)."""
 
     def __init__(self, module, num_layers: int, num_experts: int, topk: int):
-        self.counts = RoutingCounts(torch.zeros(num_layers, num_experts, dtype=torch.float64),
-                                    torch.zeros(num_layers, dtype=torch.float64))
+        self.shape = (num_layers, num_experts)
         self.topk = topk
         self.active = False
+        self._routed: torch.Tensor | None = None          # [layers, experts] int64, on the device
+        self._wanted = [0] * num_layers                    # assignments asked for (host: shapes only)
         self._hooks = [r.register_forward_hook(self._hook) for r in routers(module)]
 
     def _hook(self, router, inputs, outputs) -> None:
@@ -136,14 +138,19 @@ class RouterStats:
         _, routing_map = outputs
         layer = router.layer_number - 1
         with torch.no_grad():
-            self.counts.routed[layer] += routing_map.sum(dim=0).to("cpu", torch.float64)
-            self.counts.wanted[layer] += routing_map.shape[0] * self.topk
+            if self._routed is None:
+                self._routed = torch.zeros(self.shape, dtype=torch.int64, device=routing_map.device)
+            self._routed[layer] += routing_map.sum(dim=0)
+        self._wanted[layer] += routing_map.shape[0] * self.topk
 
     def take(self) -> RoutingCounts:
-        """The counts since the last take (this rank's), and zeroes them."""
-        out = RoutingCounts(self.counts.routed.clone(), self.counts.wanted.clone())
-        self.counts.routed.zero_()
-        self.counts.wanted.zero_()
+        """The counts since the last take (this rank's, on the host), and zeroes them."""
+        routed = (self._routed.to("cpu", torch.float64) if self._routed is not None
+                  else torch.zeros(self.shape, dtype=torch.float64))
+        out = RoutingCounts(routed, torch.tensor(self._wanted, dtype=torch.float64))
+        if self._routed is not None:
+            self._routed.zero_()
+        self._wanted = [0] * self.shape[0]
         return out
 
     def close(self) -> None:
