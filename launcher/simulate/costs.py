@@ -92,6 +92,8 @@ class Layout:
     # PPO minibatches per step and the micro-batch token budget (pipeline bubble, grad syncs).
     ppo_minibatches: int = 1
     tokens_per_mb: int = 32768
+    # trainer.expert_parallel: a MoE model's experts over this many data-parallel ranks.
+    train_ep: int = 1
 
     @property
     def gen_nodes(self) -> int:
@@ -110,13 +112,19 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
     mm = model.matmul_params
     peak = gpu.bf16_flops
     # One decode step: read all weights once (memory-bound) or multiply n tokens by them
-    # (compute-bound), whichever is slower; plus a TP all-reduce pair per layer.
-    mem_s = w / t / (gpu.memory_bw * e.decode_bw)
+    # (compute-bound), whichever is slower; plus a TP all-reduce pair per layer. A MoE model's
+    # step reads its dense part and only the experts its n tokens route to (hardware.py,
+    # `experts_touched`; every expert at a large batch), and multiplies by the active parameters.
+    expert_w = 2 * model.layers * model.expert_layer_params   # bf16 bytes of the routed experts
+    dense_w = w - expert_w
+
+    def mem_s(n: int) -> float:
+        return (dense_w + expert_w * model.experts_touched(n)) / t / (gpu.memory_bw * e.decode_bw)
     flop_per_seq = 2 * mm / (t * peak * e.decode_mfu)
     tp_s = 0.0 if t == 1 else 2 * model.layers * e.allreduce_latency_s
     tp_per_seq = 0.0 if t == 1 else (2 * model.layers * 2 * (t - 1) / t * model.hidden * 2
                                      / (gpu.nvlink_bw * e.network))
-    decode_fixed = [0.0] + [max(mem_s, n * flop_per_seq) + e.decode_step_overhead_s + tp_s + n * tp_per_seq
+    decode_fixed = [0.0] + [max(mem_s(n), n * flop_per_seq) + e.decode_step_overhead_s + tp_s + n * tp_per_seq
                             for n in range(1, max_running + 1)]
     decode_per_ctx = (model.kv_bytes_per_token / (t * gpu.memory_bw * e.decode_bw)
                       + model.attn_flops_per_ctx / (t * peak * e.decode_mfu))
@@ -133,10 +141,26 @@ def physical_costs(gpu: GPU, model: ModelShape, layout: Layout, *, mem_fraction:
     # Causal attention: attn_flops_per_ctx * len^2 / 2 per forward, x4 for fwd+bwd+prox forward.
     train_per_sq = 4 * model.attn_flops_per_ctx / 2 / train_rate
     dp = g // (layout.train_tp * layout.train_pp)
-    shard_bytes = w / (layout.train_tp * layout.train_pp)
+    # A MoE model's experts are split over EP more, and their gradients reduced over the d / EP ranks
+    # holding the same experts; the rest over DP.
+    ep = layout.train_ep
+    dense_shard = dense_w / (layout.train_tp * layout.train_pp)
+    expert_shard = expert_w / (layout.train_tp * layout.train_pp * ep)
+    shard_bytes = dense_shard + expert_shard
     dp_spans_nodes = g > layout.gpus_per_node
     dp_bw = (gpu.node_network_bw / gpu.gpus_per_node if dp_spans_nodes else gpu.nvlink_bw) * e.network
-    grad_sync = 0.0 if dp == 1 else 2 * (dp - 1) / dp * shard_bytes / dp_bw
+    edp = max(1, dp // ep)
+    grad_sync = ((0.0 if dp == 1 else 2 * (dp - 1) / dp * dense_shard / dp_bw)
+                 + (0.0 if edp == 1 else 2 * (edp - 1) / edp * expert_shard / dp_bw))
+    if model.experts and ep > 1:
+        # Expert parallelism's all-to-alls: per layer each of a token's k copies of its hidden state
+        # (bf16) goes to its expert's rank and back, in the training forward, in the backward (the
+        # two transposed) and in the proximal forward: 6 transfers, the (ep - 1) / ep of them that
+        # leave the rank, over NVLink within a node (EP across nodes: a GPU's share of the
+        # network); the data-parallel ranks exchange their tokens at the same time.
+        a2a_bw = (gpu.node_network_bw / gpu.gpus_per_node if ep > layout.gpus_per_node else gpu.nvlink_bw) * e.network
+        a2a_bytes = 6 * model.experts_per_token * model.hidden * 2 * model.layers * (ep - 1) / ep
+        train_per_token += a2a_bytes / (dp * a2a_bw)
     # Mixed-precision Adam touches ~16 bytes of state per parameter of the shard.
     optim = 8 * shard_bytes / gpu.memory_bw
     train_fixed = layout.ppo_minibatches * (grad_sync + optim)

@@ -94,6 +94,14 @@ class ModelShape:
                     + self.experts_per_token * 3 * self.hidden * self.moe_intermediate)
         return self.layer_params
 
+    def experts_touched(self, tokens: int) -> float:
+        """Expected fraction of a layer's experts that `tokens` tokens route to, if each token picks
+        its k of E uniformly and independently (an assumption: a trained router is less even, and
+        then touches fewer): 1 - (1 - k/E)^tokens; 1 for a dense model."""
+        if not self.experts:
+            return 1.0
+        return 1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens
+
     @property
     def params(self) -> int:
         emb = self.vocab * self.hidden

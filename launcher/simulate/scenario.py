@@ -96,7 +96,7 @@ def build(cfg: ExperimentConfig, calibration=None) -> Scenario:
     layout = Layout(gen_tp=cfg.gen.tp_size, num_servers=servers, train_gpus=train_gpus, train_tp=tp,
                     train_pp=pp, gpus_per_node=la.gpus_per_node,
                     ppo_minibatches=cfg.trainer.ppo_n_minibatches,
-                    tokens_per_mb=cfg.trainer.max_tokens_per_mb)
+                    tokens_per_mb=cfg.trainer.max_tokens_per_mb, train_ep=cfg.trainer.expert_parallel)
     B, n = cfg.trainer.groups_per_step, cfg.rollout.n_samples
     max_new = cfg.rollout.max_new_tokens
     notes = []
