@@ -93,9 +93,20 @@ class SlurmSection:
     # checkpoints) and ends, so a launcher killed outright (SIGKILL, OOM, its node lost) does not
     # leave the jobs holding their GPUs until their time limit. 0 = jobs never stop on their own.
     launcher_lease_s: float = 600.0
+    # Times the launcher continues the run by itself from its last checkpoint (as `tandem run
+    # FILE --resume` would) when a job ends by the cluster's doing: its time limit, preemption, a
+    # lost node (docs/cluster.md, "Runs that last days"). A crash, OUT_OF_MEMORY or a cancel
+    # never continues, nor a run that ended the same way at the same step twice. 0 = never.
+    auto_resume: int = 3
+    # Seconds before the first automatic continuation, doubled before each next one (at most 16x).
+    auto_resume_backoff_s: float = 60.0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
+        if self.auto_resume < 0:
+            out.append(("auto_resume", f"must be >= 0 (0 = never continue by itself), got {self.auto_resume}"))
+        if not self.auto_resume_backoff_s >= 0:
+            out.append(("auto_resume_backoff_s", f"must be >= 0 seconds, got {self.auto_resume_backoff_s}"))
         if self.on_failure not in ("teardown", "resubmit"):
             out.append(("on_failure", f"must be 'teardown' or 'resubmit', got {self.on_failure!r}"))
         if self.max_resubmits < 0:

@@ -38,7 +38,7 @@ from tandem.services.protocol import (
 )
 from tandem.services.protocol.trackers import finish_trackers, tracker_hints
 
-from .backends import Backend, Ended, LaunchError
+from .backends import Backend, Ended, LaunchError, RoleFailed
 from .config import ConfigError, ExperimentConfig
 from .learning import unfinished_warm_up
 from .plan import PlanError
@@ -157,6 +157,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         status = "interrupted"
         return 130
     except LaunchError as e:
+        backend.failure = e   # how it ended: launcher/continuation.py decides whether to go on
         print(f"tandem run: {e}\nstopping every other role of the experiment ...", file=sys.stderr, flush=True)
         return 1
     finally:
@@ -178,14 +179,14 @@ def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress,
                 progress.update()   # the steps it recorded since the last poll, the last one included
                 if end.ok:
                     return
-                raise LaunchError(f"the trainer failed: {end.why}")   # `tandem run` says how to resume
+                raise RoleFailed(f"the trainer failed: {end.why}", end)   # `tandem run` says how to resume
             if end.restarted:
                 print(f"{name} crashed and was restarted: {end.why}", flush=True)
                 _join(join, exp, end.role, restarted=True)
             elif end.ok:
                 print(f"{name} finished", flush=True)
             else:
-                raise LaunchError(f"{name} failed and may not be restarted (again): {end.why}")
+                raise RoleFailed(f"{name} failed and may not be restarted (again): {end.why}", end)
         progress.update()
         if tick is not None:
             tick()

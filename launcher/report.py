@@ -22,6 +22,7 @@ import html
 import io
 import json
 import sys
+import time
 
 from tandem.services.protocol import ExpDir, read_metrics
 
@@ -171,7 +172,7 @@ def _panel_staleness(ax, steps, notes: dict):
         _why(ax, notes, "no staleness recorded (the trainer logs it with each step; none yet)")
 
 
-def _panel_timeline(ax, groups, steps, syncs, t0, resumes, notes: dict, window=None):
+def _panel_timeline(ax, groups, steps, syncs, t0, info, notes: dict, window=None):
     lanes = sorted({r.get("rank", 0) for r in groups})
     for lane in lanes:
         bars = [(r["time"] - r["seconds"] - t0, r["seconds"]) for r in groups if r.get("rank", 0) == lane]
@@ -191,7 +192,9 @@ def _panel_timeline(ax, groups, steps, syncs, t0, resumes, notes: dict, window=N
     else:
         ax.set_title("timeline: generation (groups) vs training (steps), whole run")
     lo, hi = window or (-float("inf"), float("inf"))
-    mark_resumes(ax, [t - t0 for t in resumes if lo <= t - t0 <= hi])
+    marks = [(t - t0, label) for t, label in zip(info.resumes, info.resume_labels(), strict=True)
+             if lo <= t - t0 <= hi]
+    mark_resumes(ax, [x for x, _ in marks], [label for _, label in marks])
     if not groups and not steps:
         _why(ax, notes, "no rollout group and no training step recorded")
 
@@ -324,8 +327,8 @@ def build_figure(exp: ExpDir, records: list[dict] | None = None, info: RunInfo |
         fig.suptitle(f"{info.title()}\n{info.subtitle()}", fontsize=15)
         _panel_reward(axes[0, 0], steps, info, notes)
         _panel_accuracy(axes[0, 1], steps, groups, held_out, info, notes)
-        _panel_timeline(axes[1, 0], groups, steps, syncs, t0, info.resumes, notes)
-        _panel_timeline(axes[1, 1], groups, steps, syncs, t0, info.resumes, notes, window=zoom_window(t_end))
+        _panel_timeline(axes[1, 0], groups, steps, syncs, t0, info, notes)
+        _panel_timeline(axes[1, 1], groups, steps, syncs, t0, info, notes, window=zoom_window(t_end))
         _panel_staleness(axes[2, 0], steps, notes)
         _panel_sync_phases(axes[2, 1], syncs, notes)
         _panel_throughput(axes[3, 0], steps, notes)
@@ -376,7 +379,8 @@ def write_report(exp: ExpDir) -> tuple:
     info = run_info(exp, records)
     fig, counts = build_figure(exp, records, info)
     counts["run"] = {"name": info.name, "config": info.config_file, "started": info.started,
-                     "commit": info.commit, "resumed_at": info.resumes}
+                     "commit": info.commit, "resumed_at": info.resumes, "resume_marks": info.resume_labels(),
+                     "continued": info.continued}
     summary_text, headline, summary = _summary(exp)
     counts["learning"] = learning_lines(records, summary)   # the verdict, a stop, the warnings
     counts["sample_records"] = len(samples_of(records, last=len(records)))
@@ -409,10 +413,14 @@ def report_text(exp: ExpDir, png, page, counts: dict) -> str:
     and where the page is (`--json` prints the same as one JSON object)."""
     run = counts["run"]
     info = RunInfo(name=run["name"], config_file=run["config"], started=run["started"], commit=run["commit"],
-                   resumes=run["resumed_at"])
+                   resumes=run["resumed_at"], continued=run.get("continued", []))
     lines = [f"{info.title()} ({exp.root})", f"  {info.subtitle()}",
              f"  {counts['steps']} training steps, {counts['groups']} groups, {counts['weight_syncs']} weight "
              f"syncs, {counts['held_out_points']} held-out evaluations"]
+    if info.continued:   # launcher/continuation.py: the launcher resumed the run by itself
+        lines.append("  continued by the launcher: " + ", ".join(
+            f"#{c.get('attempt')} after {c.get('cause')} at {time.strftime('%H:%M:%S', time.localtime(c['time']))}"
+            for c in info.continued))
     headline = _summary(exp)[1]
     lines += [f"  {line}" for line in counts.get("learning", [])]
     width = max((len(k) for k, _ in headline), default=0)

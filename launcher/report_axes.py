@@ -80,9 +80,10 @@ def note_why(ax, why: str, y: float = 0.5) -> None:
             color=NOTE_COLOR, fontsize=10, style="italic")
 
 
-def mark_resumes(ax, xs: list[float]) -> None:
-    """A dashed vertical line where the run was resumed (time axes only)."""
-    for x in xs:
+def mark_resumes(ax, xs: list[float], labels: list[str] | None = None) -> None:
+    """A dashed vertical line where the run was resumed (time axes only), labelled "resumed" or
+    by what resumed it (`labels`, one per x: an automatic continuation names its cause)."""
+    for x, label in zip(xs, labels or ["resumed"] * len(xs), strict=True):
         ax.axvline(x, color="black", linestyle="--", linewidth=1, alpha=0.7)
-        ax.annotate("resumed", (x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+        ax.annotate(label, (x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
                     textcoords="offset points", fontsize=8, va="top")

@@ -28,6 +28,7 @@ from tandem.services.protocol.private import (
 from .backends import backend_for
 from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
 from .console import keep_output_going
+from .continuation import keep_going
 from .exp_lock import ExperimentInUse, hold_experiment
 from .lifecycle import run_experiment
 from .preflight import check_before_launch
@@ -184,7 +185,17 @@ def cmd_run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(levelname)s: %(message)s")
     if shutil.which("bwrap") is None and cfg.reward.task == "code":
         print("note: bubblewrap is missing; generated code runs with rlimits only", flush=True)
-    code = run_experiment(cfg, exp, args.resume, backend_for(cfg, exp))
+    backend = backend_for(cfg, exp)
+    code = run_experiment(cfg, exp, args.resume, backend)
+    if cfg.launcher.backend == "slurm":   # the cluster ended a job: go on as --resume would
+
+        def resume():   # this launcher still holds the experiment's lock
+            again_cfg, again_exp = prepare(args.file, args.overrides, True)
+            again = backend_for(again_cfg, again_exp)
+            return run_experiment(again_cfg, again_exp, True, again), again, again_exp
+
+        s = cfg.launcher.slurm
+        code = keep_going(code, backend, exp, s.auto_resume, s.auto_resume_backoff_s, resume)
     if code in (1, 130) and exp.config.exists():   # stopped or failed: the run can go on
         again = shlex.join(["tandem", "run", args.file, *args.overrides, "--resume"])
         print(f"stopped; continue this run (from its last checkpoint, if any) with: {again}", flush=True)

@@ -8,6 +8,9 @@ files (no `git` process: roles and unit tests start none), and is `None` outside
 `RunInfo` is what the report says about the run: its title line, and why its held-out panel
 may be empty (evaluation off, or configured but nothing recorded).
 
+A resume the launcher made by itself (launcher/continuation.py) follows its `continued` record;
+`RunInfo.resume_labels` names those marks by the continuation and the SLURM state that caused it.
+
 Resumed-at marks (`resume_times`) come from the launcher's `resumed` record in metrics.jsonl,
 else from this file; runs older than both still get them: a resumed trainer goes back to its
 last checkpoint, so its step numbers fall (`resume_times_from_steps`).
@@ -124,6 +127,18 @@ class RunInfo:
     eval_every: int | None = None
     reward_range: tuple[float, float] | None = None   # (wrong_reward, correct_reward)
     resumes: list[float] = field(default_factory=list)   # wall-clock times
+    # The launcher's own continuations: {time, attempt, cause} of each `continued` record.
+    continued: list[dict] = field(default_factory=list)
+
+    def resume_labels(self) -> list[str]:
+        """A label for each resume: "resumed", or "continued #k: CAUSE" for one the launcher
+        made by itself (its `continued` record falls after the resume before it)."""
+        out, before = [], -float("inf")
+        for t in self.resumes:
+            made = [c for c in self.continued if before < c["time"] <= t]
+            out.append(f"continued #{made[-1].get('attempt')}: {made[-1].get('cause')}" if made else "resumed")
+            before = t
+        return out
 
     def title(self) -> str:
         return f"Tandem run {self.name}"
@@ -132,7 +147,8 @@ class RunInfo:
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.started)) if self.started else "unknown"
         return (f"config: {self.config_file or 'not recorded'} · started: {date} · commit: "
                 f"{self.commit[:12] if self.commit else 'not recorded'}"
-                + (f" · resumed {len(self.resumes)}x" if self.resumes else ""))
+                + (f" · resumed {len(self.resumes)}x" if self.resumes else "")
+                + (f" ({len(self.continued)} by the launcher itself)" if self.continued else ""))
 
     def why_no_held_out(self) -> str:
         if self.eval_size is None:
@@ -160,4 +176,6 @@ def run_info(exp: ExpDir, records: list[dict]) -> RunInfo:
                    eval_size=int(ro.get("eval_size") or 0) if cfg else None,
                    eval_every=int(ro.get("eval_every") or 0) if cfg else None,
                    reward_range=tuple(sorted(reward)) if None not in reward else None,
-                   resumes=resume_times(exp.root, records))
+                   resumes=resume_times(exp.root, records),
+                   continued=[{"time": r["time"], "attempt": r.get("attempt"), "cause": r.get("cause")}
+                              for r in records if r.get("event") == "continued" and "time" in r])

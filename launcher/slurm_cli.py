@@ -15,6 +15,7 @@ import time
 from tandem.services.protocol import ExpDir, read_metrics
 
 from .config import load_experiment
+from .continuation import CONTINUED, continuations
 from .exp_lock import last_launch
 from .launcher_watch import roles_of
 from .progress import run_steps
@@ -47,7 +48,21 @@ def cmd_status(args) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in continuation_lines(exp):
+        print(line)
     return 0
+
+
+def continuation_lines(exp: ExpDir) -> list[str]:
+    """What the launcher decided each time the cluster ended one of the run's jobs."""
+    out = []
+    for r in continuations(exp):
+        at = datetime.datetime.fromtimestamp(r.get("time", 0)).strftime("%Y-%m-%d %H:%M:%S")
+        if r.get("event") == CONTINUED:
+            out.append(f"continued automatically ({r.get('attempt')} of {r.get('budget')}) at {at}: {r.get('why')}")
+        else:
+            out.append(f"not continued at {at}: {r.get('why')}")
+    return out
 
 
 def local_status(exp: ExpDir) -> int:

@@ -9,6 +9,10 @@ cleanly, and raises when the role fails or was stopped, so the job's SLURM state
 CANCELLED rather than COMPLETED — the launcher's watcher relies on that. While the role runs it
 watches its launcher's lease (launcher_watch.py): a launcher gone for `launcher_lease_s` gets the
 role stopped (SIGTERM, SIGKILL after its grace) and the job ended, not left to its time limit.
+
+A role stopped by the time-limit warning ends its job FAILED, before SLURM could call it
+TIMEOUT; so the task leaves a note (`time_limit_note`) that the launcher reads to tell a job
+that reached its limit (the run continues: launcher/continuation.py) from one that crashed.
 """
 from __future__ import annotations
 
@@ -16,8 +20,10 @@ import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+from tandem.services.protocol import write_json_atomic
 from tandem.services.protocol.runtime import STOP_GRACE_S
 
 from .launcher_watch import HEARTBEAT_FILE, Lease, heartbeat_interval
@@ -87,6 +93,10 @@ class RoleCommand:
                                     preexec_fn=lambda: signal.signal(signal.SIGUSR2, signal.SIG_IGN))
             children.append(proc)
         code = self._wait(proc, console_path, stopped)
+        if stopped and stopped[0] == "SIGUSR2":
+            write_json_atomic(time_limit_note(logs / "slurm", os.environ.get("SLURM_JOB_ID", "?"),
+                                              os.environ.get("SLURM_PROCID", "0")),
+                              {"role": self.name, "signal": "SIGUSR2", "time": time.time(), "exit_code": code})
         if code != 0 or stopped:
             if not stopped:
                 why = f"exited with status {code}"
@@ -120,6 +130,12 @@ class RoleCommand:
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+
+
+def time_limit_note(folder: Path, job_id: str, task: str | int) -> Path:
+    """Where task `task` of job `job_id` notes that SLURM's time-limit warning stopped its role
+    (`folder`: the run's submitit folder, `<exp>/logs/slurm/`)."""
+    return Path(folder) / f"{job_id}_{task}_time_limit.json"
 
 
 def tail(path: Path, lines: int = 15) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from tandem.services.protocol import ExpDir
 
 from ..config import ExperimentConfig
-from .base import Backend, Ended, LaunchError
+from .base import Backend, Ended, LaunchError, RoleFailed
 
-__all__ = ["Backend", "Ended", "LaunchError", "backend_for"]
+__all__ = ["Backend", "Ended", "LaunchError", "RoleFailed", "backend_for"]
 
 
 def backend_for(cfg: ExperimentConfig, exp: ExpDir) -> Backend:

@@ -19,6 +19,15 @@ class LaunchError(RuntimeError):
     """A role failed to start or died in a way the run cannot survive."""
 
 
+class RoleFailed(LaunchError):
+    """The run ends because a role's job (or process) ended: `end` says which and how, so the
+    launcher can decide whether to continue the run by itself (launcher/continuation.py)."""
+
+    def __init__(self, message: str, end: Ended):
+        super().__init__(message)
+        self.end = end
+
+
 @dataclass
 class Ended:
     """A role that stopped running since the last `Backend.ended()` call."""
@@ -26,6 +35,11 @@ class Ended:
     ok: bool                 # exited 0 / COMPLETED
     why: str = ""            # status, SLURM state, where its console is, the console's tail
     restarted: bool = False  # the backend already started it again (and waited until ready)
+    # How it ended, as a word the continuation policy reads: SLURM's state (TIMEOUT, NODE_FAIL,
+    # PREEMPTED, FAILED, CANCELLED, ...; TIMEOUT also for a role stopped by the time-limit
+    # warning); "" where the backend cannot tell (the local one).
+    cause: str = ""
+    job_id: str = ""
 
 
 class Announcement:
@@ -66,6 +80,8 @@ class Backend(ABC):
     poll_s: float = 1.0
     #: how generation servers are addressed: the interface they bind, and a port for each
     gen_host: str = "127.0.0.1"
+    #: why the run on this backend ended early (set by the lifecycle; None: it did not)
+    failure: LaunchError | None = None
 
     @abstractmethod
     def pick_port(self) -> int:

@@ -11,7 +11,10 @@ A run must never leave half an experiment burning GPU hours: when a role's job f
 cancelled, times out or loses its node, the launcher says which and why (SLURM's state, the
 exit code, the tail of the role's console) and cancels every other job — or, with
 `launcher.slurm.on_failure: resubmit`, resubmits a restartable role (not the trainer, which
-continues with `--resume`) a bounded number of times. Job ids go to
+continues with `--resume`, automatically where launcher/continuation.py says so) a bounded
+number of times. Jobs are submitted `--no-requeue`: SLURM's own requeue after a lost node or a
+preemption would rerun a role behind the launcher's back (a trainer without `--resume`, a
+server nobody registers); the launcher decides instead. Job ids go to
 `<exp>/services/slurm-jobs.json` as they are submitted, so `tandem status` and `tandem cancel`
 work from any shell, and whatever way the launcher ends, its `finally` cancels what is left.
 
@@ -40,8 +43,8 @@ from ..slurm_jobs import (
     scancel,
     write_record,
 )
-from ..slurm_task import RoleCommand, console_name, tail
-from .base import Announcement, Backend, Ended, LaunchError, announce_trainer_stop
+from ..slurm_task import RoleCommand, console_name, tail, time_limit_note
+from .base import Announcement, Backend, Ended, LaunchError, RoleFailed, announce_trainer_stop
 from .slurm_requests import JobRequest, SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
 
 log = logging.getLogger(__name__)
@@ -85,7 +88,7 @@ class SlurmRun:
                       setup=list(self.policy.setup) or None,
                       # One dead trainer rank must end the job, not leave the others in a collective.
                       srun_args=["--kill-on-bad-exit=1"] if req.distributed else None,
-                      additional_parameters=dict(s.extra) or None)
+                      additional_parameters=no_requeue(s.extra))
         ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
         return ex
 
@@ -146,11 +149,27 @@ class SlurmRun:
                 return JobState(sub.job_id, "FAILED", f"task {t} raised; no accounting")
         return JobState(sub.job_id, "COMPLETED")
 
+    def cause(self, name: str, state: JobState) -> str:
+        """SLURM's state word for how the job ended; TIMEOUT also for a job whose role the
+        time-limit warning stopped (its wrapper's note, slurm_task.py), which SLURM calls FAILED."""
+        sub = self.jobs[name]
+        if state.state == "FAILED" and any(time_limit_note(self.folder, state.job_id, t).exists()
+                                           for t in range(sub.req.nodes * sub.req.tasks_per_node)):
+            return "TIMEOUT"
+        return state.state
+
+    def end_of(self, name: str, state: JobState, ok: bool = False, restarted: bool = False) -> Ended:
+        return Ended(self.jobs[name].req.role, ok=ok, why=self.why(name, state), restarted=restarted,
+                     cause=self.cause(name, state), job_id=state.job_id)
+
     def why(self, name: str, state: JobState) -> str:
         rank = 0 if self.jobs[name].req.nodes * self.jobs[name].req.tasks_per_node > 1 else None
         console = self.exp.logs / console_name(name, rank)
         wrapper = self.folder / f"{state.job_id}_0_log.out"
-        return (f"{name} (job {state.job_id}) {state.describe()}; submitit log {wrapper}; "
+        how = state.describe()
+        if self.cause(name, state) == "TIMEOUT" and state.state != "TIMEOUT":
+            how = f"stopped at its time limit by SLURM's warning (sacct: {how})"
+        return (f"{name} (job {state.job_id}) {how}; submitit log {wrapper}; "
                 f"console {console}:\n{tail(console)}")
 
     def wait_ready(self, names: list[str]) -> None:
@@ -164,7 +183,8 @@ class SlurmRun:
                 states = self.states(waiting)
                 for n, state in states.items():
                     if not state.active and not ready[n].fresh():
-                        raise LaunchError(f"{self.why(n, state)}\nended before it was ready")
+                        end = self.end_of(n, state)
+                        raise RoleFailed(f"{end.why}\nended before it was ready", end)
                 if time.monotonic() >= deadline:
                     late = ", ".join(f"{n} (job {states[n].job_id}, {states[n].describe()})" for n in waiting)
                     raise LaunchError(f"not ready after {self.policy.ready_timeout_s:.0f}s: {late}; raise "
@@ -244,29 +264,29 @@ class SlurmBackend(Backend):
             if state.active:
                 continue
             sub = self.run.jobs[name]
-            why = self.run.why(name, state)
             if state.state == "COMPLETED":
+                out.append(self.run.end_of(name, state, ok=True))
                 del self.run.jobs[name]
-                out.append(Ended(sub.req.role, ok=True, why=why))
             elif (self.policy.on_failure == "resubmit" and sub.req.role.restart
                   and sub.resubmits < self.policy.max_resubmits):
-                log.warning("%s; resubmitting (%d/%d)", why, sub.resubmits + 1, self.policy.max_resubmits)
+                end = self.run.end_of(name, state, restarted=True)
+                log.warning("%s; resubmitting (%d/%d)", end.why, sub.resubmits + 1, self.policy.max_resubmits)
                 self.run.submit(sub.req)
                 if sub.req.role.ready_file:
                     self.run.wait_ready([name])
-                out.append(Ended(sub.req.role, ok=False, why=why, restarted=True))
+                out.append(end)
             else:
+                out.append(self.run.end_of(name, state))
                 del self.run.jobs[name]
-                out.append(Ended(sub.req.role, ok=False, why=why))
         return out
 
     def run_to_end(self, role: Role) -> Ended:
         self.run.submit(JobRequest(role))
         while (state := self.run.states([role.name])[role.name]).active:
             time.sleep(min(self.poll_s, 5.0))
-        why = self.run.why(role.name, state)
+        end = self.run.end_of(role.name, state, ok=state.state == "COMPLETED")
         del self.run.jobs[role.name]
-        return Ended(role, ok=state.state == "COMPLETED", why=why)
+        return end
 
     def stop(self, roles: list[str] | None = None) -> None:
         names = roles if roles is not None else list(self.run.jobs)
@@ -289,6 +309,13 @@ class SlurmBackend(Backend):
         if status == "failed" and self.cancelled():
             status = "cancelled"
         self.run.teardown(status, self.cfg.launcher.trainer_stop_s)
+
+
+def no_requeue(extra: dict) -> dict:
+    """The sbatch options beyond submitit's own: `--no-requeue` (module docstring) unless the
+    experiment's `launcher.slurm.extra` says otherwise, then `extra` as given."""
+    said = {k.replace("_", "-") for k in extra}
+    return ({} if said & {"requeue", "no-requeue"} else {"no_requeue": True}) | dict(extra)
 
 
 def live_jobs_of_earlier_launch(exp: ExpDir) -> list[str]:
