@@ -38,6 +38,14 @@ keeps the same seed); the embedded server always honours it with one random stre
 each server's `/server_info` once, the first time a seeded request goes there, and sends no seed
 where it would do nothing (`GenerationResult.seeded` says whether the seed took effect).
 
+Routed experts (rollout routing replay, MoE models; `routed_experts=(layers, top_k)`): every
+request asks for SGLang's `return_routed_experts` from `routed_experts_start_len` = the positions
+already covered (0 at first: the prompt's routing is kept too, since every later token attends to
+it), so the segments of an interrupted or chunked sample join exactly: position p's experts come
+from the request that first fed token p to the model. `GenerationResult.routed_experts` is then
+int32 [prompt + output - 1, layers, top_k] (the last token was never fed). A reply without them
+(SGLang without `--enable-return-routed-experts`, a dense model) raises `GenerationError`.
+
 Failures: a connection error, a timeout or a 5xx moves the request to another server (the
 tokens already received are kept); a 4xx is the caller's mistake and raises at once. Every
 failure ends in `GenerationError`, never in a silently shortened sample.
@@ -53,6 +61,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+import numpy as np
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_NEW_TOKENS = 128    # SGLang's default when sampling_params has none
@@ -94,6 +103,15 @@ class GenerationResult:
     server: str = ""
     # whether a requested sampling_seed took effect on every server that generated this sample
     seeded: bool = False
+    # with routed_experts on: each reply's int32 [positions, layers, top_k], in position order
+    routed_chunks: list = field(default_factory=list)
+    routed_len: int = 0
+
+    @property
+    def routed_experts(self) -> np.ndarray | None:
+        """int32 [prompt + output - 1, layers, top_k]: the experts of every position fed to the
+        model, or None when they were not asked for."""
+        return np.concatenate(self.routed_chunks, 0) if self.routed_chunks else None
 
 
 Picker = Callable[[str, frozenset], "ServerRef | str | Awaitable[ServerRef | str]"]
@@ -125,7 +143,8 @@ class GenerationClient:
     def __init__(self, servers: Sequence[ServerRef | str] | Picker, *, api_key: str | None = None,
                  timeout_s: float = 600.0, connect_timeout_s: float = 10.0, max_failovers: int = 7,
                  max_interruptions: int = 64, retry_delay_s: float = 0.5, seed_mode: str = "auto",
-                 adapter: str | None = None, chunk_tokens: int = 0):
+                 adapter: str | None = None, chunk_tokens: int = 0,
+                 routed_experts: tuple[int, int] | None = None):
         if seed_mode not in SEED_MODES:
             raise ValueError(f"GenerationClient: seed_mode must be one of {SEED_MODES}, got {seed_mode!r}")
         self.seed_mode = seed_mode
@@ -135,6 +154,8 @@ class GenerationClient:
         if chunk_tokens < 0:
             raise ValueError(f"GenerationClient: chunk_tokens must be >= 0 (0: no chunks), got {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
+        # (layers, top_k) of the served MoE model: ask for the routed experts (module docstring)
+        self.routed_experts = routed_experts
         self._seed_modes: dict[str, str] = {}
         self._picker = servers if callable(servers) else None
         self._servers = [] if callable(servers) else [_ref(s, api_key) for s in servers]
@@ -198,6 +219,9 @@ class GenerationClient:
                        "return_logprob": True, "rid": rid}
             if self.adapter:
                 payload["lora_path"] = self.adapter
+            if self.routed_experts:
+                payload["return_routed_experts"] = True
+                payload["routed_experts_start_len"] = res.routed_len
             res.requests += 1
             try:
                 reply = await self._post(server, payload)
@@ -212,6 +236,8 @@ class GenerationClient:
                 server = await self.pick(sticky_key, frozenset(failed))
                 continue
             before = len(res.output_ids)
+            if self.routed_experts:
+                self._absorb_routing(res, reply, server, fed=len(payload["input_ids"]))
             reason = self._absorb(res, reply, server)
             res.server = server.url
             if reason == "length" and asked < remaining and len(res.output_ids) - before == asked:
@@ -255,6 +281,30 @@ class GenerationClient:
         res.output_logprobs += [float(p[0]) for p in pairs]
         res.output_versions += versions
         return reason
+
+    def _absorb_routing(self, res: GenerationResult, reply, server: ServerRef, fed: int) -> None:
+        """Keep one reply's routed experts: positions [res.routed_len, fed + new tokens - 1)."""
+        try:
+            meta, new = reply["meta_info"], len(reply["output_ids"])
+        except (KeyError, TypeError) as e:
+            raise GenerationError(f"{server.url}: malformed /generate reply (missing {e})") from None
+        if new == 0:     # nothing generated (an abort before it ran): nothing new was fed either
+            return
+        if "routed_experts" not in meta:
+            raise GenerationError(f"{server.url}: the reply has no routed_experts, which routing replay needs: "
+                                  f"SGLang returns them only when launched with --enable-return-routed-experts, "
+                                  f"and only for a mixture-of-experts model")
+        layers, top_k = self.routed_experts
+        try:
+            rows = decode_routed_experts(meta["routed_experts"], layers, top_k)
+        except ValueError as e:
+            raise GenerationError(f"{server.url}: {e}") from None
+        want = fed + new - 1 - res.routed_len
+        if len(rows) != want:
+            raise GenerationError(f"{server.url}: routed_experts has {len(rows)} positions, expected {want} "
+                                  f"(from {res.routed_len} to the {fed + new - 1} fed)")
+        res.routed_chunks.append(rows)
+        res.routed_len += len(rows)
 
     async def _seed_mode_of(self, server: ServerRef) -> str:
         """How `server` treats sampling_seed (asked once per server in "auto" mode)."""
@@ -332,6 +382,20 @@ def token_versions(meta: dict, num_tokens: int) -> list[int]:
     if "weight_version" in meta and meta["weight_version"] != last:
         raise ValueError(f"weight_version {meta['weight_version']!r} differs from the last span's {last!r}")
     return out
+
+
+def decode_routed_experts(text: str, layers: int, top_k: int) -> np.ndarray:
+    """SGLang's `meta_info.routed_experts` (base64 of little-endian int32) -> [positions, layers,
+    top_k]; ValueError when it is not that."""
+    import base64
+    import binascii
+    try:
+        raw = base64.b64decode(text or "", validate=True)
+    except (binascii.Error, TypeError) as e:
+        raise ValueError(f"routed_experts is not base64 ({e})") from None
+    if len(raw) % (4 * layers * top_k):
+        raise ValueError(f"routed_experts: {len(raw)} bytes do not fill int32 rows of {layers} layers x {top_k}")
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, layers, top_k).astype(np.int32)
 
 
 def seed_mode_from_server_info(info: dict) -> str:

@@ -35,6 +35,7 @@ import torch
 
 from .kv_batch import KVBatch
 from .kv_rows import with_cache
+from .routed_experts import RoutingCapture, encode
 from .sampling import SamplingParams, logprob_temperature, sample_rows
 from .versions import VersionChange, add_to_meta, spans
 from .window import GenWindow
@@ -67,6 +68,12 @@ class Request:
     # Streaming (the OpenAI-compatible routes): called on the engine thread with each sampled
     # token and its log-prob, before the finish check, so every token precedes `on_done`.
     on_token: Callable[[int, float], None] | None = None
+    # SGLang's return_routed_experts / routed_experts_start_len (MoE models, routed_experts.py):
+    # the routing of every position fed so far, in chunks [n, layers, k] (position order).
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    routed: list = field(default_factory=list)
+    routed_len: int = 0
 
 
 class Engine:
@@ -80,6 +87,7 @@ class Engine:
         self.vocab_size = int(model.config.vocab_size)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.device = next(model.parameters()).device
+        self.routing = RoutingCapture(model)     # no hooks on a dense model
         self.kv = KVBatch()
         self.running: list[Request] = []       # in KV-row order
         self._admitting: list[Request] = []    # taken from waiting by _admit, not yet running
@@ -297,13 +305,16 @@ class Engine:
             cache = DynamicCache(config=self.model.config)
             t0 = time.perf_counter()
             ids = torch.tensor([seq], device=self.device)
+            self.routing.clear()
             logits = self.model(input_ids=ids, **with_cache(self.model, cache), use_cache=True).logits[0]
+            routed = self.routing.take() if any(g.return_routed_experts for g in group) else None
             self.window.prefill(time.perf_counter() - t0, len(seq))
             self.stats["prefill_tokens"] += len(seq)
             budget -= len(seq)
             last = logits[-1:].expand(len(group), -1)
             tokens, lps = sample_rows(last, [g.params for g in group], [g.generator for g in group])
             for g, token, lp in zip(group, tokens, lps, strict=True):
+                _keep_routing(g, routed)
                 if g.logprob_start_len >= 0 and g.input_logprobs is None:
                     g.input_logprobs = self._input_logprobs(g, logits)
                 if not self._append(g, token, lp):
@@ -335,7 +346,12 @@ class Engine:
         t0 = time.perf_counter()
         context, padded, passes = sum(self.kv.lengths), self.kv.padded_entries, self.kv.passes
         ids = torch.tensor([[r.pending] for r in self.running], device=self.device)
+        self.routing.clear()
         logits = self.kv.decode(self.model, ids)
+        routed = self.routing.take() if any(r.return_routed_experts for r in self.running) else None
+        if routed is not None:
+            for i, r in enumerate(self.running):
+                _keep_routing(r, routed[i:i + 1])
         tokens, lps = sample_rows(logits, [r.params for r in self.running], [r.generator for r in self.running])
         done = []
         for i, r in enumerate(self.running):
@@ -419,6 +435,8 @@ class Engine:
                                              for lp, t in zip(r.output_logprobs, r.output_ids, strict=True)]
             if r.input_logprobs is not None:
                 meta["input_token_logprobs"] = r.input_logprobs
+        if r.return_routed_experts and self.routing.enabled:
+            meta["routed_experts"] = encode(r.routed, r.routed_experts_start_len)
         return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
 
     def _token_text(self, r: Request, token: int) -> str | None:
@@ -436,6 +454,19 @@ class Engine:
             t = r.prompt_ids[pos]
             out.append([lp, t, self._token_text(r, t)])
         return out
+
+
+def _keep_routing(r: Request, routed: torch.Tensor | None) -> None:
+    """Keep the routing of the positions `r` had not been fed before (`routed` covers its whole
+    fed sequence after a prefill, one position after a decode step): a re-prefilled position
+    keeps its first routing, the one its next token was sampled under."""
+    if routed is None or not r.return_routed_experts:
+        return
+    fed = len(r.prompt_ids) + len(r.output_ids)      # before this step's token is appended
+    new = routed[len(routed) - (fed - r.routed_len):] if fed > r.routed_len else routed[:0]
+    if len(new):
+        r.routed.append(new)
+        r.routed_len += len(new)
 
 
 def request_generator(seed: int) -> torch.Generator:

@@ -138,7 +138,8 @@ def parse_generate(body: dict, *, tokenizer, vocab: int, context_len: int, on_do
         if body.get(key) not in (None, neutral):
             raise BadRequest(f"/generate.{key}={body[key]!r:.60} is not supported by the embedded server")
     known = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-             "return_text_in_logprobs", "rid"} | set(_NEUTRAL_GENERATE) | _IGNORED_GENERATE
+             "return_text_in_logprobs", "rid", "return_routed_experts", "routed_experts_start_len"
+             } | set(_NEUTRAL_GENERATE) | _IGNORED_GENERATE
     unknown = sorted(set(body) - known)
     if unknown:
         raise BadRequest(f"/generate: unknown field(s) {unknown}")
@@ -191,6 +192,10 @@ def parse_generate(body: dict, *, tokenizer, vocab: int, context_len: int, on_do
     logprob = _per_item(body.get("return_logprob"), count, "return_logprob", as_bool)
     start = _per_item(body.get("logprob_start_len"), count, "logprob_start_len", as_int)
     text_lp = as_bool(body.get("return_text_in_logprobs"), "return_text_in_logprobs")
+    # One value for the whole batch (GenerateReqInput's `bool` / `int`, not per prompt).
+    routed = as_bool(body.get("return_routed_experts"), "return_routed_experts")
+    routed_start = body.get("routed_experts_start_len")
+    routed_start = 0 if routed_start is None else as_int(routed_start, "routed_experts_start_len")
     rid = body.get("rid")
     if isinstance(rid, list):
         rids = _per_item(rid, count, "rid", as_rid)
@@ -208,8 +213,14 @@ def parse_generate(body: dict, *, tokenizer, vocab: int, context_len: int, on_do
             raise BadRequest(f"Requested token count exceeds the model's maximum context length of "
                              f"{context_len} tokens. You requested a total of {len(prompt) + p.max_new_tokens} "
                              f"tokens: {len(prompt)} tokens from the input and {p.max_new_tokens} for the completion.")
+        if routed and not 0 <= routed_start <= len(prompt):
+            # SGLang's scheduler checks the same bounds (and aborts the request with these words).
+            raise BadRequest(f"routed_experts_start_len={routed_start} is outside [0, {len(prompt)}] (the number "
+                             f"of input tokens). Please use a non-negative routed_experts_start_len no higher "
+                             f"than the input.")
         r = Request(prompt_ids=list(prompt), params=p, on_done=on_done_factory(i), return_logprob=logprob[i],
-                    logprob_start_len=start[i], return_text_in_logprobs=text_lp)
+                    logprob_start_len=start[i], return_text_in_logprobs=text_lp,
+                    return_routed_experts=routed, routed_experts_start_len=routed_start)
         if rids[i] is not None:
             r.rid = rids[i]
         reqs.append(r)

@@ -17,6 +17,7 @@ the request id).
 """
 from __future__ import annotations
 
+import base64
 import json
 import time
 from dataclasses import dataclass, field
@@ -164,4 +165,9 @@ class RecordingSGLang:
                 "prompt_tokens": len(body.get("input_ids") or []), "completion_tokens": n, "cached_tokens": 0,
                 "output_token_logprobs": [[-0.25, t, None] for t in ids], "weight_version": version,
                 "weight_versions": spans, "e2e_latency": 0.01}
+        if body.get("return_routed_experts"):
+            # SGLang 0.5.23: base64 int32 (positions, layers, top_k) over [start_len, seqlen - 1);
+            # here 2 layers x top-2 (what the contract test's client is told)
+            rows = len(body.get("input_ids") or []) + n - 1 - int(body.get("routed_experts_start_len") or 0)
+            meta["routed_experts"] = base64.b64encode(bytes(4 * 2 * 2 * max(rows, 0))).decode()
         return 200, {"text": "", "output_ids": ids, "meta_info": meta}

@@ -154,19 +154,23 @@ async def run_generation_client(rec: RecordingSGLang, keys: dict) -> list[str]:
     # what the rollout worker passes (rollout/worker.py), with a seed and a small budget
     params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "max_new_tokens": 8}
     problems = []
-    for adapter in (None, POLICY_ADAPTER):    # a LoRA run names its adapter in every request
-        async with GenerationClient([ServerRef(rec.url, **kw)], **client_kw, adapter=adapter) as client:
+    # a LoRA run names its adapter in every request; a routing-replay run asks for routed experts
+    for adapter, routed in ((None, None), (POLICY_ADAPTER, None), (None, (2, 2))):
+        async with GenerationClient([ServerRef(rec.url, **kw)], **client_kw, adapter=adapter,
+                                    routed_experts=routed) as client:
             for origin, script, sampling in (
                     ("GenerationClient.generate (a 503, an abort-mode interruption, a reply across an update)",
                      ["503", "abort", "span"], {**params, "sampling_seed": 1234}),
                     ("GenerationClient.generate (plain)", [], params)):
-                origin += f" adapter={adapter!r}"
+                origin += f" adapter={adapter!r} routed_experts={routed}"
                 rec.origin, rec.generate_script = origin, list(script)
                 try:
                     res = await client.generate([3, 4, 5, 6], sampling, sticky_key="group-1/0")
                     if len(res.output_ids) != sampling["max_new_tokens"]:
                         problems.append(f"{origin}: got {len(res.output_ids)} tokens, "
                                         f"wanted {sampling['max_new_tokens']}")
+                    if routed and res.routed_experts.shape != (4 + len(res.output_ids) - 1, *routed):
+                        problems.append(f"{origin}: routed experts of shape {res.routed_experts.shape}")
                 except Exception as e:
                     problems.append(f"{origin} raised {type(e).__name__}: {e}")
     return problems
@@ -182,6 +186,8 @@ def test_every_generation_client_call_matches_the_pinned_release(sglang_wheel):
     assert {"/generate", "/abort_request"} <= paths, f"the scripted failure did not reach the client: {paths}"
     named = {c.body.get("lora_path") for r in recorders for c in r.calls if c.path == "/generate"}
     assert named == {None, POLICY_ADAPTER}, f"requests named {named}"
+    starts = {c.body.get("routed_experts_start_len") for r in recorders for c in r.calls if c.path == "/generate"}
+    assert {None, 0} < starts, f"no resumed request asked for routed experts from where it stopped: {starts}"
     problems += judge(sglang_wheel, recorders)
     assert not problems, report(sglang_wheel, problems)
 
