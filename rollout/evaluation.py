@@ -88,8 +88,9 @@ async def evaluate_prompts(cfg, prompts, generator, reward, tokenizer=None, conc
 
 async def _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy: dict, sem, deadline_s: float) -> dict:
     """A custom (e.g. multi-turn) workflow scored as it trains: one greedy episode per problem,
-    correct when the workflow's own verdict says so. Workflows that record `first_turn_correct`
-    (rollout/code_feedback.py) also get the pass rate of their first turn, on the same problems."""
+    correct when the workflow's own verdict says so. Workflows and agents that record
+    `first_turn_correct` (the code environments) also get the pass rate of their first turn, on the
+    same problems; every one gets its model turns per episode (`turns_mean`)."""
     from tandem.rollout.agent import episode_function
     from tandem.rollout.workflow import EpisodeContext
     from tandem.services.protocol import Ticket
@@ -112,10 +113,14 @@ async def _evaluate_episodes(cfg, prompts, generator, reward, tok, greedy: dict,
     n = len(prompts)
     correct = int(sum(t.timings.get("correct", 0.0) for t in samples))
     first = int(sum(t.timings.get("first_turn_correct", t.timings.get("correct", 0.0)) for t in samples))
+    # Episodes that grade their first turn say so (the code environments); an agent that grades
+    # only its end (a tool-using agent) has no first-turn figure to report.
+    graded_first = any("first_turn_correct" in t.timings for t in samples)
     versions = [(int(t.output_versions.min()), int(t.output_versions.max())) for t in samples if len(t.output_versions)]
     return {"accuracy": correct / max(1, n), "n": n, "correct": correct,
             "se": round(standard_error(correct, n), 4),
-            "first_turn_accuracy": first / max(1, n), "first_turn_se": round(standard_error(first, n), 4),
+            **({"first_turn_accuracy": first / max(1, n), "first_turn_se": round(standard_error(first, n), 4)}
+               if graded_first else {}),
             "turns_mean": sum(t.timings.get("turns", 1.0) for t in samples) / max(1, n),
             "version": min((v[0] for v in versions), default=0), "version_max": max((v[1] for v in versions), default=0),
             "seconds": round(time.time() - t0, 1)}
