@@ -69,6 +69,10 @@ class SGLangServerSpec:
     # LoRA adapters served from the start, as SGLang's `--lora-paths` takes them (`NAME=PATH`);
     # any turns `--enable-lora` on, and the first sets the adapters' rank and target modules.
     lora_paths: list[str] = field(default_factory=list)
+    # Return each request's routed experts (rollout routing replay, trainer.routing_replay):
+    # SGLang 0.5.23 captures them only when launched with --enable-return-routed-experts and
+    # otherwise answers return_routed_experts with nothing.
+    return_routed_experts: bool = False
     log_level: str = "warning"
     extra_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -122,6 +126,8 @@ def sglang_argv(spec: SGLangServerSpec) -> list[str]:
         argv.append("--enable-deterministic-inference")
     if spec.lora_paths:
         argv += ["--enable-lora", "--lora-paths", *spec.lora_paths]
+    if spec.return_routed_experts:
+        argv.append("--enable-return-routed-experts")
     return argv + list(spec.extra_args)
 
 

@@ -97,14 +97,17 @@ def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
         return
 
 
-def server_spec(args, gen_cfg, port: int, nccl_port: int, key_config: Path | None) -> SGLangServerSpec:
-    """The launch of server `args.rank` from the experiment's `gen` section."""
+def server_spec(args, gen_cfg, port: int, nccl_port: int, key_config: Path | None,
+                routed_experts: bool = False) -> SGLangServerSpec:
+    """The launch of server `args.rank` from the experiment's `gen` section (`routed_experts`:
+    trainer.routing_replay)."""
     return SGLangServerSpec(
         model_path=str(args.model), host=args.host, port=port, tp_size=gen_cfg.tp_size, base_gpu_id=0,
         mem_fraction_static=gen_cfg.mem_fraction_static, key_config=str(key_config) if key_config else None,
         weight_version=args.weight_version, random_seed=gen_cfg.seed + args.rank, nccl_port=nccl_port,
         deterministic_inference=getattr(gen_cfg, "deterministic_inference", False),
-        lora_paths=list(args.lora_paths or []), extra_args=list(gen_cfg.sglang_args))
+        lora_paths=list(args.lora_paths or []), return_routed_experts=routed_experts,
+        extra_args=list(gen_cfg.sglang_args))
 
 
 def _check_gpus(tp_size: int) -> str | None:
@@ -145,7 +148,8 @@ def run_from_args(args) -> int:
     port = args.port or free_port(_probe_host(args.host))
     nccl_port = args.nccl_port or free_port(_probe_host(args.host))
     try:
-        spec = server_spec(args, gen_cfg, port, nccl_port, key_config)
+        spec = server_spec(args, gen_cfg, port, nccl_port, key_config,
+                           routed_experts=getattr(args.cfg.trainer, "routing_replay", False))
         argv = sglang_argv(spec)
     except ValueError as e:
         log.error("%s", e)

@@ -70,6 +70,20 @@ class ControllerRouting:
             delay = min(delay * 2, BACKOFF_MAX_S)
 
 
+def _routed(cfg) -> tuple[int, int] | None:
+    """(MoE layers, top_k) to ask the servers for when the run replays routes (trainer.routing_replay)."""
+    if not getattr(cfg.trainer, "routing_replay", False):
+        return None
+    import json
+    from pathlib import Path
+
+    from tandem.services.protocol.trajectory import routing_shape
+    shape = routing_shape(json.loads((Path(cfg.experiment.model) / "config.json").read_text()))
+    if shape is None:
+        raise SystemExit(f"trainer.routing_replay: {cfg.experiment.model} has no experts to route")
+    return shape[:2]
+
+
 def _services(cfg, exp: ExpDir, worker_id: str):
     from tandem.rollout.client import GenerationClient
     keys = load_keys(exp.keys, worker_id)   # its own identity: it may speak for itself only (keys.py)
@@ -77,7 +91,7 @@ def _services(cfg, exp: ExpDir, worker_id: str):
     # A run whose servers serve the trained LoRA adapter by name: every request names it.
     adapter = POLICY_ADAPTER if cfg.trainer.lora.adapter_sync else None
     generator = GenerationClient(ControllerRouting(exp, controller, worker_id), adapter=adapter,
-                                 chunk_tokens=cfg.rollout.new_tokens_per_chunk)
+                                 chunk_tokens=cfg.rollout.new_tokens_per_chunk, routed_experts=_routed(cfg))
     return keys, controller, generator
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tandem.services.protocol import GradeItem, Ticket, Trajectory, Verdict, import_user_module
+from tandem.services.protocol.trajectory import compact_experts
 
 from .dataset import Prompt
 
@@ -124,6 +125,7 @@ async def single_turn(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket) -> li
         output_logprobs=np.asarray(s.output_logprobs, dtype=np.float32),
         output_versions=np.asarray(s.output_versions, dtype=np.int32),
         admit_version=ticket.admit_version, reward=float(v.reward), finish_reason=s.finish_reason,
+        routed_experts=compact_experts(getattr(s, "routed_experts", None)),
         task=prompt.task, timings={"generate_s": t_gen, "grade_s": t_grade, "correct": float(v.correct),
                                    "hedged": float(bool(v.details.get("hedged"))),
                                    "limit_hit": float(bool(v.details.get("limit")))},

@@ -53,9 +53,13 @@ class TakeResult:
     over_stale_trained: int = 0
 
 
-def validate(t: Trajectory, vocab_size: int | None = None) -> str | None:
+def validate(t: Trajectory, vocab_size: int | None = None, routing: tuple[int, int, int] | None = None
+             ) -> str | None:
     """Why a trajectory cannot be trained on, or None when it can (with `vocab_size`, also a
-    token id the model has no embedding for: it would fail the step, and every resume after)."""
+    token id the model has no embedding for: it would fail the step, and every resume after).
+    `routing` = (layers, top_k, experts) when routing replay is on: the sample must carry its
+    routed experts, of that shape and within the experts (a bad id would index out of the
+    router's range inside the step)."""
     if t.prompt_key is not None and "\n" in t.prompt_key:
         return "prompt_key must be one line"
     if t.group_size < 1:
@@ -85,6 +89,9 @@ def validate(t: Trajectory, vocab_size: int | None = None) -> str | None:
         return "non-finite behaviour log-prob"
     if not np.isfinite(t.reward):
         return f"non-finite reward {t.reward}"
+    problem = _routing_problem(t, routing)
+    if problem:
+        return problem
     if vocab_size is not None:
         for name, ids in (("prompt", t.prompt_ids), ("output", t.output_ids)):
             low, high = int(ids.min()), int(ids.max())
@@ -93,9 +100,29 @@ def validate(t: Trajectory, vocab_size: int | None = None) -> str | None:
     return None
 
 
+def _routing_problem(t: Trajectory, routing: tuple[int, int, int] | None) -> str | None:
+    r = t.routed_experts
+    if r is None:
+        return "routing replay is on (trainer.routing_replay) but the sample has no routed_experts" if routing else None
+    positions = len(t.prompt_ids) + len(t.output_ids) - 1
+    if r.ndim != 3 or len(r) != positions:
+        return (f"routed_experts of shape {tuple(r.shape)}: expected [{positions}, layers, top_k] "
+                f"(every position but the last of {len(t.prompt_ids)} prompt + {len(t.output_ids)} output tokens)")
+    if r.dtype.kind not in "ui":
+        return f"routed_experts must hold integers, got {r.dtype}"
+    if routing is not None:
+        layers, top_k, experts = routing
+        if r.shape[1:] != (layers, top_k):
+            return f"routed_experts has {r.shape[1]} layers x top-{r.shape[2]}; the model routes {layers} x top-{top_k}"
+        if r.size and (int(r.min()) < 0 or int(r.max()) >= experts):
+            return f"routed_experts names expert {int(r.max())} (or {int(r.min())}); the model has {experts}"
+    return None
+
+
 class ReplayBuffer:
-    def __init__(self, vocab_size: int | None = None):
+    def __init__(self, vocab_size: int | None = None, routing: tuple[int, int, int] | None = None):
         self.vocab_size = vocab_size   # token ids must be below it (validate)
+        self.routing = routing         # (layers, top_k, experts) with routing replay on (validate)
         self._partial: dict[str, dict[int, Trajectory]] = {}
         self._ready: list[tuple[int, int, str]] = []  # heap of (admit_version, arrival, group_id)
         self._groups: dict[str, Group] = {}
@@ -124,7 +151,7 @@ class ReplayBuffer:
             return False
         samples = self._partial.setdefault(gid, {})
         first = next(iter(samples.values()), None)
-        problem = validate(t, self.vocab_size)
+        problem = validate(t, self.vocab_size, self.routing)
         if problem is None and first is not None and (first.group_size, first.admit_version, first.prompt_key) \
                 != (t.group_size, t.admit_version, t.prompt_key):
             problem = (f"group_size/admit_version/prompt_key differ from its group's ({t.group_size}/"

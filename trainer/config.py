@@ -235,6 +235,12 @@ class TrainerConfig:
     # data-parallel ranks (expert parallelism; tokens travel to their experts' ranks). It must
     # divide the number of experts and the data-parallel size (trainer ranks / TP / PP).
     expert_parallel: int = 1
+    # Rollout routing replay (R3), mixture-of-experts models: the generation servers return the
+    # experts each sampled sequence was routed to, they travel with the trajectory, and every
+    # trainer forward over it (policy, proximal, reference) routes those tokens through the same
+    # experts, so the trainer's log-probs are the sampler's model's, not another routing's
+    # (docs/megatron.md, "Routing replay"). Torch backend; refused on a dense model.
+    routing_replay: bool = False
     # Torch threads of one trainer rank. The local launcher with launcher.cpus.pin gives each
     # rank as many threads as its CPU set instead (OMP/MKL threads follow).
     threads: int = 1

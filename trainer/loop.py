@@ -56,7 +56,7 @@ from tandem.trainer.intake import Intake
 from tandem.trainer.learning_signals import LearningSignals
 from tandem.trainer.samples import SampleLog
 from tandem.trainer.step_fields import groups_fields
-from tandem.trainer.trajectory_check import TrajectoryCheck, model_vocab_size
+from tandem.trainer.trajectory_check import TrajectoryCheck, model_vocab_size, replay_routing
 from tandem.trainer.wal import TrajectoryLog, delete_wals, wal_path, wal_seqs
 from tandem.trainer.wal import replay as wal_replay
 from tandem.trainer.weights import BackgroundCall, build_publisher
@@ -82,7 +82,7 @@ class Trainer:
         self.version = 0
         self.nonfinite_steps = 0    # steps stopped by a NaN/inf loss term (this process)
         vocab = model_vocab_size(cfg.experiment.model)
-        self.buffer = ReplayBuffer(vocab)
+        self.buffer = ReplayBuffer(vocab, replay_routing(self.tcfg, cfg.experiment.model))
         self.staleness = Counter()          # step - admit_version of every trained group
         self.token_staleness = Counter()    # step - min(output_versions) of every trained group
         self.shutdown = Shutdown()

@@ -36,6 +36,13 @@ def model_fit_problems(tcfg, model_dir: str) -> list[tuple[str, str]]:
                                          f"is not supported: its experts are 3-D parameters that peft's LoRA does "
                                          f"not adapt, so only attention would train; set trainer.lora.rank: 0 to "
                                          f"train the whole model"))
+    if getattr(tcfg, "routing_replay", False):
+        if not experts:
+            out.append(("trainer.routing_replay", f"routing replay needs a mixture-of-experts model; {model_dir} "
+                                                  f"({kind}) has no experts to route"))
+        elif tcfg.backend != "torch":
+            out.append(("trainer.routing_replay", f"routing replay is built for trainer.backend: torch; the "
+                                                  f"{tcfg.backend} backend does not replay routes yet"))
     ep = tcfg.expert_parallel
     if ep > 1 and not experts:
         out.append(("trainer.expert_parallel", f"trainer.expert_parallel={ep} needs a mixture-of-experts model; "

@@ -22,7 +22,7 @@ PROTOCOL_VERSION = 1
 # Frames larger than this are refused before unpacking (a 32K-token trajectory is ~400 KB).
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Array dtypes allowed on the wire (little-endian).
-WIRE_DTYPES = {"<i4", "<i8", "<f4", "<f8", "|u1", "|b1", "<f2", "<u4"}
+WIRE_DTYPES = {"<i4", "<i8", "<f4", "<f8", "|u1", "|b1", "<f2", "<u4", "<u2"}
 
 REGISTRY: dict[str, type] = {}
 # One packer for every frame (msgpack.packb makes a new one per call: about a microsecond).

@@ -37,9 +37,39 @@ class Trajectory:
     # the same prompt sent again (its worker died before the receipts were saved): the trainer
     # trains one group per key (trainer/buffer.py). Absent = no such check.
     prompt_key: str | None = None
+    # Rollout routing replay (MoE models, trainer.routing_replay): uint8 (uint16 past 256 experts)
+    # [P + T - 1, layers, top_k], the experts the sampler routed every position it fed to the
+    # model to: the prompt's and the output's but the last token, which was never fed (SGLang's
+    # `routed_experts` from start 0). The trainer's forwards route the same positions through
+    # them. Absent = no replay (the trainer routes by itself).
+    routed_experts: np.ndarray | None = None
     # The admission ticket's signature (Ticket.mac), which the worker copies from its ticket:
     # the trainer refuses a sample whose ticket was not granted to the worker that sent it.
     ticket_mac: str = ""
+
+
+def routing_shape(config: dict) -> tuple[int, int, int] | None:
+    """(MoE layers, top_k, experts per layer) of a model's config.json, the shape of its routed
+    experts; None for a dense model. Qwen3-MoE's layer i routes unless it is in `mlp_only_layers`
+    or `decoder_sparse_step` skips it (as transformers builds the model)."""
+    config = config.get("text_config", config)
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if not experts:
+        return None
+    step, dense = int(config.get("decoder_sparse_step") or 1), set(config.get("mlp_only_layers") or [])
+    layers = sum(1 for i in range(int(config["num_hidden_layers"])) if i not in dense and (i + 1) % step == 0)
+    return layers, int(config["num_experts_per_tok"]), experts
+
+
+def compact_experts(ids) -> np.ndarray | None:
+    """Expert ids [positions, layers, top_k] as they travel: uint8 while every id fits (256
+    experts; Qwen3-30B-A3B has 128), else uint16. None stays None."""
+    if ids is None:
+        return None
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= 2**16):
+        raise ValueError(f"expert ids outside [0, 65536): {ids.min()}..{ids.max()}")
+    return ids.astype(np.uint8 if not ids.size or ids.max() < 256 else np.uint16)
 
 
 @message("trajectory_receipt")

@@ -29,7 +29,7 @@ SPEC_SAMPLES = {"model_path": "/models/policy", "host": "10.0.0.2", "port": 3012
                 "mem_fraction_static": 0.7, "weight_version": 3, "dtype": "bfloat16", "random_seed": 11,
                 "context_length": 4096, "max_running_requests": 48, "nccl_port": 31123, "trust_remote_code": True,
                 "deterministic_inference": True, "log_level": "info", "extra_args": ["--disable-radix-cache"],
-                "lora_paths": ["policy=/exp/adapter-v0"]}
+                "lora_paths": ["policy=/exp/adapter-v0"], "return_routed_experts": True}
 SPEC_NOT_FLAGS = {"python", "key_config", "api_key"}     # the interpreter; keys are checked separately
 
 

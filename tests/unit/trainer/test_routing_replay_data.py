@@ -1,0 +1,82 @@
+"""Routed experts as trajectory data (rollout routing replay): compact on the wire (uint8, uint16
+past 256 experts), unchanged through the write-ahead log, refused by the buffer when their shape
+does not fit the sample or the model, or when replay is on and a sample has none; the config
+check refuses replay on a dense model or the Megatron backend; the worker and trainer read the
+shape from config.json (Qwen3-MoE's dense layers left out)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from tandem.services.protocol.trajectory import compact_experts, routing_shape
+from tandem.trainer.buffer import ReplayBuffer, validate
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.model_fit import model_fit_problems
+from tandem.trainer.wal import TrajectoryLog, replay
+
+SHAPE = (2, 2, 4)     # layers, top_k, experts
+
+
+def _with_experts(traj, rows=None, layers=2, top_k=2, high=4, seed=0):
+    t = traj("g", 0, prompt_len=5, out_len=4)
+    n = len(t.prompt_ids) + len(t.output_ids) - 1 if rows is None else rows
+    t.routed_experts = compact_experts(np.random.default_rng(seed).integers(0, high, (n, layers, top_k)))
+    return t
+
+
+def test_compact_dtype_and_the_wal_round_trip(traj, tmp_path):
+    assert compact_experts(np.array([[[0, 255]]])).dtype == np.uint8
+    assert compact_experts(np.array([[[0, 300]]])).dtype == np.uint16
+    with pytest.raises(ValueError):
+        compact_experts(np.array([[[-1, 0]]]))
+    small, big = _with_experts(traj), _with_experts(traj, high=1000, seed=1)
+    log = TrajectoryLog(tmp_path / "wal.bin")
+    for t in (small, big):
+        log.append(t)
+    log.close()
+    back = list(replay(tmp_path / "wal.bin"))
+    for was, got in zip((small, big), back, strict=True):
+        assert got.routed_experts.dtype == was.routed_experts.dtype
+        assert np.array_equal(got.routed_experts, was.routed_experts)
+    assert back[0].routed_experts.nbytes == 8 * 2 * 2      # one byte per expert id
+
+
+def test_validate_checks_the_shape_against_the_sample_and_the_model(traj):
+    assert validate(_with_experts(traj), routing=SHAPE) is None
+    assert validate(_with_experts(traj)) is None                              # replay off: accepted
+    assert validate(traj("g", 0), routing=None) is None
+    assert "has no routed_experts" in validate(traj("g", 0), routing=SHAPE)
+    assert "expected [8, layers, top_k]" in validate(_with_experts(traj, rows=9), routing=SHAPE)
+    assert "expected [8, layers, top_k]" in validate(_with_experts(traj, rows=9))
+    assert "3 layers x top-2; the model routes 2 x top-2" in validate(_with_experts(traj, layers=3), routing=SHAPE)
+    assert "the model has 4" in validate(_with_experts(traj, high=9), routing=SHAPE)
+
+
+def test_the_buffer_refuses_a_group_without_experts_when_replay_is_on(traj):
+    buf = ReplayBuffer(routing=SHAPE)
+    assert buf.add(_with_experts(traj)) is True
+    assert buf.add(traj("g", 1)) is False
+    assert "no routed_experts" in buf.refused["g"]
+
+
+def test_routing_shape_skips_dense_layers():
+    cfg = {"num_hidden_layers": 6, "num_experts": 128, "num_experts_per_tok": 8, "mlp_only_layers": [0],
+           "decoder_sparse_step": 1}
+    assert routing_shape(cfg) == (5, 8, 128)
+    assert routing_shape({**cfg, "mlp_only_layers": [], "decoder_sparse_step": 2}) == (3, 8, 128)
+    assert routing_shape({"num_hidden_layers": 2, "num_experts_per_tok": 2}) is None
+    assert routing_shape({"text_config": cfg}) == (5, 8, 128)
+
+
+def test_the_config_check_refuses_replay_on_a_dense_model_or_megatron(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
+    on = dataclasses.replace(TrainerConfig(), routing_replay=True)
+    assert any("has no experts to route" in why for _, why in model_fit_problems(on, str(tmp_path)))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 2,
+                                                      "num_experts": 4, "num_experts_per_tok": 2}))
+    assert model_fit_problems(on, str(tmp_path)) == []
+    mg = dataclasses.replace(on, backend="megatron")
+    assert [k for k, _ in model_fit_problems(mg, str(tmp_path))] == ["trainer.routing_replay"]
