@@ -36,6 +36,9 @@ class StepBatch:
     loss_masks: list[np.ndarray] = field(default_factory=list)
     # Per sequence: the reward of each model turn (multi-turn episodes), or None.
     turn_rewards: list[np.ndarray | None] = field(default_factory=list)
+    # Per sequence: the sampler's routed experts [prompt + output - 1, layers, k] (MoE routing
+    # replay), or None; kept only when every sequence of the step has them.
+    routed_experts: list[np.ndarray | None] = field(default_factory=list)
 
     @classmethod
     def from_groups(cls, groups: list[Group]) -> StepBatch:
@@ -53,6 +56,9 @@ class StepBatch:
                 n = len(t.output_ids)
                 b.loss_masks.append(np.ones(n, bool) if t.output_mask is None else np.asarray(t.output_mask, bool))
                 b.turn_rewards.append(None if t.turn_rewards is None else np.asarray(t.turn_rewards, np.float64))
+                b.routed_experts.append(t.routed_experts)
+        if any(r is None for r in b.routed_experts):
+            b.routed_experts = [None] * len(b.routed_experts)
         return b
 
     def __len__(self) -> int:
@@ -146,6 +152,11 @@ def sequence_tensors(batch: StepBatch, i: int, advantage, keep: bool | None = No
     fields = {"loss_mask": mask, "behav_logp": behav, "advantages": adv, "versions": versions}
     if keep is not None:  # masked samples keep their tokens in the denominators, with zero loss
         fields["sample_mask"] = np.full(n_p + n_o, keep, dtype=bool)
+    routed = batch.routed_experts[i] if batch.routed_experts else None
+    if routed is not None:   # every position but the last, which the sampler never fed (-1: unrouted)
+        rows = np.full((n_p + n_o, *routed.shape[1:]), -1, dtype=np.int16)
+        rows[:-1] = routed
+        fields["routed_experts"] = rows
     return ids, fields
 
 

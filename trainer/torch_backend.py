@@ -53,6 +53,7 @@ from tandem.trainer.expert_names import hub_tensors
 from tandem.trainer.hf_dir import copy_tokenizer_files
 from tandem.trainer.logprobs import token_logprobs
 from tandem.trainer.lr_schedule import decay_updates, lr_factor
+from tandem.trainer.routing_replay import RouterReplay
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,9 @@ class TorchBackend(TrainBackend):
             model = lora.wrap(model, self.lora, seed)
         self.model = model.to(self.device)
         self.model.eval()
+        # MoE routers that replay the sampler's experts (trainer.routing_replay) and, either way,
+        # count their agreement with them (trainer/routing_replay.py); nothing on a dense model.
+        self.routing = RouterReplay(self.model, getattr(cfg, "routing_replay", False))
         if cfg.recompute:
             recompute_layers(self.model)
         self.chunk_fn = None   # trainer/logprobs.py's own
@@ -194,7 +198,11 @@ class TorchBackend(TrainBackend):
     def _forward_in_dtype(self, mb: PackedBatch, temperature: float, with_entropy: bool, model=None
                           ) -> TokenOutputs:
         model = model if model is not None else self.model
+        replay = self.routing if model is self.model else self._ref_routing
+        routes = mb.fields.get("routed_experts") if replay.routers else None
         ids = to_device(mb.input_ids, self.device)
+        routes = None if routes is None else to_device(routes, self.device)
+        replay.set_routes(routes)
         if mb.n_tokens == 0:
             z = torch.zeros(0, device=self.device)
             return TokenOutputs(logp=z, entropy=z if with_entropy else None)
@@ -205,8 +213,14 @@ class TorchBackend(TrainBackend):
                                        position_ids=to_device(mb.position_ids, self.device)[None], cu_seq_lens_q=cu,
                                        cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
         cu = mb.cu_seqlens.tolist()
-        parts = [self._token_outputs(model, ids[a:b], torch.tensor([0, b - a]), temperature, with_entropy)
-                 for a, b in zip(cu[:-1], cu[1:], strict=True)]
+        if routes is not None and self.cfg.recompute and mb.n_seqs > 1:
+            # a recomputing backward would re-run every sequence under the last one's routes
+            raise ValueError("routing replay with trainer.recompute needs trainer.packed_forward")
+        parts = []
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            if routes is not None:
+                replay.set_routes(routes[a:b])
+            parts.append(self._token_outputs(model, ids[a:b], torch.tensor([0, b - a]), temperature, with_entropy))
         return TokenOutputs(logp=torch.cat([p.logp for p in parts]),
                             entropy=torch.cat([p.entropy for p in parts]) if with_entropy else None)
 
@@ -246,6 +260,7 @@ class TorchBackend(TrainBackend):
                 self.model_dir, dtype=next(self.model.parameters()).dtype,
                 attn_implementation=self.model.config._attn_implementation).to(self.device)
             self._ref_model.eval().requires_grad_(False)
+            self._ref_routing = RouterReplay(self._ref_model, self.routing.replay)
         out = self._forward(mb, temperature, False, model=self._ref_model)
         return TokenOutputs(logp=out.logp.cpu())
 
@@ -290,6 +305,17 @@ class TorchBackend(TrainBackend):
             n = p.numel()
             p.grad = flat[offset: offset + n].view_as(p).clone()
             offset += n
+
+    def step_metrics(self) -> dict[str, float]:
+        """MoE models: `moe_router_agreement`, the fraction of recorded token-layer top-k sets the
+        trainer's own routers chose too, over the step's forwards and every rank (collective)."""
+        if not self.routing.routers:
+            return {}
+        counts = torch.tensor(self.routing.take_agreement(), dtype=torch.float64)
+        if self.world_size > 1:
+            collectives.all_reduce(counts)
+        agreeing, compared = counts.tolist()
+        return {"moe_router_agreement": agreeing / compared} if compared else {}
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -80,3 +80,18 @@ def test_the_config_check_refuses_replay_on_a_dense_model_or_megatron(tmp_path):
     assert model_fit_problems(on, str(tmp_path)) == []
     mg = dataclasses.replace(on, backend="megatron")
     assert [k for k, _ in model_fit_problems(mg, str(tmp_path))] == ["trainer.routing_replay"]
+
+
+def test_the_step_batch_lays_the_experts_along_the_tokens(traj):
+    from types import SimpleNamespace
+
+    from tandem.trainer.batch import StepBatch, sequence_tensors
+    with_e = _with_experts(traj)
+    batch = StepBatch.from_groups([SimpleNamespace(group_id="g", admit_version=0, samples=[with_e])])
+    _, fields = sequence_tensors(batch, 0, 1.0)
+    rows = fields["routed_experts"]
+    assert rows.shape == (9, 2, 2) and (rows[-1] == -1).all()       # the last token was never fed
+    assert np.array_equal(rows[:-1], with_e.routed_experts)
+    mixed = StepBatch.from_groups([SimpleNamespace(group_id="g", admit_version=0, samples=[with_e, traj("g", 1)])])
+    assert mixed.routed_experts == [None, None]                      # all or none: packs stay uniform
+    assert "routed_experts" not in sequence_tensors(mixed, 0, 1.0)[1]

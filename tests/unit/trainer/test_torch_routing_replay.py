@@ -1,0 +1,141 @@
+"""Rollout routing replay on the torch backend (trainer/routing_replay.py): a Qwen3-MoE "sampler"
+whose routers differ from the trainer's (perturbed router weights) records its experts as the
+embedded server does; with trainer.routing_replay the trainer's routers use exactly those experts
+at every recorded position (100%), its log-probs come closer to the sampler's (k3 mismatch), the
+router still gets gradients, and packed and per-sequence forwards agree; the agreement metric
+counts how often the trainer's own routers chose the sampler's experts (with replay on, given the
+replayed layers below); without routes in the micro-batch the routers are the model's own."""
+from __future__ import annotations
+
+import copy
+
+import megatron_case as mc
+import megatron_moe_case as mm
+import pytest
+import torch
+
+from tandem.rollout.server.routed_experts import RoutingCapture
+from tandem.trainer.config import TrainerConfig
+from tandem.trainer.routing_replay import routers
+from tandem.trainer.torch_backend import TorchBackend
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return mm.make_moe_dir(tmp_path_factory.mktemp("qwen3moe-r3"))
+
+
+def _cfg(**kw) -> TrainerConfig:
+    c = TrainerConfig(temperature=1.0, max_staleness=0, **kw)
+    c.optim.lr = 1e-2
+    c.optim.warmup_steps = 0
+    return c
+
+
+def _sampler(moe_dir, noise: float = 0.01):
+    """The trainer's model with its routers' weights perturbed: another routing of some tokens."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for r in routers(model):
+            r.weight.add_(noise * torch.randn(r.weight.shape, generator=gen))
+    return model
+
+
+def _recorded(sampler, mbs):
+    """Each micro-batch with the sampler's routes ([tokens, layers, k], -1 on each sequence's last
+    token, as the trajectory's rows are laid out) and its log-probs of the tokens."""
+    cap = RoutingCapture(sampler)
+    out, sampler_logp = [], []
+    for mb in mbs:
+        rows, lps = [], []
+        cu = mb.cu_seqlens.tolist()
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            ids = mb.input_ids[a:b]
+            with torch.no_grad():
+                logits = sampler(input_ids=ids[None]).logits[0]
+            r = cap.take()
+            r[-1] = -1
+            rows.append(r)
+            lp = torch.log_softmax(logits.float(), -1)[:-1].gather(1, ids[1:, None])[:, 0]
+            lps.append(torch.cat([torch.zeros(1), lp]))
+        m = copy.copy(mb)
+        m.fields = {**mb.fields, "routed_experts": torch.cat(rows).to(torch.int16)}
+        out.append(m)
+        sampler_logp.append(torch.cat(lps))
+    cap.remove()
+    return out, sampler_logp
+
+
+def _used_routes(be, fn):
+    """The expert ids the backend's routers actually chose during `fn()`: [tokens, layers, k]."""
+    seen = [[] for _ in routers(be.model)]
+    hooks = [r.register_forward_hook(lambda m, i, o, k=k: seen[k].append(o[2])) for k, r in enumerate(routers(be.model))]
+    try:
+        fn()
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack([torch.cat(s) for s in seen], 1)
+
+
+def _k3(logp, ref, mb):
+    """docs/algorithms.md's k3 estimate of KL(sampler || trainer) over the scored tokens."""
+    keep = mb.fields["loss_mask"]
+    d = (logp - ref)[keep]
+    return float((torch.exp(d) - 1 - d).mean())
+
+
+def test_replay_routes_every_recorded_position_as_the_sampler_did(moe_dir):
+    mbs, sampler_lp = _recorded(_sampler(moe_dir), mc.micro_batches(0) + mc.micro_batches(1))
+    on = TorchBackend(_cfg(routing_replay=True), moe_dir, seed=0)
+    off = TorchBackend(_cfg(), moe_dir, seed=0)
+    k3 = {}
+    for name, be in (("on", on), ("off", off)):
+        logps = []
+        used = _used_routes(be, lambda be=be, logps=logps: logps.extend(be.forward_logprobs(mb, 1.0).logp for mb in mbs))
+        recorded = torch.cat([mb.fields["routed_experts"] for mb in mbs]).long()
+        given = recorded[:, 0, 0] >= 0
+        same = (used.sort(-1).values == recorded.sort(-1).values).all(-1)[given]
+        if name == "on":
+            assert bool(same.all()), "a replayed position went to other experts"
+        else:
+            assert not bool(same.all()), "the perturbed sampler routed every token as the trainer: no test"
+        agreement = be.step_metrics()["moe_router_agreement"]
+        assert 0.6 < agreement < 1.0, agreement
+        k3[name] = sum(_k3(lp, s, mb) for lp, s, mb in zip(logps, sampler_lp, mbs, strict=True))
+        k3[name + "_agreement"] = agreement
+    assert k3["on"] < 0.5 * k3["off"], k3
+    assert off.step_metrics() == {}                        # read once per step
+
+
+def test_replay_keeps_router_gradients_and_packing_does_not_matter(moe_dir):
+    mbs, _ = _recorded(_sampler(moe_dir), mc.micro_batches(1))
+    packed = TorchBackend(_cfg(routing_replay=True), moe_dir, seed=0)
+    per_seq = TorchBackend(_cfg(routing_replay=True, packed_forward=False), moe_dir, seed=0)
+    torch.testing.assert_close(torch.cat([packed.forward_logprobs(mb, 1.0).logp for mb in mbs]),
+                               torch.cat([per_seq.forward_logprobs(mb, 1.0).logp for mb in mbs]), atol=1e-5, rtol=1e-5)
+    before = {n: p.detach().clone() for n, p in packed.model.named_parameters()}
+    r = packed.train_step(mbs, mc.make_loss_fn(mc.n_valid(mbs)), 1.0)
+    assert r.applied
+    moved = {n for n, p in packed.model.named_parameters() if not torch.equal(p, before[n])}
+    assert {f"model.layers.{i}.mlp.gate.weight" for i in range(2)} <= moved
+
+
+def test_without_routes_the_routers_are_the_models_own(moe_dir):
+    from transformers import AutoModelForCausalLM
+    plain = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    be = TorchBackend(_cfg(routing_replay=True, packed_forward=False), moe_dir, seed=0)
+    mb = mc.micro_batches(2)[0]
+    ids = mb.input_ids[: mb.seqlens()[0]]
+    with torch.no_grad():
+        want = plain(input_ids=ids[None]).logits[0]
+        got = be.model(input_ids=ids[None]).logits[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="router saw"):
+        be.routing.set_routes(torch.zeros(ids.numel() + 1, 2, mm.TOPK, dtype=torch.long))
+        with torch.no_grad():
+            be.model(input_ids=ids[None])
