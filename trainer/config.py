@@ -239,7 +239,8 @@ class TrainerConfig:
     # experts each sampled sequence was routed to, they travel with the trajectory, and every
     # trainer forward over it (policy, proximal, reference) routes those tokens through the same
     # experts, so the trainer's log-probs are the sampler's model's, not another routing's
-    # (docs/megatron.md, "Routing replay"). Torch backend; refused on a dense model.
+    # (docs/megatron.md, "Routing replay"). Both backends; refused on a dense model and with
+    # trainer.megatron.recompute.
     routing_replay: bool = False
     # Torch threads of one trainer rank. The local launcher with launcher.cpus.pin gives each
     # rank as many threads as its CPU set instead (OMP/MKL threads follow).

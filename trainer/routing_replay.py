@@ -37,18 +37,20 @@ class RouterReplay:
     """Installed on a model once: its routers take their top-k from `routes` where recorded
     (`replay`), and count their own agreement with the record."""
 
-    def __init__(self, model, replay: bool):
+    def __init__(self, model, replay: bool, routers_of=None, num_layers: int | None = None):
         self.replay = replay
-        self.routers = routers(model)
+        self.routers = (routers_of or routers)(model)
+        self.num_layers = len(self.routers) if num_layers is None else num_layers   # all stages'
         self.routes: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None    # [agreeing, compared], on the model's device
-        for layer, router in enumerate(self.routers):
-            router.forward = types.MethodType(_forward(self, layer), router)
+        if routers_of is None:       # transformers' routers: their forward takes its top-k here
+            for layer, router in enumerate(self.routers):
+                router.forward = types.MethodType(_forward(self, layer), router)
 
     def set_routes(self, routes: torch.Tensor | None) -> None:
         """[tokens, layers, k] expert ids (-1 rows: route by itself) for the next forwards, or None."""
-        if routes is not None and routes.shape[1] != len(self.routers):
-            raise ValueError(f"routing replay: routes for {routes.shape[1]} layers, the model routes {len(self.routers)}")
+        if routes is not None and routes.shape[1] != self.num_layers:
+            raise ValueError(f"routing replay: routes for {routes.shape[1]} layers, the model routes {self.num_layers}")
         self.routes = routes
 
     def take_agreement(self) -> tuple[float, float]:
@@ -59,28 +61,33 @@ class RouterReplay:
         self._counts = None
         return agreeing, compared
 
-    def _count(self, same: torch.Tensor, given: torch.Tensor) -> None:
-        c = torch.stack([same.sum(), given.sum()]).to(torch.float64)
-        self._counts = c if self._counts is None else self._counts + c
+    def choose(self, layer: int, own: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s experts for its tokens: the recorded ones where there are routes and
+        replay is on, else `own` (the router's top-k, [tokens, k]); counts the agreement, except
+        in the forward a recomputing backward repeats (counted once)."""
+        if self.routes is None:
+            return own
+        recorded = self.routes[:, layer].to(own.device, torch.long)
+        if recorded.shape != own.shape:
+            raise RuntimeError(f"routing replay: layer {layer}'s router saw {own.shape[0]} tokens x top-"
+                               f"{own.shape[1]}, the routes hold {tuple(recorded.shape)}")
+        given = recorded[:, 0] >= 0
+        if torch._C._current_graph_task_id() < 0:
+            with torch.no_grad():
+                same = (own.sort(-1).values == recorded.sort(-1).values).all(-1) & given
+                c = torch.stack([same.sum(), given.sum()]).to(torch.float64)
+                self._counts = c if self._counts is None else self._counts + c
+        return torch.where(given[:, None], recorded, own) if self.replay else own
 
 
 def _forward(state: RouterReplay, layer: int):
+    """transformers' `Qwen3MoeTopKRouter.forward` with the top-k choice from `state.choose`."""
     def forward(self, hidden_states):
         hidden_states = hidden_states.reshape(-1, self.hidden_dim)
         router_logits = F.linear(hidden_states, self.weight)
         probs = torch.softmax(router_logits, dtype=torch.float, dim=-1)
         _, own = torch.topk(probs, self.top_k, dim=-1)
-        chosen = own
-        if state.routes is not None:
-            recorded = state.routes[:, layer].to(own.device, torch.long)
-            if recorded.shape != own.shape:
-                raise RuntimeError(f"routing replay: layer {layer}'s router saw {own.shape[0]} tokens x top-"
-                                   f"{own.shape[1]}, the routes hold {tuple(recorded.shape)}")
-            given = recorded[:, 0] >= 0
-            same = (own.sort(-1).values == recorded.sort(-1).values).all(-1) & given
-            state._count(same, given)
-            if state.replay:
-                chosen = torch.where(given[:, None], recorded, own)
+        chosen = state.choose(layer, own)
         top = probs.gather(1, chosen)
         if self.norm_topk_prob:
             top = top / top.sum(dim=-1, keepdim=True)

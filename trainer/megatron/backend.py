@@ -55,6 +55,7 @@ from tandem.trainer.megatron import (
     dist_ckpt,
     gpu,
     moe,
+    moe_replay,
     moe_step,
     optim_state,
 )
@@ -141,6 +142,10 @@ class MegatronBackend(TrainBackend):
         # MoE: each step's routing counts (moe.py), read by step_metrics
         self.router_stats = (moe.RouterStats(model, self.shape.num_layers, self.shape.num_experts, self.shape.moe_topk)
                              if self.shape.is_moe else None)
+        # Rollout routing replay (trainer.routing_replay) and the routers' agreement with the
+        # sampler's experts, on MoE models (moe_replay.py); the reference model gets its own.
+        self.routing = self._routing_replay(model)
+        self.ref_routing = None
         self.te_norms = any(k.endswith("layer_norm_weight") for k in model.state_dict())
         self.model = model
         hf_local = self.load_hf(self.model_dir)
@@ -148,6 +153,8 @@ class MegatronBackend(TrainBackend):
         # A KL penalty's initial policy: built here, by every rank together (with PP and tied
         # embeddings GPTModel's constructor runs a collective), never trained.
         self.reference = self._reference_model() if cfg.kl_coef > 0 else None
+        if self.reference is not None:
+            self.ref_routing = self._routing_replay(self.reference)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.updates = 0
         if self.on_gpu:
@@ -187,6 +194,11 @@ class MegatronBackend(TrainBackend):
         if missing or unexpected:
             raise KeyError(f"Megatron model load: missing {missing}, unexpected {unexpected}")
 
+    def _routing_replay(self, module):
+        if not self.shape.is_moe:
+            return None
+        return moe_replay.install(module, getattr(self.cfg, "routing_replay", False), self.shape.num_layers)
+
     def _layer_spec(self):
         return layer_spec(self.on_gpu, self.shape.qk_norm, self.shape.num_experts)
 
@@ -215,6 +227,10 @@ class MegatronBackend(TrainBackend):
         # THD on both specs: TE's fused attention, or the local spec's VarlenCoreAttention; rotary
         # positions restart per sequence from cu_seqlens.
         forward = gpu.forward_thd if logits else gpu.forward_thd_hidden
+        replay = self.routing if model is self.model else self.ref_routing
+        if replay is not None:
+            routes = mb.fields.get("routed_experts")
+            replay.set_routes(None if routes is None else to_device(routes, self.device))
         if moe_step.is_phantom(mb):   # no router loss, no routing counted (moe_step.py)
             with moe_step.without_router_losses(self._module(), self.router_stats):
                 return forward(model, ids, pos, mb.cu_seqlens, self.bounds_device)
@@ -263,6 +279,7 @@ class MegatronBackend(TrainBackend):
         forward on the frozen reference model; the loss (trainer/loss.py) is the torch backend's."""
         if self.reference is None:   # kl_coef was 0 at construction: every rank builds it now
             self.reference = self._reference_model()
+            self.ref_routing = self._routing_replay(self.reference)
         return self.forward_logprobs(mb, temperature, model=self.reference)
 
     def _from_last_stage(self, out: TokenOutputs | None, n: int, with_entropy: bool) -> TokenOutputs:
@@ -454,7 +471,8 @@ class MegatronBackend(TrainBackend):
         (moe.routing_metrics). Collective."""
         if self.router_stats is None:
             return {}
-        return moe_step.routing_metrics(self.router_stats, self.tp_rank)
+        return {**moe_step.routing_metrics(self.router_stats, self.tp_rank),
+                **moe_step.agreement_metric(self.routing, self.tp_rank)}
 
     def close(self) -> None:
         from megatron.core import parallel_state as ps

@@ -160,3 +160,16 @@ def routing_metrics(stats: moe.RouterStats, tp_rank: int) -> dict[str, float]:
     layers, experts = counts.routed.shape
     return moe.routing_metrics(moe.RoutingCounts(flat[: layers * experts].view(layers, experts),
                                                  flat[layers * experts:]))
+
+
+def agreement_metric(replay, tp_rank: int) -> dict[str, float]:
+    """Collective over the whole trainer world: `moe_router_agreement`, the fraction of recorded
+    token-layer top-k sets the routers chose themselves (trainer/routing_replay.py), over the ranks
+    that routed distinct tokens (TP rank 0 of each replica; stages hold different layers)."""
+    counts = torch.tensor(replay.take_agreement(), dtype=torch.float64)
+    if tp_rank != 0:
+        counts.zero_()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        collectives.all_reduce(counts)
+    agreeing, compared = counts.tolist()
+    return {"moe_router_agreement": agreeing / compared} if compared else {}

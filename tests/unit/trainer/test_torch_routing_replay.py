@@ -139,3 +139,47 @@ def test_without_routes_the_routers_are_the_models_own(moe_dir):
         be.routing.set_routes(torch.zeros(ids.numel() + 1, 2, mm.TOPK, dtype=torch.long))
         with torch.no_grad():
             be.model(input_ids=ids[None])
+
+
+def test_the_megatron_backend_replays_the_same_routes(moe_dir):
+    """megatron-core's TopKRouter through its router_replay hook (trainer/megatron/moe_replay.py):
+    every recorded position goes to the recorded experts and the log-probs equal the torch
+    backend's replayed ones (two implementations of one replayed model); its agreement metric
+    equals the torch backend's."""
+    from dataclasses import replace
+
+    from tandem.trainer.megatron import moe as mg_moe
+    mbs, _ = _recorded(_sampler(moe_dir), mc.micro_batches(0) + mc.micro_batches(1))
+    torch_be = TorchBackend(_cfg(routing_replay=True), moe_dir, seed=0)
+    want = torch.cat([torch_be.forward_logprobs(mb, 1.0).logp for mb in mbs])
+    gen = mc.in_process_backend(moe_dir, cfg=replace(mm.moe_trainer_cfg(), routing_replay=True))
+    try:
+        be = next(gen)
+        seen = [[] for _ in mg_moe.routers(be._module())]
+        hooks = [r.register_forward_hook(lambda m, i, o, k=k: seen[k].append(o[1])) for k, r in
+                 enumerate(mg_moe.routers(be._module()))]
+        got = torch.cat([be.forward_logprobs(mb, 1.0).logp for mb in mbs])
+        for h in hooks:
+            h.remove()
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+        recorded = torch.cat([mb.fields["routed_experts"] for mb in mbs]).long()
+        given = recorded[:, 0, 0] >= 0
+        for layer, maps in enumerate(seen):        # routing maps [tokens, experts]
+            chosen = torch.cat(maps)[given]
+            want_map = torch.zeros_like(chosen).scatter(1, recorded[given][:, layer], True)
+            assert torch.equal(chosen, want_map), layer
+        assert be.step_metrics()["moe_router_agreement"] == torch_be.step_metrics()["moe_router_agreement"]
+    finally:
+        next(gen, None)
+
+
+def test_the_megatron_hook_has_megatron_cores_signature():
+    """moe_utils.compute_topk calls `router_replay.get_replay_topk(scores, topk, num_groups,
+    group_topk, _compute_topk)`: the stand-in takes what megatron-core 0.16.1's RouterReplay takes."""
+    import inspect
+
+    from megatron.core.transformer.moe.router_replay import RouterReplay as CoreReplay
+
+    from tandem.trainer.megatron.moe_replay import _LayerReplay
+    assert (list(inspect.signature(_LayerReplay.get_replay_topk).parameters)
+            == list(inspect.signature(CoreReplay.get_replay_topk).parameters))
