@@ -97,3 +97,27 @@ def test_the_step_batch_lays_the_experts_along_the_tokens(traj):
     mixed = StepBatch.from_groups([SimpleNamespace(group_id="g", admit_version=0, samples=[with_e, traj("g", 1)])])
     assert mixed.routed_experts == [None, None]                      # all or none: packs stay uniform
     assert "routed_experts" not in sequence_tensors(mixed, 0, 1.0)[1]
+
+
+def test_tandem_config_check_refuses_replay_on_a_dense_model_or_an_agent(tmp_path):
+    """The launch check, from the experiment file's keys (a model directory as far as the check
+    reads one: model_dirs.py)."""
+    from model_dirs import checked_model_dir
+
+    from tandem.launcher.config import load_config
+    from tandem.launcher.preflight import resource_problems
+
+    moe = checked_model_dir(tmp_path / "moe")
+    (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8,
+                                                 "num_experts_per_tok": 2, "num_hidden_layers": 2}))
+    dense = checked_model_dir(tmp_path / "dense")
+    (dense / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
+
+    def problems(model, *more):
+        return dict(resource_problems(load_config(None, [f"experiment.model={model}", "experiment.name=x",
+                                                         f"experiment.exp_dir={tmp_path / 'x'}",
+                                                         "trainer.routing_replay=true", *more])))
+    assert problems(moe) == {}
+    assert "has no experts to route" in problems(dense)["trainer.routing_replay"]
+    agent = problems(moe, "rollout.agent=tandem.rollout.agents.calculator:solve")
+    assert "not built for agent episodes" in agent["trainer.routing_replay"]
