@@ -96,7 +96,8 @@ class SlurmSection:
     # Times the launcher continues the run by itself from its last checkpoint (as `tandem run
     # FILE --resume` would) when a job ends by the cluster's doing: its time limit, preemption, a
     # lost node (docs/cluster.md, "Runs that last days"). A crash, OUT_OF_MEMORY or a cancel
-    # never continues, nor a run that ended the same way at the same step twice. 0 = never.
+    # never continues, nor a run that ended the same way at the same step twice. Also the times
+    # slurm/train.sbatch's launcher job requeues itself at its own time limit. 0 = never.
     auto_resume: int = 3
     # Seconds before the first automatic continuation, doubled before each next one (at most 16x).
     auto_resume_backoff_s: float = 60.0

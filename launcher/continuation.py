@@ -21,13 +21,26 @@ Which ends continue (`decide`) is a question of whose doing they were:
 
 Each decision is said three ways: a line on the console; a `continued` (or `not_continued`)
 record in `<exp>/metrics.jsonl`, which `tandem status` lists and `tandem report` marks on its
-timeline; and the job record's status while the back-off runs. The local backend does not
+timeline; and the job record's status while the back-off runs.
+
+The launcher's own job (slurm/train.sbatch) has a limit too. The script asks SLURM for SIGUSR1
+five minutes before it (`--signal=B:USR1@300`); the launcher stops the run as on Ctrl-C (the
+trainer checkpoints) and then requeues its job (`requeue_own_job`): SLURM runs the script again
+under the same job id, and it launches with `--resume` (SLURM_RESTART_COUNT > 0). The new
+launcher takes the experiment's lock, which the old one released by exiting, so the run never
+has two. At most `auto_resume` requeues per job.
+
+The local backend does not
 continue: on one machine a trainer dies by its code or the machine's memory, neither of which a
 second try changes, and a machine that reboots takes the launcher with it.
 """
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +55,8 @@ CONTINUED, NOT_CONTINUED = "continued", "not_continued"   # metrics.jsonl events
 CLUSTER_ENDS = {"TIMEOUT": "reached its time limit", "PREEMPTED": "was preempted",
                 "NODE_FAIL": "lost its node", "BOOT_FAIL": "its node failed to boot"}
 MAX_BACKOFF_FACTOR = 16
+OWN_LIMIT_SIGNAL = signal.SIGUSR1   # slurm/train.sbatch: the launcher's job nears its limit
+_own_limit = threading.Event()
 
 
 @dataclass(frozen=True)
@@ -181,3 +196,44 @@ def _set_status(exp: ExpDir, status: str) -> None:
         return
     rec["status"] = status
     write_record(exp, rec)
+
+
+def note_own_limit() -> None:
+    """The launcher's job nears its time limit (the lifecycle's OWN_LIMIT_SIGNAL handler)."""
+    _own_limit.set()
+
+
+def own_limit_reached() -> bool:
+    return _own_limit.is_set()
+
+
+def requeue_own_job(exp: ExpDir, budget: int, env=os.environ, run=subprocess.run,
+                    sleep: Callable[[float], None] = time.sleep) -> int:
+    """After the run was stopped because the launcher's own job nears its limit: requeue that job
+    (slurm/train.sbatch runs again with `--resume`), unless it was requeued `budget` times
+    already; recorded and said as any continuation. Returns the exit code for a launcher that
+    is still alive afterwards (SLURM kills it when it requeues the job)."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    restarts = int(env.get("SLURM_RESTART_COUNT") or 0)
+    failure = Failure("launcher", "TIMEOUT", last_step(exp), job_id)
+    if not job_id:
+        verdict = Verdict(False, f"{failure.describe()}, but it runs in no SLURM job to requeue")
+    elif restarts >= budget:
+        verdict = Verdict(False, f"{failure.describe()}; its job was already requeued {restarts} times "
+                                 f"(launcher.slurm.auto_resume = {budget})")
+    else:
+        verdict = Verdict(True, failure.describe(), 0.0, restarts + 1)
+    record(exp, failure, verdict, budget)
+    if not verdict.go:
+        print(f"tandem run: not continuing the run by itself: {verdict.why}", file=sys.stderr, flush=True)
+        return 130
+    print(f"tandem run: {verdict.why}: requeueing job {job_id}, which continues the run with --resume when "
+          f"SLURM starts it again (requeue {verdict.attempt} of {budget}, launcher.slurm.auto_resume)", flush=True)
+    done = run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"tandem run: scontrol requeue {job_id} failed: {(done.stderr or done.stdout).strip()} (is the job "
+              f"submitted with --requeue, as slurm/train.sbatch asks?)", file=sys.stderr, flush=True)
+        return 1
+    _set_status(exp, f"requeued launcher job {job_id}")
+    sleep(60)   # SLURM ends this process as it requeues the job; leaving first would race it
+    return 0

@@ -40,6 +40,7 @@ from tandem.services.protocol.trackers import finish_trackers, tracker_hints
 
 from .backends import Backend, Ended, LaunchError, RoleFailed
 from .config import ConfigError, ExperimentConfig
+from .continuation import OWN_LIMIT_SIGNAL, note_own_limit
 from .learning import unfinished_warm_up
 from .plan import PlanError
 from .progress import Progress, mark_resumed, summarize
@@ -47,7 +48,10 @@ from .report import write_report
 from .roles import GEN_ADMIN_KEY, GEN_API_KEY, Role, eval_output, eval_role, experiment_roles, waves
 
 log = logging.getLogger(__name__)
-STOPPING = (signal.SIGTERM, signal.SIGHUP)   # besides Ctrl-C: signals that stop a run cleanly
+# Besides Ctrl-C: signals that stop a run cleanly. SIGUSR1 is slurm/train.sbatch's warning that
+# the launcher's own job nears its limit: the run then continues in the job's next run
+# (continuation.py, `requeue_own_job`).
+STOPPING = (signal.SIGTERM, signal.SIGHUP, OWN_LIMIT_SIGNAL)
 
 Join = Callable[[ExpDir, Role, bool], None]   # (exp, role that is up, restarted?)
 
@@ -222,8 +226,8 @@ def _join(join: Join | None, exp: ExpDir, role: Role, restarted: bool) -> None:
 
 
 def _sigterm_interrupts():
-    """SIGTERM (scancel of a launcher started by slurm/train.sbatch, a shutdown, a supervisor)
-    and SIGHUP (its terminal closed, an ssh session dropped: the output goes on in
+    """SIGTERM (scancel of a launcher started by slurm/train.sbatch, a shutdown, a supervisor),
+    SIGUSR1 (train.sbatch: the launcher's job nears its time limit) and SIGHUP (its terminal closed, an ssh session dropped: the output goes on in
     `<exp>/logs/launcher.out`, console.py) become a KeyboardInterrupt, so the teardown in
     `finally` runs; main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -232,6 +236,8 @@ def _sigterm_interrupts():
     def interrupt(signum, frame):
         for sig in STOPPING:   # a second one must not cut the teardown short
             signal.signal(sig, signal.SIG_IGN)
+        if signum == OWN_LIMIT_SIGNAL:
+            note_own_limit()
         raise KeyboardInterrupt
 
     # A signal ignored when the launcher started stays ignored: `nohup tandem run ...` means the

@@ -28,7 +28,7 @@ from tandem.services.protocol.private import (
 from .backends import backend_for
 from .config import ConfigError, ExperimentConfig, load_config_traced, load_experiment, save_resolved
 from .console import keep_output_going
-from .continuation import keep_going
+from .continuation import keep_going, own_limit_reached, requeue_own_job
 from .exp_lock import ExperimentInUse, hold_experiment
 from .lifecycle import run_experiment
 from .preflight import check_before_launch
@@ -196,6 +196,8 @@ def cmd_run(args) -> int:
 
         s = cfg.launcher.slurm
         code = keep_going(code, backend, exp, s.auto_resume, s.auto_resume_backoff_s, resume)
+        if code == 130 and own_limit_reached():   # slurm/train.sbatch's job nears its limit
+            code = requeue_own_job(exp, s.auto_resume)
     if code in (1, 130) and exp.config.exists():   # stopped or failed: the run can go on
         again = shlex.join(["tandem", "run", args.file, *args.overrides, "--resume"])
         print(f"stopped; continue this run (from its last checkpoint, if any) with: {again}", flush=True)

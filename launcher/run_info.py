@@ -132,11 +132,13 @@ class RunInfo:
 
     def resume_labels(self) -> list[str]:
         """A label for each resume: "resumed", or "continued #k: CAUSE" for one the launcher
-        made by itself (its `continued` record falls after the resume before it)."""
+        made by itself (its `continued` record falls after the resume before it; k counts the
+        run's continuations, whichever launcher made them)."""
         out, before = [], -float("inf")
         for t in self.resumes:
             made = [c for c in self.continued if before < c["time"] <= t]
-            out.append(f"continued #{made[-1].get('attempt')}: {made[-1].get('cause')}" if made else "resumed")
+            out.append(f"continued #{self.continued.index(made[-1]) + 1}: {made[-1].get('cause')}" if made
+                       else "resumed")
             before = t
         return out
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -67,7 +68,8 @@ class SlurmRun:
         self.jobs: dict[str, Submitted] = {}
         self.announcements: dict[str, Announcement] = {}
         self.record = {"experiment": cfg.experiment.name, "submitit_folder": str(self.folder),
-                       "started_at": time.time(), "status": "starting", "roles": {}}
+                       "started_at": time.time(), "status": "starting", "roles": {},
+                       "launcher_job": os.environ.get("SLURM_JOB_ID")}   # slurm/train.sbatch's, if any
         exp.services.mkdir(parents=True, exist_ok=True)
         cancel_flag(exp).unlink(missing_ok=True)   # a cancel of an earlier launch (before --resume)
         # The lease its jobs watch (launcher_watch.py): renewed until the teardown has ended.
@@ -239,6 +241,10 @@ class SlurmBackend(Backend):
     def check_can_start(self) -> None:
         self.plan = adopt_plan(self.cfg, self.exp)   # before the role list: it fixes the server count
         leftover = live_jobs_of_earlier_launch(self.exp)
+        if leftover and requeued_launcher(self.exp):
+            print(f"this launcher's job {os.environ['SLURM_JOB_ID']} was requeued; the jobs its earlier run left "
+                  f"({' '.join(leftover)}) have no launcher any more: cancelling them", flush=True)
+            leftover = scancel(leftover)
         if leftover:
             lease = self.cfg.launcher.slurm.launcher_lease_s
             raise LaunchError(f"jobs of an earlier launch of {self.exp.root} are still queued or running "
@@ -316,6 +322,18 @@ def no_requeue(extra: dict) -> dict:
     experiment's `launcher.slurm.extra` says otherwise, then `extra` as given."""
     said = {k.replace("_", "-") for k in extra}
     return ({} if said & {"requeue", "no-requeue"} else {"no_requeue": True}) | dict(extra)
+
+
+def requeued_launcher(exp: ExpDir, env=os.environ) -> bool:
+    """Whether this launcher is a requeued run of the job whose earlier run launched the jobs on
+    record (slurm/train.sbatch after its node was lost): that launcher is gone for sure — a job
+    runs once at a time — so its jobs may be cancelled rather than waited for."""
+    job_id = env.get("SLURM_JOB_ID")
+    try:
+        launched_by = read_record(exp).get("launcher_job")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return bool(job_id) and int(env.get("SLURM_RESTART_COUNT") or 0) > 0 and launched_by == job_id
 
 
 def live_jobs_of_earlier_launch(exp: ExpDir) -> list[str]:

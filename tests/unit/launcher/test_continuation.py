@@ -10,7 +10,7 @@ import pytest
 
 from tandem.launcher.backends import RoleFailed
 from tandem.launcher.backends.base import Backend, Ended, LaunchError
-from tandem.launcher.backends.slurm import no_requeue
+from tandem.launcher.backends.slurm import no_requeue, requeued_launcher
 from tandem.launcher.continuation import (
     CONTINUED,
     NOT_CONTINUED,
@@ -19,6 +19,7 @@ from tandem.launcher.continuation import (
     continuations,
     decide,
     keep_going,
+    requeue_own_job,
 )
 from tandem.launcher.roles import Role
 from tandem.launcher.run_info import RunInfo
@@ -162,3 +163,56 @@ def test_jobs_are_not_requeued_by_slurm_unless_the_experiment_asks():
     assert no_requeue({"mail-type": "END"}) == {"no_requeue": True, "mail-type": "END"}
     assert no_requeue({"requeue": True}) == {"requeue": True}
     assert no_requeue({"no_requeue": True}) == {"no_requeue": True}
+
+
+class _Scontrol:
+    def __init__(self, rc=0, err=""):
+        self.calls, self.rc, self.err = [], rc, err
+
+    def __call__(self, cmd, **kw):
+        import subprocess
+        self.calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, self.rc, "", self.err)
+
+
+def test_the_launchers_job_requeues_itself_within_the_budget(exp, capsys):
+    write_record(exp, {"status": "interrupted", "roles": {}})
+    _trained(exp, 1, 2, 3)
+    scontrol = _Scontrol()
+    assert requeue_own_job(exp, 3, env={"SLURM_JOB_ID": "900", "SLURM_RESTART_COUNT": "1"}, run=scontrol,
+                           sleep=lambda s: None) == 0
+    assert scontrol.calls == [["scontrol", "requeue", "900"]]
+    (rec,) = continuations(exp)
+    assert (rec["event"], rec["failed_role"], rec["cause"], rec["step"], rec["attempt"]) == (
+        CONTINUED, "launcher", "TIMEOUT", 3, 2)
+    assert "launcher (job 900) reached its time limit (TIMEOUT) at step 3: requeueing job 900" in capsys.readouterr().out
+    assert json.loads((exp.services / "slurm-jobs.json").read_text())["status"] == "requeued launcher job 900"
+
+
+@pytest.mark.parametrize("env,said", [({"SLURM_JOB_ID": "900", "SLURM_RESTART_COUNT": "3"},
+                                       "its job was already requeued 3 times (launcher.slurm.auto_resume = 3)"),
+                                      ({}, "but it runs in no SLURM job to requeue")])
+def test_the_launchers_job_is_not_requeued_past_the_budget_or_outside_slurm(exp, capsys, env, said):
+    scontrol = _Scontrol()
+    assert requeue_own_job(exp, 3, env=env, run=scontrol, sleep=lambda s: None) == 130
+    assert scontrol.calls == [] and continuations(exp)[-1]["event"] == NOT_CONTINUED
+    assert said in capsys.readouterr().err
+
+
+def test_a_refused_requeue_says_what_the_job_lacks(exp, capsys):
+    scontrol = _Scontrol(rc=1, err="Requeue of JobId=900 not allowed")
+    assert requeue_own_job(exp, 3, env={"SLURM_JOB_ID": "900"}, run=scontrol, sleep=lambda s: None) == 1
+    assert "scontrol requeue 900 failed: Requeue of JobId=900 not allowed (is the job submitted with --requeue" \
+        in capsys.readouterr().err
+
+
+def test_only_a_requeued_run_of_the_same_launcher_job_takes_over_the_jobs_on_record(exp):
+    """The jobs of a launcher whose own job SLURM requeued (its node lost) are cancelled by the
+    next run of that job instead of refusing the launch; anyone else's are not."""
+    write_record(exp, {"status": "running", "roles": {}, "launcher_job": "900"})
+    assert requeued_launcher(exp, {"SLURM_JOB_ID": "900", "SLURM_RESTART_COUNT": "1"})
+    assert not requeued_launcher(exp, {"SLURM_JOB_ID": "900", "SLURM_RESTART_COUNT": "0"})
+    assert not requeued_launcher(exp, {"SLURM_JOB_ID": "901", "SLURM_RESTART_COUNT": "1"})
+    assert not requeued_launcher(exp, {})
+    write_record(exp, {"status": "running", "roles": {}, "launcher_job": None})
+    assert not requeued_launcher(exp, {"SLURM_JOB_ID": "900", "SLURM_RESTART_COUNT": "1"})
