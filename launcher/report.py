@@ -419,8 +419,8 @@ def report_text(exp: ExpDir, png, page, counts: dict) -> str:
              f"syncs, {counts['held_out_points']} held-out evaluations"]
     if info.continued:   # launcher/continuation.py: the launcher resumed the run by itself
         lines.append("  continued by the launcher: " + ", ".join(
-            f"#{c.get('attempt')} after {c.get('cause')} at {time.strftime('%H:%M:%S', time.localtime(c['time']))}"
-            for c in info.continued))
+            f"#{k} after {c.get('role') or 'a job'} {c.get('cause')} at "
+            f"{time.strftime('%H:%M:%S', time.localtime(c['time']))}" for k, c in enumerate(info.continued, 1)))
     headline = _summary(exp)[1]
     lines += [f"  {line}" for line in counts.get("learning", [])]
     width = max((len(k) for k, _ in headline), default=0)

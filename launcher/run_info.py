@@ -127,7 +127,7 @@ class RunInfo:
     eval_every: int | None = None
     reward_range: tuple[float, float] | None = None   # (wrong_reward, correct_reward)
     resumes: list[float] = field(default_factory=list)   # wall-clock times
-    # The launcher's own continuations: {time, attempt, cause} of each `continued` record.
+    # The launcher's own continuations: {time, attempt, cause, role} of each `continued` record.
     continued: list[dict] = field(default_factory=list)
 
     def resume_labels(self) -> list[str]:
@@ -179,5 +179,6 @@ def run_info(exp: ExpDir, records: list[dict]) -> RunInfo:
                    eval_every=int(ro.get("eval_every") or 0) if cfg else None,
                    reward_range=tuple(sorted(reward)) if None not in reward else None,
                    resumes=resume_times(exp.root, records),
-                   continued=[{"time": r["time"], "attempt": r.get("attempt"), "cause": r.get("cause")}
+                   continued=[{"time": r["time"], "attempt": r.get("attempt"), "cause": r.get("cause"),
+                               "role": r.get("failed_role")}
                               for r in records if r.get("event") == "continued" and "time" in r])

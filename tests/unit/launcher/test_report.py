@@ -2,6 +2,8 @@
 staleness bins, the zoomed timeline window, and a page that leads with the headline figures."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from synthetic_run import write_synthetic_run
 
@@ -91,3 +93,28 @@ def test_a_multi_turn_run_also_draws_the_first_turn(tmp_path):
     first = [line for line in fig.axes[1].lines if line.get_label().startswith("held-out, first turn")]
     assert len(first) == 1
     assert list(first[0].get_xdata()) == [0, 20] and list(first[0].get_ydata()) == [25.0, 45.0]
+
+
+def test_the_timeline_marks_each_continuation_by_its_cause_and_the_text_lists_them(tmp_path):
+    """A resume the launcher made by itself (launcher/continuation.py: a `continued` record, then
+    the launch's `resumed` mark) is labelled by its cause; a resume by hand stays "resumed"."""
+    from tandem.launcher.report import report_text
+
+    exp = ExpDir(tmp_path / "run")
+    write_synthetic_run(exp, n_steps=20)
+    times = sorted(r["time"] for r in read_metrics(exp))
+    first, second = times[len(times) // 3], times[2 * len(times) // 3]
+    with (exp.root / "metrics.jsonl").open("a") as f:
+        for rec in ({"event": "resumed", "resumed_at": first, "time": first},
+                    {"event": "continued", "failed_role": "trainer-0", "cause": "NODE_FAIL", "attempt": 1,
+                     "time": second - 5},
+                    {"event": "resumed", "resumed_at": second, "time": second}):
+            f.write(json.dumps({"role": "launcher", "rank": 0, **rec}) + "\n")
+    fig, _ = build_figure(exp)
+    whole = next(a for a in fig.axes if a.get_title().startswith("timeline: generation"))
+    assert [t.get_text() for t in whole.texts if t.get_text() in ("resumed", "continued #1: NODE_FAIL")] == [
+        "resumed", "continued #1: NODE_FAIL"]
+    png, page, counts = write_report(exp)
+    text = report_text(exp, png, page, counts)
+    assert "resumed 2x (1 by the launcher itself)" in text
+    assert "continued by the launcher: #1 after trainer-0 NODE_FAIL at " in text
