@@ -216,3 +216,27 @@ def test_only_a_requeued_run_of_the_same_launcher_job_takes_over_the_jobs_on_rec
     assert not requeued_launcher(exp, {})
     write_record(exp, {"status": "running", "roles": {}, "launcher_job": None})
     assert not requeued_launcher(exp, {"SLURM_JOB_ID": "900", "SLURM_RESTART_COUNT": "1"})
+
+
+def test_a_job_whose_role_the_time_limit_warning_stopped_ended_by_its_time_limit(exp):
+    """SLURM records such a job FAILED (the wrapper fails its task); the note any of its tasks
+    leaves (slurm_task.time_limit_note) makes it TIMEOUT for the launcher, and says so."""
+    from tandem.launcher.backends.slurm import SlurmRun, Submitted
+    from tandem.launcher.backends.slurm_requests import JobRequest, SlurmPolicy
+    from tandem.launcher.config import load_config
+    from tandem.launcher.slurm_jobs import JobState
+    from tandem.launcher.slurm_task import time_limit_note
+    from tandem.services.protocol import write_json_atomic
+
+    cfg = load_config(None, ["experiment.name=t", "experiment.model=/nonexistent", f"experiment.exp_dir={exp.root}",
+                             "launcher.backend=slurm", "launcher.slurm.launcher_lease_s=0"])
+    run = SlurmRun(cfg, exp, SlurmPolicy(launcher_lease_s=0))
+    run.jobs["trainer-0"] = Submitted(JobRequest(Role("trainer-0", ["x"], kind="trainer"), nodes=2), "55")
+    failed = JobState("55", "FAILED", exit_code="1:0", nodes="n[1-2]")
+    assert run.cause("trainer-0", failed) == "FAILED"
+    write_json_atomic(time_limit_note(run.folder, "55", 1), {"signal": "SIGUSR2"})   # rank 1's note
+    end = run.end_of("trainer-0", failed)
+    assert (end.cause, end.job_id, end.ok) == ("TIMEOUT", "55", False)
+    assert "trainer-0 (job 55) stopped at its time limit by SLURM's warning (sacct: FAILED, exit code 1:0" in end.why
+    assert run.cause("trainer-0", JobState("55", "NODE_FAIL")) == "NODE_FAIL"
+    assert run.cause("trainer-0", JobState("56", "FAILED")) == "FAILED"   # another job's note is not its
