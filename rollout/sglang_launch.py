@@ -69,7 +69,7 @@ class SGLangServerSpec:
     # LoRA adapters served from the start, as SGLang's `--lora-paths` takes them (`NAME=PATH`);
     # any turns `--enable-lora` on, and the first sets the adapters' rank and target modules.
     lora_paths: list[str] = field(default_factory=list)
-    # Return each request's routed experts (rollout routing replay, trainer.routing_replay):
+    # Return each request's routed experts (rollout routing replay, trainer.records_routing):
     # SGLang 0.5.23 captures them only when launched with --enable-return-routed-experts and
     # otherwise answers return_routed_experts with nothing.
     return_routed_experts: bool = False

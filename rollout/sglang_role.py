@@ -100,7 +100,7 @@ def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
 def server_spec(args, gen_cfg, port: int, nccl_port: int, key_config: Path | None,
                 routed_experts: bool = False) -> SGLangServerSpec:
     """The launch of server `args.rank` from the experiment's `gen` section (`routed_experts`:
-    trainer.routing_replay)."""
+    trainer.routing_replay or routing_agreement)."""
     return SGLangServerSpec(
         model_path=str(args.model), host=args.host, port=port, tp_size=gen_cfg.tp_size, base_gpu_id=0,
         mem_fraction_static=gen_cfg.mem_fraction_static, key_config=str(key_config) if key_config else None,
@@ -149,7 +149,7 @@ def run_from_args(args) -> int:
     nccl_port = args.nccl_port or free_port(_probe_host(args.host))
     try:
         spec = server_spec(args, gen_cfg, port, nccl_port, key_config,
-                           routed_experts=getattr(args.cfg.trainer, "routing_replay", False))
+                           routed_experts=getattr(args.cfg.trainer, "records_routing", False))
         argv = sglang_argv(spec)
     except ValueError as e:
         log.error("%s", e)

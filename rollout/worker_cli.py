@@ -71,8 +71,9 @@ class ControllerRouting:
 
 
 def _routed(cfg) -> tuple[int, int] | None:
-    """(MoE layers, top_k) to ask the servers for when the run replays routes (trainer.routing_replay)."""
-    if not getattr(cfg.trainer, "routing_replay", False):
+    """(MoE layers, top_k) to ask the servers for when the run replays or measures routes
+    (trainer.routing_replay, trainer.routing_agreement)."""
+    if not getattr(cfg.trainer, "records_routing", False):
         return None
     import json
     from pathlib import Path
@@ -80,7 +81,7 @@ def _routed(cfg) -> tuple[int, int] | None:
     from tandem.services.protocol.trajectory import routing_shape
     shape = routing_shape(json.loads((Path(cfg.experiment.model) / "config.json").read_text()))
     if shape is None:
-        raise SystemExit(f"trainer.routing_replay: {cfg.experiment.model} has no experts to route")
+        raise SystemExit(f"trainer.routing_replay/routing_agreement: {cfg.experiment.model} has no experts to route")
     return shape[:2]
 
 

@@ -103,7 +103,8 @@ def validate(t: Trajectory, vocab_size: int | None = None, routing: tuple[int, i
 def _routing_problem(t: Trajectory, routing: tuple[int, int, int] | None) -> str | None:
     r = t.routed_experts
     if r is None:
-        return "routing replay is on (trainer.routing_replay) but the sample has no routed_experts" if routing else None
+        return ("the run records routing (trainer.routing_replay or routing_agreement) but the sample has no "
+                "routed_experts") if routing else None
     positions = len(t.prompt_ids) + len(t.output_ids) - 1
     if r.ndim != 3 or len(r) != positions:
         return (f"routed_experts of shape {tuple(r.shape)}: expected [{positions}, layers, top_k] "

@@ -242,6 +242,10 @@ class TrainerConfig:
     # (docs/megatron.md, "Routing replay"). Both backends; refused on a dense model and with
     # trainer.megatron.recompute.
     routing_replay: bool = False
+    # Record the sampler's routed experts without replaying them: the step's record then has
+    # moe_router_agreement (how often the trainer's own routers choose the sampler's experts), to
+    # see what replay would change before turning it on. Implied by routing_replay.
+    routing_agreement: bool = False
     # Torch threads of one trainer rank. The local launcher with launcher.cpus.pin gives each
     # rank as many threads as its CPU set instead (OMP/MKL threads follow).
     threads: int = 1
@@ -257,6 +261,11 @@ class TrainerConfig:
     signals: SignalsConfig = field(default_factory=SignalsConfig)
     # A few trained samples (prompt, response, reward, version), decoded, every few steps.
     samples: SamplesConfig = field(default_factory=SamplesConfig)
+
+    @property
+    def records_routing(self) -> bool:
+        """The workers ask for the sampler's routed experts and samples carry them (MoE models)."""
+        return self.routing_replay or self.routing_agreement
 
     def problems(self) -> list[tuple[str, str]]:
         out = []

@@ -36,11 +36,12 @@ def model_fit_problems(tcfg, model_dir: str) -> list[tuple[str, str]]:
                                          f"is not supported: its experts are 3-D parameters that peft's LoRA does "
                                          f"not adapt, so only attention would train; set trainer.lora.rank: 0 to "
                                          f"train the whole model"))
-    if getattr(tcfg, "routing_replay", False):
+    if getattr(tcfg, "records_routing", False):
+        key = "trainer.routing_replay" if tcfg.routing_replay else "trainer.routing_agreement"
         if not experts:
-            out.append(("trainer.routing_replay", f"routing replay needs a mixture-of-experts model; {model_dir} "
-                                                  f"({kind}) has no experts to route"))
-        elif tcfg.backend == "megatron" and tcfg.megatron.recompute:
+            out.append((key, f"routed experts need a mixture-of-experts model; {model_dir} ({kind}) has no "
+                             f"experts to route"))
+        elif tcfg.routing_replay and tcfg.backend == "megatron" and tcfg.megatron.recompute:
             out.append(("trainer.routing_replay", "routing replay with trainer.megatron.recompute is not built: the "
                                                   "recomputing backward would route every micro-batch by the last "
                                                   "one's experts; turn one of them off"))

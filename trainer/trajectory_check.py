@@ -50,13 +50,14 @@ def model_vocab_size(model_dir: str | Path) -> int:
 
 def replay_routing(tcfg, model_dir: str | Path) -> tuple[int, int, int] | None:
     """(MoE layers, top_k, experts) every sample's routed experts must have when the run replays
-    routes (trainer.routing_replay), else None (the buffer then takes samples with or without)."""
-    if not getattr(tcfg, "routing_replay", False):
+    routes or measures their agreement (trainer.records_routing), else None (the buffer then
+    takes samples with or without)."""
+    if not getattr(tcfg, "records_routing", False):
         return None
     import json
 
     from tandem.services.protocol.trajectory import routing_shape
     shape = routing_shape(json.loads((Path(model_dir) / "config.json").read_text()))
     if shape is None:
-        raise SystemExit(f"trainer.routing_replay: {model_dir} has no experts to route")
+        raise SystemExit(f"trainer.routing_replay/routing_agreement: {model_dir} has no experts to route")
     return shape

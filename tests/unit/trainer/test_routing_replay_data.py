@@ -55,7 +55,7 @@ def test_validate_checks_the_shape_against_the_sample_and_the_model(traj):
     assert "the model has 4" in validate(_with_experts(traj, high=9), routing=SHAPE)
 
 
-def test_the_buffer_refuses_a_group_without_experts_when_replay_is_on(traj):
+def test_the_buffer_refuses_a_group_without_experts_when_the_run_records_them(traj):
     buf = ReplayBuffer(routing=SHAPE)
     assert buf.add(_with_experts(traj)) is True
     assert buf.add(traj("g", 1)) is False
@@ -82,6 +82,8 @@ def test_the_config_check_refuses_replay_on_a_dense_model_or_megatron_recompute(
     assert model_fit_problems(mg, str(tmp_path)) == []
     mg.megatron.recompute = True
     assert [k for k, _ in model_fit_problems(mg, str(tmp_path))] == ["trainer.routing_replay"]
+    measure = dataclasses.replace(mg, routing_replay=False, routing_agreement=True)   # no replay: no recompute issue
+    assert measure.records_routing and model_fit_problems(measure, str(tmp_path)) == []
 
 
 def test_the_step_batch_lays_the_experts_along_the_tokens(traj):
@@ -119,5 +121,9 @@ def test_tandem_config_check_refuses_replay_on_a_dense_model_or_an_agent(tmp_pat
                                                          "trainer.routing_replay=true", *more])))
     assert problems(moe) == {}
     assert "has no experts to route" in problems(dense)["trainer.routing_replay"]
+    measured = dict(resource_problems(load_config(None, [f"experiment.model={dense}", "experiment.name=x",
+                                                         f"experiment.exp_dir={tmp_path / 'x'}",
+                                                         "trainer.routing_agreement=true"])))
+    assert "has no experts to route" in measured["trainer.routing_agreement"]
     agent = problems(moe, "rollout.agent=tandem.rollout.agents.calculator:solve")
-    assert "not built for agent episodes" in agent["trainer.routing_replay"]
+    assert "not recorded for agent episodes" in agent["trainer.routing_replay"]
