@@ -239,8 +239,7 @@ class TrainerConfig:
     # experts each sampled sequence was routed to, they travel with the trajectory, and every
     # trainer forward over it (policy, proximal, reference) routes those tokens through the same
     # experts, so the trainer's log-probs are the sampler's model's, not another routing's
-    # (docs/megatron.md, "Routing replay"). Both backends; refused on a dense model and with
-    # trainer.megatron.recompute.
+    # (docs/megatron.md, "Routing replay"). Both backends; refused on a dense model.
     routing_replay: bool = False
     # Record the sampler's routed experts without replaying them: the step's record then has
     # moe_router_agreement (how often the trainer's own routers choose the sampler's experts), to

@@ -41,10 +41,6 @@ def model_fit_problems(tcfg, model_dir: str) -> list[tuple[str, str]]:
         if not experts:
             out.append((key, f"routed experts need a mixture-of-experts model; {model_dir} ({kind}) has no "
                              f"experts to route"))
-        elif tcfg.routing_replay and tcfg.backend == "megatron" and tcfg.megatron.recompute:
-            out.append(("trainer.routing_replay", "routing replay with trainer.megatron.recompute is not built: the "
-                                                  "recomputing backward would route every micro-batch by the last "
-                                                  "one's experts; turn one of them off"))
     ep = tcfg.expert_parallel
     if ep > 1 and not experts:
         out.append(("trainer.expert_parallel", f"trainer.expert_parallel={ep} needs a mixture-of-experts model; "

@@ -13,9 +13,11 @@ gradients as usual; only which experts receive the token is fixed. A position wi
 (the last token of a sequence, which the sampler never fed; a row of -1) routes by itself.
 
 The routes of one forward are set on the model before it (`set_routes`, [tokens, layers, k] in
-the forward's token order) and stay until the next: a recomputing backward (trainer.recompute)
-re-runs the forward under the same routes. A router that sees another number of tokens than
-the routes hold raises, never routes by the wrong rows.
+the forward's token order) and stay until the next. With activation recompute (`recompute`) each
+layer also keeps the routes of every training forward on a stack that the forward a recomputing
+backward repeats pops: the backwards of a pipeline stage run after all its micro-batches'
+forwards, in reverse order. A router that sees another number of tokens than the routes hold
+raises, never routes by the wrong rows.
 
 The agreement metric: for every recorded position, whether the trainer's own top-k set equals
 the sampler's, counted with replay on or off (with replay on it measures what replay corrects).
@@ -43,6 +45,8 @@ class RouterReplay:
         self.num_layers = len(self.routers) if num_layers is None else num_layers   # all stages'
         self.routes: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None    # [agreeing, compared], on the model's device
+        self.recompute = False                      # keep each training forward's routes (doc)
+        self._stacks: dict[int, list] = {}
         if routers_of is None:       # transformers' routers: their forward takes its top-k here
             for layer, router in enumerate(self.routers):
                 router.forward = types.MethodType(_forward(self, layer), router)
@@ -52,6 +56,10 @@ class RouterReplay:
         if routes is not None and routes.shape[1] != self.num_layers:
             raise ValueError(f"routing replay: routes for {routes.shape[1]} layers, the model routes {self.num_layers}")
         self.routes = routes
+
+    def clear_stacks(self) -> None:
+        """Forget kept routes (an update that stopped between its forwards and backwards)."""
+        self._stacks.clear()
 
     def take_agreement(self) -> tuple[float, float]:
         """(agreeing, compared) token-layer top-k sets since the last call (one host read)."""
@@ -65,14 +73,22 @@ class RouterReplay:
         """Layer `layer`'s experts for its tokens: the recorded ones where there are routes and
         replay is on, else `own` (the router's top-k, [tokens, k]); counts the agreement, except
         in the forward a recomputing backward repeats (counted once)."""
-        if self.routes is None:
+        routes = self.routes
+        recomputed = torch._C._current_graph_task_id() >= 0     # inside a backward pass
+        if self.recompute and torch.is_grad_enabled():
+            stack = self._stacks.setdefault(layer, [])
+            if recomputed:
+                routes = stack.pop() if stack else routes
+            else:
+                stack.append(routes)
+        if routes is None:
             return own
-        recorded = self.routes[:, layer].to(own.device, torch.long)
+        recorded = routes[:, layer].to(own.device, torch.long)
         if recorded.shape != own.shape:
             raise RuntimeError(f"routing replay: layer {layer}'s router saw {own.shape[0]} tokens x top-"
                                f"{own.shape[1]}, the routes hold {tuple(recorded.shape)}")
         given = recorded[:, 0] >= 0
-        if torch._C._current_graph_task_id() < 0:
+        if not recomputed:
             with torch.no_grad():
                 same = (own.sort(-1).values == recorded.sort(-1).values).all(-1) & given
                 c = torch.stack([same.sum(), given.sum()]).to(torch.float64)

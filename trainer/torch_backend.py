@@ -167,6 +167,7 @@ class TorchBackend(TrainBackend):
         # MoE routers that replay the sampler's experts (trainer.routing_replay) and, either way,
         # count their agreement with them (trainer/routing_replay.py); nothing on a dense model.
         self.routing = RouterReplay(self.model, getattr(cfg, "routing_replay", False))
+        self.routing.recompute = cfg.recompute
         if cfg.recompute:
             recompute_layers(self.model)
         self.chunk_fn = None   # trainer/logprobs.py's own
@@ -269,6 +270,7 @@ class TorchBackend(TrainBackend):
         self.optimizer.zero_grad(set_to_none=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         stats: dict = {}
+        self.routing.clear_stacks()
         for mb in mbs:
             if mb.n_tokens == 0:
                 continue

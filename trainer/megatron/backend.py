@@ -197,7 +197,8 @@ class MegatronBackend(TrainBackend):
     def _routing_replay(self, module):
         if not self.shape.is_moe:
             return None
-        return moe_replay.install(module, getattr(self.cfg, "routing_replay", False), self.shape.num_layers)
+        return moe_replay.install(module, getattr(self.cfg, "routing_replay", False), self.shape.num_layers,
+                                  recompute=self.mcfg.recompute)
 
     def _layer_spec(self):
         return layer_spec(self.on_gpu, self.shape.qk_norm, self.shape.num_experts)
@@ -322,6 +323,8 @@ class MegatronBackend(TrainBackend):
         # stay in eval mode (the block's flag gates nothing else in megatron-core 0.16.1).
         block = self._module().decoder
         block.training = self.mcfg.recompute
+        if self.routing is not None:
+            self.routing.clear_stacks()
         # each micro-batch on the device once: the first stage's forward and the last's loss read it
         run = moe_step.in_step([mb.on(self.device) for mb in mbs], self.ep_size, self.device)
         routing = (moe_step.training_routers(self._module(), self.mcfg, self.router_stats,

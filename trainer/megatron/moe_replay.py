@@ -12,8 +12,9 @@ the scores after it (a softmax over the k chosen logits with `norm_topk_prob`, o
 probabilities of the full softmax) and their gradients are the router's own.
 
 Each router indexes the routes by its global layer (`layer_number - 1`), so a pipeline stage
-reads its own layers' columns. A recomputing backward (trainer.megatron.recompute) would re-run
-the routers under the last micro-batch's routes: refused by the config check.
+reads its own layers' columns. With trainer.megatron.recompute the forward a recomputing backward
+repeats takes the routes its micro-batch's forward used (RouterReplay's stacks: the pipeline runs
+every forward of an update, then the backwards in reverse order).
 """
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ class _LayerReplay:
         return scores.gather(1, chosen), chosen
 
 
-def install(module, replay: bool, num_layers: int) -> RouterReplay:
+def install(module, replay: bool, num_layers: int, recompute: bool = False) -> RouterReplay:
     """Every router of this stage's GPTModel replays through one state (set_routes per forward)."""
     state = RouterReplay(module, replay, routers_of=moe.routers, num_layers=num_layers)
+    state.recompute = recompute
     for router in state.routers:
         router.router_replay = _LayerReplay(state, router.layer_number - 1)
     return state

@@ -1,7 +1,7 @@
 """Routed experts as trajectory data (rollout routing replay): compact on the wire (uint8, uint16
 past 256 experts), unchanged through the write-ahead log, refused by the buffer when their shape
 does not fit the sample or the model, or when replay is on and a sample has none; the config
-check refuses replay on a dense model or with Megatron's recompute; the worker and trainer read the
+check refuses them on a dense model; the worker and trainer read the
 shape from config.json (Qwen3-MoE's dense layers left out)."""
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_routing_shape_skips_dense_layers():
     assert routing_shape({"text_config": cfg}) == (5, 8, 128)
 
 
-def test_the_config_check_refuses_replay_on_a_dense_model_or_megatron_recompute(tmp_path):
+def test_the_config_check_refuses_replay_on_a_dense_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
     on = dataclasses.replace(TrainerConfig(), routing_replay=True)
     assert any("has no experts to route" in why for _, why in model_fit_problems(on, str(tmp_path)))
@@ -80,9 +80,7 @@ def test_the_config_check_refuses_replay_on_a_dense_model_or_megatron_recompute(
     assert model_fit_problems(on, str(tmp_path)) == []
     mg = dataclasses.replace(on, backend="megatron")
     assert model_fit_problems(mg, str(tmp_path)) == []
-    mg.megatron.recompute = True
-    assert [k for k, _ in model_fit_problems(mg, str(tmp_path))] == ["trainer.routing_replay"]
-    measure = dataclasses.replace(mg, routing_replay=False, routing_agreement=True)   # no replay: no recompute issue
+    measure = dataclasses.replace(mg, routing_replay=False, routing_agreement=True)
     assert measure.records_routing and model_fit_problems(measure, str(tmp_path)) == []
 
 

@@ -183,3 +183,59 @@ def test_the_megatron_hook_has_megatron_cores_signature():
     from tandem.trainer.megatron.moe_replay import _LayerReplay
     assert (list(inspect.signature(_LayerReplay.get_replay_topk).parameters)
             == list(inspect.signature(CoreReplay.get_replay_topk).parameters))
+
+
+def _replayed_update(be, mbs) -> dict[str, torch.Tensor]:
+    """The gradients of one update of `be` on the replayed micro-batches."""
+    grads, step = {}, be.optimizer.step
+    module = be._module() if hasattr(be, "_module") else be.model
+
+    def record_then_step(*a, **k):
+        grads.update({n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None})
+        return step(*a, **k)
+    be.optimizer.step = record_then_step
+    assert be.train_step(mbs, mc.make_loss_fn(mc.n_valid(mbs)), 1.0).applied
+    return grads
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_a_recomputing_backward_replays_its_micro_batchs_routes(moe_dir, backend):
+    """With activation recompute the backward re-runs each layer's router: it must route by the
+    routes of the micro-batch whose forward it repeats (the routes kept per layer), so the update
+    equals the one without recompute."""
+    from dataclasses import replace
+    mbs, _ = _recorded(_sampler(moe_dir), mc.micro_batches(0) + mc.micro_batches(1))
+    grads = []
+    for recompute in (False, True):
+        if backend == "torch":
+            be = TorchBackend(_cfg(routing_replay=True, recompute=recompute), moe_dir, seed=0)
+            grads.append(_replayed_update(be, mbs))
+            continue
+        cfg = mm.moe_trainer_cfg()
+        cfg = replace(cfg, routing_replay=True, megatron=replace(cfg.megatron, recompute=recompute))
+        gen = mc.in_process_backend(moe_dir, cfg=cfg)
+        try:
+            grads.append(_replayed_update(next(gen), mbs))
+        finally:
+            next(gen, None)
+    assert grads[0].keys() == grads[1].keys()
+    for k, v in grads[0].items():
+        torch.testing.assert_close(grads[1][k], v, rtol=1e-5, atol=1e-6 * float(v.abs().max()) + 1e-12, msg=k)
+
+
+def test_recompute_takes_each_micro_batchs_routes_when_the_backwards_run_later(moe_dir):
+    """A pipeline stage runs every micro-batch's forward, then the backwards in reverse order
+    (trainer/megatron/pipeline.py): the recomputed forwards must pop their own micro-batch's routes,
+    not route by the last one set. Run that order on the torch backend's recomputing layers."""
+    mbs, _ = _recorded(_sampler(moe_dir), mc.micro_batches(0) + mc.micro_batches(1))
+    grads = []
+    for recompute in (False, True):
+        be = TorchBackend(_cfg(routing_replay=True, recompute=recompute), moe_dir, seed=0)
+        be.routing.clear_stacks()
+        losses = [-(be._forward(mb, 1.0, False).logp * mb.fields["loss_mask"]).sum() for mb in mbs]
+        for loss in reversed(losses):
+            loss.backward()
+        assert not any(be.routing._stacks.values())        # every kept route was taken back
+        grads.append({n: p.grad.clone() for n, p in be.model.named_parameters() if p.grad is not None})
+    for k, v in grads[0].items():
+        torch.testing.assert_close(grads[1][k], v, rtol=1e-5, atol=1e-6 * float(v.abs().max()) + 1e-12, msg=k)
