@@ -85,14 +85,15 @@ def _routed(cfg) -> tuple[int, int] | None:
     return shape[:2]
 
 
-def _services(cfg, exp: ExpDir, worker_id: str):
+def _services(cfg, exp: ExpDir, worker_id: str, routing: bool = True):
     from tandem.rollout.client import GenerationClient
     keys = load_keys(exp.keys, worker_id)   # its own identity: it may speak for itself only (keys.py)
     controller = RequestClient(keys, lambda: read_service(exp, "controller", timeout_s=30))
     # A run whose servers serve the trained LoRA adapter by name: every request names it.
     adapter = POLICY_ADAPTER if cfg.trainer.lora.adapter_sync else None
     generator = GenerationClient(ControllerRouting(exp, controller, worker_id), adapter=adapter,
-                                 chunk_tokens=cfg.rollout.new_tokens_per_chunk, routed_experts=_routed(cfg))
+                                 chunk_tokens=cfg.rollout.new_tokens_per_chunk,
+                                 routed_experts=_routed(cfg) if routing else None)
     return keys, controller, generator
 
 
@@ -118,7 +119,7 @@ def cmd_rollout(args) -> int:
 async def evaluate(cfg, exp: ExpDir, n: int) -> dict:
     from tandem.rollout.evaluation import evaluate_prompts, held_out_prompts
 
-    keys, _, generator = _services(cfg, exp, "eval")
+    keys, _, generator = _services(cfg, exp, "eval", routing=False)   # nothing trains on eval samples
     reward = RequestClient(keys, lambda: read_service(exp, "reward", timeout_s=30), timeout_s=300)
     try:
         return await evaluate_prompts(cfg, held_out_prompts(cfg, n), generator, reward)
