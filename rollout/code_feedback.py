@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from tandem.services.protocol import GradeItem, Ticket, Trajectory, Verdict
+from tandem.services.protocol.trajectory import compact_experts
 
 from .dataset import Prompt
 from .workflow import EpisodeContext, RejectGroup, chat_prompt_ids, next_turn_ids
@@ -97,15 +98,39 @@ class _Conversation:
         self.versions: list[int] = []
         self.mask: list[int] = []
         self.verdicts: list[Verdict] = []   # each turn's program on every test
+        # Routed experts (routing replay): each turn's request covers every position it fed; a
+        # position keeps the experts of the first request that fed it (the segments joined as the
+        # generation client joins an interrupted sample's). None once a turn came without them.
+        self.routed: list[np.ndarray] | None = []
+        self.routed_len = 0
         self.finish_reason = "stop"
 
     def add_model_turn(self, sample, text: str) -> None:
+        experts = getattr(sample, "routed_experts", None)
+        if experts is None:
+            self.routed = None
+        elif self.routed is not None:
+            self.routed.append(experts[self.routed_len:])
+            self.routed_len = len(experts)
         self.ids += list(sample.output_ids)
         self.logprobs += list(sample.output_logprobs)
         self.versions += list(sample.output_versions)
         self.mask += [1] * len(sample.output_ids)
         self.messages.append({"role": "assistant", "content": text})
         self.finish_reason = sample.finish_reason
+
+    def experts(self, prompt_len: int) -> np.ndarray | None:
+        """[prompt + output - 1, layers, k] for the trajectory. Environment tokens after the last
+        model turn (an episode stopped by the context limit) were never fed: they take the last
+        fed position's experts, which no trained log-prob depends on (they come after every
+        model token)."""
+        if not self.routed:
+            return None
+        rows = np.concatenate(self.routed, 0)
+        missing = prompt_len + len(self.ids) - 1 - len(rows)
+        if missing > 0:
+            rows = np.concatenate([rows, np.repeat(rows[-1:], missing, 0)], 0)
+        return rows
 
     def add_environment_turn(self, tokenizer, text: str, last_model_ids: list[int]) -> None:
         self.messages.append({"role": "user", "content": text})
@@ -170,6 +195,7 @@ async def code_with_feedback(ctx: EpisodeContext, prompt: Prompt, ticket: Ticket
         output_logprobs=np.asarray(c.logprobs, dtype=np.float32),
         output_versions=np.asarray(c.versions, dtype=np.int32),
         output_mask=np.asarray(c.mask, dtype=np.uint8), turn_rewards=np.asarray(tr, dtype=np.float32),
+        routed_experts=compact_experts(c.experts(len(prompt_ids))),
         admit_version=ticket.admit_version, reward=float(r), finish_reason=c.finish_reason, task=prompt.task,
         # generation and grading interleave turn by turn: `episode_s` is both
         timings={"episode_s": elapsed, "correct": float(v.correct), "turns": float(len(c.verdicts)),
