@@ -71,7 +71,7 @@ class ControllerRouting:
 
 
 def _routed(cfg) -> tuple[int, int] | None:
-    """(MoE layers, top_k) to ask the servers for when the run replays or measures routes
+    """(layers, top_k) to ask the servers for when the run replays or measures routes
     (trainer.routing_replay, trainer.routing_agreement)."""
     if not getattr(cfg.trainer, "records_routing", False):
         return None

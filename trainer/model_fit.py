@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tandem.services.protocol.trajectory import dense_layers
+
 
 def num_experts(config: dict) -> int:
     """Experts per layer of a config.json (0: dense). The Hub's Qwen3-MoE files say `num_experts`;
@@ -41,6 +43,9 @@ def model_fit_problems(tcfg, model_dir: str) -> list[tuple[str, str]]:
         if not experts:
             out.append((key, f"routed experts need a mixture-of-experts model; {model_dir} ({kind}) has no "
                              f"experts to route"))
+        elif dense_layers(config):
+            out.append((key, f"routed experts need every layer to route (SGLang returns one row per layer); "
+                             f"{model_dir} has dense layers {dense_layers(config)}"))
     ep = tcfg.expert_parallel
     if ep > 1 and not experts:
         out.append(("trainer.expert_parallel", f"trainer.expert_parallel={ep} needs a mixture-of-experts model; "

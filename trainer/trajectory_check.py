@@ -49,7 +49,7 @@ def model_vocab_size(model_dir: str | Path) -> int:
 
 
 def replay_routing(tcfg, model_dir: str | Path) -> tuple[int, int, int] | None:
-    """(MoE layers, top_k, experts) every sample's routed experts must have when the run replays
+    """(layers, top_k, experts) every sample's routed experts must have when the run replays
     routes or measures their agreement (trainer.records_routing), else None (the buffer then
     takes samples with or without)."""
     if not getattr(tcfg, "records_routing", False):

@@ -49,16 +49,23 @@ class Trajectory:
 
 
 def routing_shape(config: dict) -> tuple[int, int, int] | None:
-    """(MoE layers, top_k, experts per layer) of a model's config.json, the shape of its routed
-    experts; None for a dense model. Qwen3-MoE's layer i routes unless it is in `mlp_only_layers`
-    or `decoder_sparse_step` skips it (as transformers builds the model)."""
+    """(layers, top_k, experts per layer) of a model's config.json, the shape of its routed
+    experts; None for a dense model. One row per layer, `num_hidden_layers`, as SGLang 0.5.23's
+    capturer sizes them (`state_capturer/routed_experts.py`); replay needs every layer to route
+    (`dense_layers` says which do not)."""
     config = config.get("text_config", config)
     experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     if not experts:
         return None
+    return int(config["num_hidden_layers"]), int(config["num_experts_per_tok"]), experts
+
+
+def dense_layers(config: dict) -> list[int]:
+    """The layers of a Qwen3-MoE config.json without experts (`mlp_only_layers`, and those
+    `decoder_sparse_step` skips, as transformers builds the model)."""
+    config = config.get("text_config", config)
     step, dense = int(config.get("decoder_sparse_step") or 1), set(config.get("mlp_only_layers") or [])
-    layers = sum(1 for i in range(int(config["num_hidden_layers"])) if i not in dense and (i + 1) % step == 0)
-    return layers, int(config["num_experts_per_tok"]), experts
+    return [i for i in range(int(config.get("num_hidden_layers") or 0)) if i in dense or (i + 1) % step]
 
 
 def compact_experts(ids) -> np.ndarray | None:

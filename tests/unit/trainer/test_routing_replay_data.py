@@ -2,7 +2,7 @@
 past 256 experts), unchanged through the write-ahead log, refused by the buffer when their shape
 does not fit the sample or the model, or when replay is on and a sample has none; the config
 check refuses them on a dense model; the worker and trainer read the
-shape from config.json (Qwen3-MoE's dense layers left out)."""
+shape from config.json (a row per layer, as SGLang; dense layers refused)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tandem.services.protocol.trajectory import compact_experts, routing_shape
+from tandem.services.protocol.trajectory import compact_experts, dense_layers, routing_shape
 from tandem.trainer.buffer import ReplayBuffer, validate
 from tandem.trainer.config import TrainerConfig
 from tandem.trainer.model_fit import model_fit_problems
@@ -62,13 +62,13 @@ def test_the_buffer_refuses_a_group_without_experts_when_the_run_records_them(tr
     assert "no routed_experts" in buf.refused["g"]
 
 
-def test_routing_shape_skips_dense_layers():
-    cfg = {"num_hidden_layers": 6, "num_experts": 128, "num_experts_per_tok": 8, "mlp_only_layers": [0],
-           "decoder_sparse_step": 1}
-    assert routing_shape(cfg) == (5, 8, 128)
-    assert routing_shape({**cfg, "mlp_only_layers": [], "decoder_sparse_step": 2}) == (3, 8, 128)
+def test_routing_shape_has_a_row_per_layer_as_sglang():
+    cfg = {"num_hidden_layers": 6, "num_experts": 128, "num_experts_per_tok": 8}
+    assert routing_shape(cfg) == (6, 8, 128) and dense_layers(cfg) == []
+    assert dense_layers({**cfg, "mlp_only_layers": [0]}) == [0]
+    assert dense_layers({**cfg, "decoder_sparse_step": 2}) == [0, 2, 4]
     assert routing_shape({"num_hidden_layers": 2, "num_experts_per_tok": 2}) is None
-    assert routing_shape({"text_config": cfg}) == (5, 8, 128)
+    assert routing_shape({"text_config": cfg}) == (6, 8, 128)
 
 
 def test_the_config_check_refuses_replay_on_a_dense_model(tmp_path):
@@ -78,6 +78,12 @@ def test_the_config_check_refuses_replay_on_a_dense_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 2,
                                                       "num_experts": 4, "num_experts_per_tok": 2}))
     assert model_fit_problems(on, str(tmp_path)) == []
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 2,
+                                                      "num_experts": 4, "num_experts_per_tok": 2,
+                                                      "mlp_only_layers": [1]}))
+    assert "has dense layers [1]" in dict(model_fit_problems(on, str(tmp_path)))["trainer.routing_replay"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 2,
+                                                      "num_experts": 4, "num_experts_per_tok": 2}))
     mg = dataclasses.replace(on, backend="megatron")
     assert model_fit_problems(mg, str(tmp_path)) == []
     measure = dataclasses.replace(mg, routing_replay=False, routing_agreement=True)
