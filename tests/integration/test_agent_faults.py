@@ -50,8 +50,8 @@ async def solve(row, client):
 
 def test_an_agent_run_through_faults_accounts_for_every_group(tmp_path, tiny_model_dir):
     (tmp_path / "fault_agent.py").write_text(AGENT)
-    run = run_with_faults(tmp_path, tiny_model_dir, "agent-faults", [(2, "gen"), (5, "trainer")], total_steps=40,
-                          timeout_s=540, tail_steps=3, rollout=", agent: 'fault_agent:solve', max_turns: 2")
+    run = run_with_faults(tmp_path, tiny_model_dir, "agent-faults", [(1, "gen"), (3, "trainer")], total_steps=30,
+                          timeout_s=540, tail_steps=2, rollout=", agent: 'fault_agent:solve', max_turns: 2")
     a = run["audit"]
     assert run["exits"] == [1, 0], run["outputs"][-1][-2000:]
     assert a["steps"] == run["total_steps"]

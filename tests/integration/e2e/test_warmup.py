@@ -30,7 +30,7 @@ def test_warm_up_writes_a_model_and_reuses_it(tmp_path):
     assert again.returncode == 0 and "using cached warm-up model" in again.stdout
     bad = subprocess.run([sys.executable, "-m", "tandem.launcher.cli", "sft", "--task", "poetry", "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--task must be math, code or code-agent" in bad.stderr
+    assert bad.returncode == 2 and "--task must be one of math, code, code-agent, agent-math" in bad.stderr
 
 
 def _until(proc: subprocess.Popen, *needles: str, timeout_s: float = 300) -> str:
