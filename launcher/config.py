@@ -93,21 +93,19 @@ class SlurmSection:
     # checkpoints) and ends, so a launcher killed outright (SIGKILL, OOM, its node lost) does not
     # leave the jobs holding their GPUs until their time limit. 0 = jobs never stop on their own.
     launcher_lease_s: float = 600.0
-    # Times the launcher continues the run by itself from its last checkpoint (as `tandem run
-    # FILE --resume` would) when a job ends by the cluster's doing: its time limit, preemption, a
-    # lost node (docs/cluster.md, "Runs that last days"). A crash, OUT_OF_MEMORY or a cancel
-    # never continues, nor a run that ended the same way at the same step twice. Also the times
-    # slurm/train.sbatch's launcher job requeues itself at its own time limit. 0 = never.
+    # Times the launcher continues the run by itself from its last checkpoint (as --resume) when a job
+    # ends by the cluster's doing (time limit, preemption, lost node; never a crash, OOM, cancel or the
+    # same end at the same step twice), and slurm/train.sbatch's job requeues itself. 0 = never
+    # (docs/cluster.md, "Runs that last days").
     auto_resume: int = 3
     # Seconds before the first automatic continuation, doubled before each next one (at most 16x).
     auto_resume_backoff_s: float = 60.0
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
-        if self.auto_resume < 0:
-            out.append(("auto_resume", f"must be >= 0 (0 = never continue by itself), got {self.auto_resume}"))
-        if not self.auto_resume_backoff_s >= 0:
-            out.append(("auto_resume_backoff_s", f"must be >= 0 seconds, got {self.auto_resume_backoff_s}"))
+        for key, zero in (("auto_resume", "never continue by itself"), ("auto_resume_backoff_s", "no wait")):
+            if not getattr(self, key) >= 0:   # NaN too
+                out.append((key, f"must be >= 0 (0 = {zero}), got {getattr(self, key)}"))
         if self.on_failure not in ("teardown", "resubmit"):
             out.append(("on_failure", f"must be 'teardown' or 'resubmit', got {self.on_failure!r}"))
         if self.max_resubmits < 0:
@@ -340,13 +338,13 @@ def _sequence_fits_micro_batch(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     budget equal to max_new_tokens silently dropped exactly the samples cut at the length limit."""
     r, budget = cfg.rollout, cfg.trainer.max_tokens_per_mb
     turns, need = model_turns(r), longest_sequence(r)
-    if r.agent and r.agent_context_tokens:   # an agent's episode: tool results and all
-        return [] if budget >= r.agent_context_tokens else [
-            ("trainer.max_tokens_per_mb", f"{budget} is less than rollout.agent_context_tokens = "
-                                          f"{r.agent_context_tokens}: an episode that long would be left out of "
-                                          f"the loss (counted as too_long); raise it or lower the other")]
+    if r.agent and r.agent_context_tokens:   # an agent's episode, tool results and all
+        need = r.agent_context_tokens
     if budget >= need:
         return []
+    if r.agent and r.agent_context_tokens:
+        return [("trainer.max_tokens_per_mb", f"{budget} is less than rollout.agent_context_tokens = {need}: an episode "
+                                              "that long would be left out of the loss; raise one or lower the other")]
     outputs = f"{turns} x rollout.max_new_tokens" if turns > 1 else "rollout.max_new_tokens"
     values = f"{turns} x {r.max_new_tokens}" if turns > 1 else str(r.max_new_tokens)
     return [("trainer.max_tokens_per_mb",
