@@ -197,7 +197,7 @@ class Segment:
 
 
 class AgentClient:
-    """`client.chat.completions.create(...)` for one episode; `client.tokens()` is what it sampled.
+    """`client.chat.completions.create(...)` for one episode; `client.segments` is what it sampled.
 
     `generate(prompt_ids, params, sticky_key)` is the worker's generation path; `sampling` the
     run's settings (temperature, top_p, top_k, max_new_tokens); `max_turns` and `max_context`
