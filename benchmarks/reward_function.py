@@ -14,10 +14,9 @@ from __future__ import annotations
 if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
     import script_path  # noqa: F401
 
-import math
 
 from benchmarks.common import cli, print_table, write_results
-from benchmarks.train_math import run_once
+from benchmarks.train_math import difference_se, run_once
 
 WRAPPED = "reward.function=examples.custom_reward.builtin_math:grade"
 
@@ -32,7 +31,7 @@ def main(quick: bool = False) -> dict:
                 rows)
     n = builtin["eval_n"]
     a, b = builtin["accuracy_after"], wrapped["accuracy_after"]
-    gap_se = math.sqrt(a * (1 - a) / n + b * (1 - b) / wrapped["eval_n"]) if n else None
+    gap_se = difference_se(a, n, b, wrapped["eval_n"])
     gap = b - a
     headline = {
         "builtin": builtin, "wrapped": wrapped, "wrapped_override": WRAPPED,

@@ -16,10 +16,9 @@ from __future__ import annotations
 if not __package__:  # `python benchmarks/NAME.py`: see benchmarks/script_path.py
     import script_path  # noqa: F401
 
-import math
 
 from benchmarks.common import cli, print_table, write_results
-from benchmarks.train_math import run_once
+from benchmarks.train_math import difference_se, run_once
 
 
 def main(quick: bool = False) -> dict:
@@ -31,8 +30,7 @@ def main(quick: bool = False) -> dict:
                 [[name, *(r.get(k) for k in keys)] for name, r in (("agent + calculator", agent),
                                                                   ("single turn, no tool", single))])
     a, b = agent["accuracy_after"], single["accuracy_after"]
-    gap_se = math.sqrt(a * (1 - a) / agent["eval_n"] + b * (1 - b) / single["eval_n"]) \
-        if agent["eval_n"] and single["eval_n"] else None
+    gap_se = difference_se(a, agent["eval_n"], b, single["eval_n"])
     headline = {
         "agent": agent, "single_turn": single,
         "agent_gain_points": agent["accuracy_gain_points"],

@@ -94,6 +94,11 @@ def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tup
             "held_out_curve": curve, **turns, **trackers}
 
 
+def difference_se(a: float, n_a: int, b: float, n_b: int) -> float | None:
+    """Standard error of the difference of two independent binomial accuracies (None without both)."""
+    return math.sqrt(a * (1 - a) / n_a + b * (1 - b) / n_b) if n_a and n_b else None
+
+
 def seed_means(runs: list[dict]) -> dict:
     """Mean gain over seeds, in points, with its standard error: each seed's gain has the binomial
     errors of its two evaluations; the seeds' evaluations are independent."""

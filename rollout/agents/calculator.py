@@ -56,7 +56,6 @@ def calc(expression: str) -> str:
     return str(value)
 
 
-calculate = calc
 TOOLS = Toolbox(calc, timeout_s=2.0, max_chars=100)
 
 

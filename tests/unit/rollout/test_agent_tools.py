@@ -112,8 +112,8 @@ def test_run_all_answers_every_call_in_order():
     ("13*15-7-1-5", "182"), ("2*(3+4)", "14"), ("-3+10", "7"), ("7/2", "3.5"), ("8/2", "4"),
 ])
 def test_calculator(expression, expected):
-    from tandem.rollout.agents.calculator import calculate
-    assert calculate(expression) == expected
+    from tandem.rollout.agents.calculator import calc
+    assert calc(expression) == expected
 
 
 @pytest.mark.parametrize("expression, message", [
@@ -124,9 +124,9 @@ def test_calculator(expression, expected):
     ("(" * 200 + "1" + ")" * 200, "too long"),
 ])
 def test_calculator_refuses_what_could_run_away(expression, message):
-    from tandem.rollout.agents.calculator import calculate
+    from tandem.rollout.agents.calculator import calc
     with pytest.raises(ValueError, match=message):
-        calculate(expression)
+        calc(expression)
 
 
 def test_the_sandboxed_python_tool_reports_output_and_failures():
