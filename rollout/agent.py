@@ -118,8 +118,8 @@ def tool_format(tokenizer, configured: str) -> str:
 async def _episode(ctx: EpisodeContext, settings: AgentSettings, prompt: Prompt, key: str):
     async def grade(text: str, **reference):
         item = grade_item(prompt, text)
-        for key, value in reference.items():   # the agent's own reference: e.g. the tests it shows
-            setattr(item, key, value)
+        for field_name, value in reference.items():   # the agent's own reference: e.g. the tests it shows
+            setattr(item, field_name, value)
         return (await ctx.grade([item]))[0]
 
     async def run(program: str, stdin: str):
