@@ -1,7 +1,8 @@
 """`tandem sft --task math|code|code-agent --out DIR`: the tiny model, warmed up on solved
 synthetic tasks (`code-agent`: half of the rows are revision conversations, a wrong program,
 the feedback the multi-turn episode gives and the right program, so RL starts from a model
-that knows the feedback format).
+that knows the feedback format). `--arch qwen3_moe` warms up the tiny Qwen3-MoE instead of the
+dense Qwen2 (rollout/tiny_model.py), on the same rows: `make train-math-moe`'s model.
 
 The embedded default runs start RL from this model. It composes pieces of other packages (the
 tiny model and the synthetic tasks from `rollout`, the SFT loop from `trainer`) and caches the
@@ -24,6 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from tandem.rollout.tiny_model import ARCHS
 from tandem.services.protocol import write_json_atomic
 
 BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -32,6 +34,7 @@ BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # from a first-turn pass rate 13 points below the code warm-up's and gained less.
 DEFAULT_STEPS = {"math": 1000, "code": 1000, "code-agent": 2000, "agent-math": 1000}
 TASKS = tuple(DEFAULT_STEPS)
+DENSE = "qwen2"   # the architecture of the tiny model unless --arch says otherwise
 
 
 def _boxed_accuracy(model, tok, rows, encode_prompt, max_new_tokens: int) -> float:
@@ -74,7 +77,7 @@ def partial_path(out: Path) -> Path:
     return out.with_name(f"{out.name}.partial.pt")
 
 
-def cached(out: Path, task: str, steps: int, seed: int) -> tuple[dict | None, str]:
+def cached(out: Path, task: str, steps: int, seed: int, arch: str = DENSE) -> tuple[dict | None, str]:
     """The marker of a finished warm-up of these settings in `out`, or None and why it is not
     used (`""`: there is none). A warm-up stopped before its steps is never used: earlier
     versions cached one stopped by the time cap; its marker says so (`steps` < `max_steps`)."""
@@ -83,7 +86,8 @@ def cached(out: Path, task: str, steps: int, seed: int) -> tuple[dict | None, st
     except (FileNotFoundError, json.JSONDecodeError):
         return None, ""
     settings = done.get("settings") or {}
-    if done.get("task") != task or settings.get("max_steps") != steps or settings.get("seed") != seed:
+    if (done.get("task") != task or done.get("arch", DENSE) != arch or settings.get("max_steps") != steps
+            or settings.get("seed") != seed):
         return None, ""
     if stopped_short(done):
         return None, f"{out} holds {describe(done)}: not using it"
@@ -103,8 +107,9 @@ def describe(done: dict) -> str:
 
 def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, eval_n: int,
             force: bool = False, stop: threading.Event | None = None, clock=time.monotonic,
-            checkpoint_every: int = 100, batch_size: int = 64) -> dict:
-    """Warm the tiny model up, or reuse the finished warm-up cached in `out`. The summary's
+            checkpoint_every: int = 100, batch_size: int = 64, arch: str = DENSE) -> dict:
+    """Warm the tiny model (`arch`: rollout/tiny_model.ARCHS) up, or reuse the finished warm-up
+    cached in `out`. The summary's
     `complete` is False when it stopped before its steps (`seconds` on `clock`, or `stop`): then
     nothing is cached, its progress is in `partial_path(out)`, and the next call continues it."""
     from tandem.rollout.synthetic import generate
@@ -118,14 +123,15 @@ def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, 
     if force:
         partial.unlink(missing_ok=True)
     else:
-        done, why = cached(out, task, steps, seed)
+        done, why = cached(out, task, steps, seed, arch)
         if done is not None:
             print(f"using cached warm-up model {out} ({done['steps']} steps, greedy accuracy "
                   f"{done.get('greedy_accuracy')})")
             return done
         if why:
             print(f"{why}; warming up again")
-    identity = {"task": task, **settings.identity()}
+    # The dense model's identity is as it was before --arch, so its unfinished warm-ups still continue.
+    identity = {"task": task, **({"arch": arch} if arch != DENSE else {}), **settings.identity()}
     resume, why = read_partial(partial, identity)
     if why:
         print(f"{why}; starting over")
@@ -133,7 +139,7 @@ def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, 
     elif resume is not None:
         print(f"continuing the unfinished warm-up from step {resume['step']} of {steps} ({partial})")
     base = Path(tempfile.mkdtemp(prefix="tandem-tiny-"))
-    init_tiny(base, seed=seed)
+    init_tiny(base, seed=seed, arch=arch)
     kind = {"code-agent": "code", "agent-math": "math"}.get(task, task)
     # A pool of 50,000 solved tasks, or what `steps` batches can draw if that is fewer (the default
     # steps draw more; a short warm-up need not encode 50,000 prompts first).
@@ -169,6 +175,7 @@ def warm_up(task: str, out: Path, steps: int, seconds: float | None, seed: int, 
     finally:
         shutil.rmtree(base, ignore_errors=True)
     summary["task"] = task
+    summary["arch"] = arch
     if not summary["complete"]:
         print(f"warm-up stopped at step {summary['steps']} of {steps} by {summary['stopped_by']}: not cached "
               f"as done, and {out} was not written. Its progress is kept in {partial}: the same command "
@@ -215,13 +222,16 @@ def cmd_sft(args) -> int:
     if args.task not in TASKS:
         print(f"tandem sft: --task must be one of {', '.join(TASKS)}, got {args.task!r}", file=sys.stderr)
         return 2
+    if args.arch not in ARCHS:
+        print(f"tandem sft: --arch must be one of {', '.join(ARCHS)}, got {args.arch!r}", file=sys.stderr)
+        return 2
     if args.seconds is not None and args.seconds <= 0:
         print(f"tandem sft: --seconds must be > 0, got {args.seconds:g}", file=sys.stderr)
         return 2
     steps = args.steps if args.steps is not None else DEFAULT_STEPS[args.task]
     with stop_on_signals() as stop:
         summary = warm_up(args.task, Path(args.out), steps, args.seconds, args.seed, args.eval_n, args.force,
-                          stop=stop)
+                          stop=stop, arch=args.arch)
     if summary.get("complete", True):
         return 0
     # Stopped by a signal: the shell's convention (130 for Ctrl-C); by the time cap: 3. Either way
@@ -233,6 +243,9 @@ def register(sub) -> None:
     p = sub.add_parser("sft", help="warm up the tiny model on solved synthetic tasks (cached)")
     p.add_argument("--task", required=True, help="math, code, code-agent (with revision conversations) or agent-math (with calculator calls)")
     p.add_argument("--out", required=True, help="output Hugging Face directory")
+    p.add_argument("--arch", default=DENSE,
+                   help=f"the tiny model's architecture: {DENSE} (dense, the default) or qwen3_moe (8 experts, "
+                        "top 2: make train-math-moe's)")
     # Steps, not seconds, so the cached model is the same on a busy machine as on an idle one.
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps (batch 64); default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()))

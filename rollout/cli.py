@@ -8,20 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tandem.rollout.tiny_model import ARCHS
+
 
 def _init_tiny(args) -> int:
     from tandem.rollout.tiny_model import init_tiny
     out = init_tiny(args.dir, layers=args.layers, hidden=args.hidden, heads=args.heads,
                     kv_heads=args.kv_heads, intermediate=args.intermediate,
-                    max_position=args.max_position, vocab=args.vocab, seed=args.seed)
-    print(f"wrote a tiny Qwen2 model to {out}")
+                    max_position=args.max_position, vocab=args.vocab, seed=args.seed, arch=args.arch,
+                    experts=args.experts, top_k=args.top_k, moe_intermediate=args.moe_intermediate)
+    print(f"wrote a tiny {'Qwen2' if args.arch == 'qwen2' else 'Qwen3-MoE'} model to {out}")
     return 0
 
 
 def _add_model_commands(sub) -> None:
     p = sub.add_parser("model", help="create model directories")
     msub = p.add_subparsers(dest="model_cmd", required=True, metavar="{init-tiny}")
-    c = msub.add_parser("init-tiny", help="write a tiny random Qwen2 model with a character tokenizer")
+    c = msub.add_parser("init-tiny", help="write a tiny random Qwen2 (or Qwen3-MoE) model with a character tokenizer")
     c.add_argument("dir", type=Path, help="output directory (created)")
     c.add_argument("--layers", type=int, default=4)
     c.add_argument("--hidden", type=int, default=128)
@@ -32,6 +35,11 @@ def _add_model_commands(sub) -> None:
     c.add_argument("--vocab", type=int, default=0,
                    help="minimum vocabulary size (padded with reserved special tokens)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--arch", choices=ARCHS, default="qwen2",
+                   help="dense Qwen2, or Qwen3-MoE (every layer sparse; --experts, --top-k, --moe-intermediate)")
+    c.add_argument("--experts", type=int, default=8, help="qwen3_moe: experts per layer")
+    c.add_argument("--top-k", type=int, default=2, help="qwen3_moe: experts per token")
+    c.add_argument("--moe-intermediate", type=int, default=256, help="qwen3_moe: each expert's intermediate size")
     c.set_defaults(func=_init_tiny)
 
 

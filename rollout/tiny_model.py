@@ -1,10 +1,16 @@
-"""A tiny, randomly initialised Qwen2 checkpoint with a character-level tokenizer.
+"""A tiny, randomly initialised Qwen2 checkpoint with a character-level tokenizer (or, with
+`arch="qwen3_moe"`, a tiny Qwen3-MoE with the same tokenizer).
 
 Tests, benchmarks and the embedded default need a model that loads through exactly the same
 code path as a real checkpoint (`AutoTokenizer` / `AutoModelForCausalLM.from_pretrained`), yet
 costs nothing to create and runs fast on one CPU core. A character vocabulary (one token per
 ASCII character) keeps the embedding matrix small and lets the synthetic math and code tasks be
 learnt character by character.
+
+The MoE twin exercises what only mixture-of-experts models have (routers, experts, routing
+replay) end to end on a CPU: every layer sparse, `experts` experts of `moe_intermediate` each,
+`top_k` per token renormalised (`norm_topk_prob`) and untied embeddings, as Qwen3-30B-A3B has
+them; its defaults activate as many MLP weights per token (2 x 256) as the dense model's 512.
 """
 from __future__ import annotations
 
@@ -88,16 +94,41 @@ def _tokenizer_config(vocab: dict[str, int]) -> dict:
     }
 
 
+ARCHS = ("qwen2", "qwen3_moe")
+
+
+def _config(arch: str, token_ids: dict[str, int], *, layers: int, hidden: int, heads: int, kv_heads: int,
+            intermediate: int, max_position: int, experts: int, top_k: int, moe_intermediate: int):
+    import transformers as tf
+
+    common = dict(vocab_size=len(token_ids), hidden_size=hidden, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_position,
+                  bos_token_id=token_ids[BOS], eos_token_id=token_ids[EOS], pad_token_id=token_ids[PAD],
+                  rope_theta=10000.0, torch_dtype="float32")
+    if arch == "qwen2":
+        return tf.Qwen2Config(intermediate_size=intermediate, tie_word_embeddings=True, **common), tf.Qwen2ForCausalLM
+    if not 0 < top_k <= experts:
+        raise ValueError(f"init_tiny: top_k ({top_k}) must be in 1..experts ({experts})")
+    # router_aux_loss_coef: the Switch load-balancing loss's weight where a forward asks for the
+    # router logits (the warm-up does: trainer/sft.py), Switch Transformer's 0.01.
+    return tf.Qwen3MoeConfig(intermediate_size=intermediate, head_dim=hidden // heads, num_experts=experts,
+                             num_experts_per_tok=top_k, moe_intermediate_size=moe_intermediate, norm_topk_prob=True,
+                             router_aux_loss_coef=0.01, tie_word_embeddings=False, **common), tf.Qwen3MoeForCausalLM
+
+
 def init_tiny(out_dir, *, layers: int = 4, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
-              intermediate: int = 512, max_position: int = 512, vocab: int = 0, seed: int = 0) -> Path:
+              intermediate: int = 512, max_position: int = 512, vocab: int = 0, seed: int = 0,
+              arch: str = "qwen2", experts: int = 8, top_k: int = 2, moe_intermediate: int = 256) -> Path:
     """Write a loadable Hugging Face directory to `out_dir` and return its path.
 
     Same seed and sizes give byte-identical weights, so tests can recreate a model instead of
-    shipping one.
+    shipping one. `arch`: "qwen2" (dense) or "qwen3_moe" (`experts`, `top_k`, `moe_intermediate`
+    shape its experts; `intermediate` is then unused by any layer, all of them being sparse).
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    if arch not in ARCHS:
+        raise ValueError(f"init_tiny: arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     if hidden % heads:
         raise ValueError(f"init_tiny: hidden ({hidden}) must be a multiple of heads ({heads})")
     if heads % kv_heads:
@@ -105,15 +136,11 @@ def init_tiny(out_dir, *, layers: int = 4, hidden: int = 128, heads: int = 4, kv
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     token_ids = build_vocab(vocab)
-    config = Qwen2Config(
-        vocab_size=len(token_ids), hidden_size=hidden, intermediate_size=intermediate,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=max_position, tie_word_embeddings=True,
-        bos_token_id=token_ids[BOS], eos_token_id=token_ids[EOS], pad_token_id=token_ids[PAD],
-        rope_theta=10000.0, torch_dtype="float32",
-    )
+    config, model_class = _config(arch, token_ids, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                                  intermediate=intermediate, max_position=max_position, experts=experts,
+                                  top_k=top_k, moe_intermediate=moe_intermediate)
     gen = torch.Generator().manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     with torch.no_grad():
         # Our own generator (not the global RNG) so the weights depend on `seed` alone.
         for name, p in sorted(model.named_parameters()):

@@ -129,6 +129,10 @@ def train_sft(model_dir: str | Path, rows: list[dict], out_dir: str | Path, sett
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, settings.warmup_steps)))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    # A mixture-of-experts model adds its load-balancing loss (router_aux_loss_coef, transformers'
+    # Switch loss over the unpadded tokens), which keeps the tokens spread over the experts: nothing
+    # else stops a few of them from taking every token while the others never train.
+    router = {"output_router_logits": True} if getattr(model.config, "router_aux_loss_coef", 0) else {}
     step, tokens, before_s, loss_value = 0, 0, 0.0, float("nan")
     if resume is not None:
         model.load_state_dict(resume["model"])
@@ -158,7 +162,7 @@ def train_sft(model_dir: str | Path, rows: list[dict], out_dir: str | Path, sett
             break
         batch = rng.sample(examples, min(settings.batch_size, len(examples)))
         input_ids, labels, mask = _batch(batch, pad)
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels, **router).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -51,3 +51,28 @@ def test_cli_init_tiny(tmp_path):
                  "--kv-heads", "1", "--intermediate", "128"]) == 0
     model = AutoModelForCausalLM.from_pretrained(out)
     assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.num_key_value_heads) == (2, 64, 1)
+
+
+def test_the_moe_twin_is_a_qwen3_moe_with_the_same_tokenizer(tmp_path, tiny_model_dir):
+    """`tandem model init-tiny --arch qwen3_moe`: every layer sparse, the experts and routers asked
+    for, untied embeddings (as Qwen3-MoE checkpoints), one expert per tensor on disk (as the Hub's),
+    the dense model's tokenizer; reproducible from its seed."""
+    from safetensors.torch import load_file
+
+    from tandem.launcher.cli import main
+    from tandem.services.protocol.trajectory import dense_layers, routing_shape
+    out = tmp_path / "moe"
+    assert main(["model", "init-tiny", str(out), "--arch", "qwen3_moe", "--layers", "2", "--hidden", "64",
+                 "--experts", "4", "--top-k", "2", "--moe-intermediate", "32"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    cfg = model.config
+    assert cfg.model_type == "qwen3_moe" and not cfg.tie_word_embeddings and cfg.norm_topk_prob
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.head_dim) == (4, 2, 32, 16)
+    assert routing_shape(cfg.to_dict()) == (2, 2, 4) and dense_layers(cfg.to_dict()) == []   # replay takes it
+    assert {type(layer.mlp).__name__ for layer in model.model.layers} == {"Qwen3MoeSparseMoeBlock"}
+    saved = load_file(out / "model.safetensors")
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in saved and "model.layers.0.mlp.gate.weight" in saved
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(tiny_model_dir).get_vocab()
+    again = load_file(init_tiny(tmp_path / "again", arch="qwen3_moe", layers=2, hidden=64, experts=4,
+                                moe_intermediate=32) / "model.safetensors")
+    assert saved.keys() == again.keys() and all(torch.equal(saved[k], again[k]) for k in saved)

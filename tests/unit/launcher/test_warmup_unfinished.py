@@ -130,3 +130,16 @@ def test_ctrl_c_asks_to_stop_and_a_second_one_stops_at_once(capsys):
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before   # what was there is back
+
+
+def test_a_warm_up_of_the_moe_twin_is_its_own(tmp_path, capsys):
+    """`--arch qwen3_moe` warms up the tiny Qwen3-MoE, cached as such: a dense warm-up of the same
+    task, steps and seed in its folder is not taken for it, nor it for a dense one."""
+    out = tmp_path / "warm"
+    warm_up("math", out, 1, None, seed=0, eval_n=0, batch_size=BATCH)
+    assert cached(out, "math", 1, 0)[0] is not None and cached(out, "math", 1, 0, "qwen3_moe") == (None, "")
+    capsys.readouterr()
+    done = warm_up("math", out, 1, None, seed=0, eval_n=0, batch_size=BATCH, arch="qwen3_moe")
+    assert "using cached" not in capsys.readouterr().out and done["arch"] == "qwen3_moe"
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3_moe"
+    assert cached(out, "math", 1, 0, "qwen3_moe")[0] is not None and cached(out, "math", 1, 0) == (None, "")
