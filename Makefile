@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # in `make test`) compiles the project's modules again, about a CPU-second each (measured here).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install sandbox-deps browser-deps test test-fast test-gpu wheelhouse bench lint docs clean train-math train-code train-code-agent train-agent
+.PHONY: install sandbox-deps browser-deps test test-fast test-gpu wheelhouse bench lint docs clean train-math train-math-moe train-code train-code-agent train-agent
 
 install: $(STAMP)
 
@@ -94,6 +94,11 @@ rl_run = $(VENV)/bin/tandem run $(or $(EXP),$(2)) experiment.exp_dir=runs/$(1)-$
 train-math: install
 	$(VENV)/bin/tandem sft --task math --out .cache/tiny-math-sft $(SFT_ARGS)
 	$(call rl_run,math,configs/math-tiny.yaml)
+
+# Mixture of experts: a tiny Qwen3-MoE (8 experts, top 2) with rollout routing replay on (docs/megatron.md).
+train-math-moe: install
+	$(VENV)/bin/tandem sft --task math --arch qwen3_moe --out .cache/tiny-math-moe-sft $(SFT_ARGS)
+	$(call rl_run,math-moe,configs/math-moe-tiny.yaml)
 
 train-code: install
 	$(VENV)/bin/tandem sft --task code --out .cache/tiny-code-sft $(SFT_ARGS)

@@ -9,7 +9,8 @@ their standard errors, the held-out curve of the run (`rollout.eval_every`), tra
 the staleness reached and what the run left for TensorBoard and W&B; the run's report is copied
 beside them as `train_<task>_report.png` (with several seeds, the last seed's; into
 benchmarks/results/ with `--record`, as the JSON). `--quick` runs 3 steps of an untrained model
-to check the mechanics and writes nothing.
+to check the mechanics and writes nothing. `run_once(..., arch="qwen3_moe")` is the
+mixture-of-experts twin, `make train-<task>-moe` (benchmarks/train_math_moe.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -30,6 +32,9 @@ from benchmarks.common import cli, output_path, print_table, write_results
 from tandem.services.protocol import ExpDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tiny model's architecture (`tandem sft --arch`) -> the suffix of its Makefile target, experiment
+# file and cached warm-up: make train-math-moe runs configs/math-moe-tiny.yaml from .cache/tiny-math-moe-sft.
+VARIANTS = {"qwen2": "", "qwen3_moe": "-moe"}
 
 
 def _tandem(*args: str) -> subprocess.CompletedProcess:
@@ -45,20 +50,24 @@ def main(quick: bool = False, overrides: tuple[str, ...] = ()) -> dict:
 
 
 def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tuple[str, ...] = (),
-             report: str | None = "") -> dict:
+             report: str | None = "", arch: str = "qwen2", keep: Callable[[Path], dict] | None = None) -> dict:
     """`make train-<task>` in a scratch directory (`seed`: experiment.seed, else the config's;
     `extra`: more overrides, as `ARGS=` adds them): its summary's headline figures. The run's
-    report is kept as `train_<task>_report.png`, or as `report` when named, or not at all (None)."""
-    config, name = ROOT / f"configs/{task}-tiny.yaml", task.replace("-", "_")
-    with tempfile.TemporaryDirectory(prefix=f"tandem-train-{task}-") as tmp:
+    report is kept as `train_<task>_report.png`, or as `report` when named, or not at all (None).
+    `arch`: the tiny model's architecture (VARIANTS: "qwen3_moe" is `make train-<task>-moe`);
+    `keep(exp)`: more figures, read from the run's directory before it is removed."""
+    target = task + VARIANTS[arch]
+    config, name = ROOT / f"configs/{target}-tiny.yaml", target.replace("-", "_")
+    arch_args = ("--arch", arch) if VARIANTS[arch] else ()
+    with tempfile.TemporaryDirectory(prefix=f"tandem-train-{target}-") as tmp:
         exp = Path(tmp) / "run"
         if quick:
             model = Path(tmp) / "tiny"
-            _tandem("model", "init-tiny", str(model))
+            _tandem("model", "init-tiny", str(model), *arch_args)
             overrides = ["trainer.total_steps=3", "rollout.eval_size=8", "trainer.checkpoint_every=0"]
         else:
-            model = ROOT / ".cache" / f"tiny-{task}-sft"
-            _tandem("sft", "--task", task, "--out", str(model))
+            model = ROOT / ".cache" / f"tiny-{target}-sft"
+            _tandem("sft", "--task", task, *arch_args, "--out", str(model))
             overrides = []
         if seed is not None:
             overrides.append(f"experiment.seed={seed}")
@@ -76,6 +85,7 @@ def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tup
                     "wandb_offline_runs": len(list((exp / "wandb").glob("offline-run-*")))}
         if not quick and report is not None:   # the run's report, beside its figures (docs/running.md shows it)
             shutil.copy(exp / "report" / "report.png", output_path(report or f"train_{name}_report.png"))
+        kept = keep(exp) if keep is not None else {}
     ev = summary["eval"]
     se = {k: math.sqrt(ev[k] * (1 - ev[k]) / ev["n"]) if ev[k] is not None and ev["n"] else None
           for k in ("before", "after")}
@@ -91,7 +101,7 @@ def run_once(task: str, quick: bool = False, seed: int | None = None, extra: tup
             "accuracy_se_before": se["before"], "accuracy_se_after": se["after"],
             "trajectories_per_s": summary["throughput"]["trajectories_per_s"],
             "staleness_max": summary["staleness"]["max"], "groups_dropped_stale": summary["staleness"].get("dropped"),
-            "held_out_curve": curve, **turns, **trackers}
+            "held_out_curve": curve, **turns, **trackers, **kept}
 
 
 def difference_se(a: float, n_a: int, b: float, n_b: int) -> float | None:
