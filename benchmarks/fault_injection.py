@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -58,43 +59,51 @@ def inject(kind: str, exp_root: Path, launcher_pid: int) -> tuple[bool, dict]:
 
 
 SEND_TIMEOUT_MS = 10_000
+# How long every frame sent has to be answered. The frames go out together, each on a connection
+# of its own, and are waited for together: the answers that come (error replies) come in
+# milliseconds, and the silences (a stranger, an oversized frame, the trainer's one-way channel)
+# are each waited out in the same window, not one after another (13 s one after another before).
+REPLY_WINDOW_S = 3.0
 
 
 def bad_input_everywhere(exp: ExpDir) -> dict:
     """Every ZeroMQ port (controller, reward service, the trainer's trajectory channel): a peer
-    without the experiment's keys, then a member sending garbage, a msgpack value of the wrong
+    without the experiment's keys, then members sending garbage, a msgpack value of the wrong
     shape and a frame over the size limit. The generation server's HTTP port: no API key,
     garbage JSON, a body over the size limit, a text too long to tokenize. Returns what each
     answered (error replies and HTTP statuses; None where nothing answers, by design)."""
     keys = load_keys(exp.keys)
     seen: dict = {}
     ctx = zmq.Context.instance()
-    for role, field in (("controller", "address"), ("reward", "address"), ("trainer", "trajectory_address")):
-        address = read_service(exp, role, timeout_s=30)[field]
-        stranger = ctx.socket(zmq.DEALER)   # no CURVE keys: the handshake never completes
-        # A send with no peer to queue on blocks for good (seen once: the stranger's hello held
-        # the driver while the run trained out its room): nothing here may wait without a limit.
-        stranger.linger, stranger.sndtimeo = 0, SEND_TIMEOUT_MS
-        stranger.connect(address)
-        try:
-            stranger.send(b"hello?")
-            seen[f"{role}: stranger"] = _reply(stranger, 1.0)
-        except zmq.Again:                   # not even queued: nothing got through either
-            seen[f"{role}: stranger"] = None
-        stranger.close(0)
-        member = ctx.socket(zmq.DEALER)
-        make_client(member, keys)
-        member.linger, member.sndtimeo = 0, SEND_TIMEOUT_MS
-        member.connect(address)
-        for name, frame in (("garbage", os.urandom(512)), ("wrong shape", msgpack.packb({"op": 7, "v": []})),
-                            ("oversized", b"\0" * (MAX_FRAME_BYTES + 1))):
+    sent: dict[str, zmq.Socket] = {}   # what was sent -> the connection it went on, alone
+    oversized = b"\0" * (MAX_FRAME_BYTES + 1)
+    try:
+        for role, field in (("controller", "address"), ("reward", "address"), ("trainer", "trajectory_address")):
+            address = read_service(exp, role, timeout_s=30)[field]
+            stranger = _dealer(ctx, address, None)   # no CURVE keys: the handshake never completes
             try:
-                member.send(frame)
-            except zmq.Again:
-                raise RuntimeError(f"bad input: {role} at {address} took no {name} frame from a member "
-                                   f"in {SEND_TIMEOUT_MS / 1000:.0f}s") from None
-            seen[f"{role}: {name}"] = _reply(member, 2.0)
-        member.close(0)
+                stranger.send(b"hello?")
+                sent[f"{role}: stranger"] = stranger
+            except zmq.Again:                   # not even queued: nothing got through either
+                seen[f"{role}: stranger"] = None
+                stranger.close(0)
+            for name, frame in (("garbage", os.urandom(512)), ("wrong shape", msgpack.packb({"op": 7, "v": []})),
+                                ("oversized", oversized)):
+                member = _dealer(ctx, address, keys)
+                sent[f"{role}: {name}"] = member
+                try:
+                    member.send(frame, copy=frame is not oversized)
+                except zmq.Again:
+                    raise RuntimeError(f"bad input: {role} at {address} took no {name} frame from a member "
+                                       f"in {SEND_TIMEOUT_MS / 1000:.0f}s") from None
+        answers = _replies(sent, REPLY_WINDOW_S)
+    finally:
+        for sock in sent.values():
+            sock.close(0)
+    for role in ("controller", "reward", "trainer"):
+        for name in ("stranger", "garbage", "wrong shape", "oversized"):
+            key = f"{role}: {name}"
+            seen[key] = seen[key] if key in seen else answers.get(key)
     gen = read_service(exp, "gen-0", timeout_s=30)
     api_key = (exp.keys / "gen-api-key").read_text().strip()
     url = f"{gen['url']}/generate"
@@ -105,13 +114,35 @@ def bad_input_everywhere(exp: ExpDir) -> dict:
     return seen
 
 
-def _reply(sock: zmq.Socket, timeout_s: float) -> str | None:
-    """The error code a server answered with (its op if not an error), or None: no answer."""
-    if not sock.poll(int(timeout_s * 1000)):
-        return None
-    msg = decode(sock.recv())
-    body = getattr(msg, "body", msg)
-    return body.code if isinstance(body, ProtocolError) else msg.op
+def _dealer(ctx: zmq.Context, address: str, keys) -> zmq.Socket:
+    """A DEALER connected to `address`, a member's (CURVE with `keys`) or a stranger's (None).
+    A send with no peer to queue on blocks for good (seen once: the stranger's hello held the
+    driver while the run trained out its room): nothing here may wait without a limit."""
+    sock = ctx.socket(zmq.DEALER)
+    if keys is not None:
+        make_client(sock, keys)
+    sock.linger, sock.sndtimeo = 0, SEND_TIMEOUT_MS
+    sock.connect(address)
+    return sock
+
+
+def _replies(sent: dict[str, zmq.Socket], window_s: float) -> dict[str, str]:
+    """{what: the error code a server answered with (its op if not an error)} of the connections
+    answered within `window_s` of now; the others answered nothing."""
+    poller = zmq.Poller()
+    waiting = {}
+    for what, sock in sent.items():
+        poller.register(sock, zmq.POLLIN)
+        waiting[sock] = what
+    answers = {}
+    deadline = time.monotonic() + window_s
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        for sock, _ in poller.poll(int(left * 1000) + 1):
+            msg = decode(sock.recv())
+            body = getattr(msg, "body", msg)
+            answers[waiting.pop(sock)] = body.code if isinstance(body, ProtocolError) else msg.op
+            poller.unregister(sock)
+    return answers
 
 
 def _http_status(url: str, body: bytes, key: str | None) -> int:
