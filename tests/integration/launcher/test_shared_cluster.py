@@ -124,23 +124,6 @@ def test_a_directory_another_user_made_first_is_refused_before_anything_is_writt
     assert out.returncode == 2 and f"is open to other users (mode 0777): chmod 700 {open_dir}" in out.stderr, out.stderr
 
 
-def test_a_run_is_its_users_alone_whatever_the_umask(scratch):
-    scratch, config = scratch
-    run = scratch / "private-run"
-    out = tandem_as(VICTIM, scratch, "run", str(config), f"experiment.exp_dir={run}", umask=0o002)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    everything = [run, *run.rglob("*")]
-    loose = [f"{p} {stat.S_IMODE(p.lstat().st_mode):04o}" for p in everything
-             if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077]
-    assert loose == [], loose
-    assert {p.lstat().st_uid for p in everything} == {VICTIM}
-    targets = [run / "config.yaml", run / "checkpoints" / "step-1" / "rank-0.pt", run / "metrics.jsonl",
-               run / "logs", run / "launcher.lock", run / "keys"]
-    assert all(p.exists() for p in targets), [p for p in targets if not p.exists()]
-    assert set(probe(OTHER, scratch, READ_PROBE, targets).values()) == {"DENIED"}
-    assert set(probe(OTHER, scratch, WRITE_PROBE, [run, *targets]).values()) == {"DENIED"}
-
-
 def test_group_access_lets_the_group_read_and_nobody_else_write(scratch):
     scratch, config = scratch
     run = scratch / "group-run"
@@ -238,13 +221,17 @@ def _pids(uid: int) -> list[str]:
     return out
 
 
-def test_another_user_cannot_reach_the_runs_sockets_or_use_up_its_descriptors(scratch):
+def test_a_run_is_its_users_alone_whatever_the_umask_and_its_sockets_out_of_reach(scratch):
+    """One run of the victim's, under umask 002 (group-writable by default), with the other
+    user's flood on its ports while it trains; once it has ended, nothing of it is anyone
+    else's to read or write."""
     scratch, config = scratch
     run = scratch / "flooded-run"
     home = user_home(scratch.parent, VICTIM)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
     launcher = subprocess.Popen(as_user([sys.executable, "-m", "tandem.launcher.cli", "run", str(config),
-                                         f"experiment.exp_dir={run}", f"trainer.total_steps={STEPS}"], VICTIM),
+                                         f"experiment.exp_dir={run}", f"trainer.total_steps={STEPS}"], VICTIM,
+                                        umask=0o002),
                                 cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     other_home = user_home(scratch.parent, OTHER)
     stop, ports_file, holding = (other_home / name for name in ("stop-flood", "ports", "flood-holding"))
@@ -285,3 +272,15 @@ def test_another_user_cannot_reach_the_runs_sockets_or_use_up_its_descriptors(sc
     assert launcher.returncode == 0, out[-4000:]
     assert f"step {STEPS}/{STEPS}" in out, out[-3000:]
     assert flood.returncode == 0 and int(opened.split()[0]) > 0, err[-2000:]
+
+    # The run is its user's alone, whatever the umask.
+    everything = [run, *run.rglob("*")]
+    loose = [f"{p} {stat.S_IMODE(p.lstat().st_mode):04o}" for p in everything
+             if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077]
+    assert loose == [], loose
+    assert {p.lstat().st_uid for p in everything} == {VICTIM}
+    targets = [run / "config.yaml", run / "checkpoints" / f"step-{STEPS}" / "rank-0.pt", run / "metrics.jsonl",
+               run / "logs", run / "launcher.lock", run / "keys"]
+    assert all(p.exists() for p in targets), [p for p in targets if not p.exists()]
+    assert set(probe(OTHER, scratch, READ_PROBE, targets).values()) == {"DENIED"}
+    assert set(probe(OTHER, scratch, WRITE_PROBE, [run, *targets]).values()) == {"DENIED"}
