@@ -36,10 +36,13 @@ def _setup(tmp_path: Path, mode: str):
     exp = ExpDir(tmp_path / "exp")
     exp.root.mkdir(parents=True)
     # Unpinned: on a 2-CPU machine the plan has no 3 disjoint training CPUs (pinning is tested
-    # by the real run); the ranks' count is the CPU miniature's key.
+    # by the real run); the ranks' count is the CPU miniature's key. No preloading server: a
+    # stand-in is a script, not `python -m`, which it never forks (each rank starts fresh either
+    # way), and its import of torch and transformers cost every launch here ~5 CPU-seconds. (DRIVER's
+    # launches likewise.)
     cfg = load_config(None, ["experiment.name=ranks", f"experiment.exp_dir={exp.root}", "experiment.model=/m",
                              "launcher.cpus.pin=false", f"launcher.cpus.trainer_ranks={WORLD}",
-                             "experiment.trackers=[jsonl]"])
+                             "experiment.trackers=[jsonl]", "launcher.fork_roles=false"])
     role = Role("trainer-0", [sys.executable, str(STANDIN), str(exp.root), mode], kind="trainer",
                 ready_file="trainer")
     return cfg, exp, role
@@ -100,7 +103,7 @@ exp = ExpDir(sys.argv[1])
 exp.root.mkdir(parents=True)
 cfg = load_config(None, ["experiment.name=ranks", f"experiment.exp_dir={exp.root}", "experiment.model=/m",
                          "launcher.cpus.pin=false", f"launcher.cpus.trainer_ranks={sys.argv[3]}",
-                         "experiment.trackers=[jsonl]", *sys.argv[5:]])
+                         "experiment.trackers=[jsonl]", "launcher.fork_roles=false", *sys.argv[5:]])
 role = Role("trainer-0", [sys.executable, sys.argv[2], str(exp.root), sys.argv[4]], kind="trainer", ready_file="trainer")
 sys.exit(run_experiment(cfg, exp, False, LocalBackend(cfg, exp), roles=[role], join=None))
 """
