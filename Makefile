@@ -47,8 +47,11 @@ browser-deps:
 # TEST_WORKERS: pytest-xdist workers (tests/support/worker_groups.py says what shares one); 0 runs
 # everything in this process.
 TEST_WORKERS ?= 2
+# The slowest tests, listed at the end of every run (CI's log included); PYTEST_ARGS comes after,
+# so a --durations of its own wins. TEST_DURATIONS=0 lists every test.
+TEST_DURATIONS ?= 30
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=$(TEST_DURATIONS) $(PYTEST_ARGS)
 
 # The unit tier only: no processes, no sockets (tests/unit/conftest.py refuses them); about a
 # minute on 2 cores.
