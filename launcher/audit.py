@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from tandem.services.protocol import ExpDir, read_metrics
 
 from .progress import run_steps
+from .run_info import server_changes
 
 
 @dataclass
@@ -47,6 +48,9 @@ class Audit:
     samples_refused_total: int = 0
     step_times: list[float] = field(default_factory=list)
     delivered_at: dict[str, float] = field(default_factory=dict)   # group id -> when a worker delivered it
+    # Generation servers that joined or left during the run (run_info.server_changes): what the
+    # counts held through.
+    server_changes: list[dict] = field(default_factory=list)
 
     def max_gap_s(self, after: float | None = None, until: float | None = None, anchored: bool = True) -> float:
         """The longest time between consecutive trained steps (of those from `after` and before
@@ -64,7 +68,8 @@ class Audit:
                 "lost": len(self.lost), "trained_twice": len(self.trained_twice),
                 "prompts_trained_twice": len(self.prompts_trained_twice), "prompts_skipped": self.prompts_skipped,
                 "samples_refused": self.samples_refused_total, "drop_reasons": dict(self.drop_reasons),
-                "max_step_gap_s": round(self.max_gap_s(), 2)}
+                "max_step_gap_s": round(self.max_gap_s(), 2),
+                "server_changes": [f"{c['label']} at step {c['step']}" for c in self.server_changes]}
 
 
 def audit(exp: ExpDir) -> Audit:
@@ -85,6 +90,7 @@ def audit(exp: ExpDir) -> Audit:
                 returned=len(returned), steps=len(steps), step_times=[r["time"] for r in steps],
                 delivered_at=delivered_at)
     out.lost = sorted(set(delivered_at) - kept - dropped - returned)
+    out.server_changes = server_changes(records)
     thrown = [r for r in records if r.get("role") == "trainer" and r.get("event") in ("thrown_away", "discarded_future")]
     why = {}
     for r in thrown:
@@ -139,6 +145,8 @@ def audit_text(exp: ExpDir, result: Audit) -> str:
     for label, key, meaning in ROWS:
         lines.append(f"  {label:<{width}}  {d[key]:>7,}" + (f"  ({meaning})" if meaning else ""))
     lines.append(f"  {'longest step gap':<{width}}  {d['max_step_gap_s']:>7.2f} s")
+    if d["server_changes"]:
+        lines.append(f"  {'servers':<{width}}  {', '.join(d['server_changes'])}")
     if result.drop_reasons:
         lines.append("groups dropped, by reason:")
         lines += [f"  {n:>7,}  {reason}" for reason, n in result.drop_reasons.most_common()]

@@ -20,7 +20,8 @@ from tandem.services.protocol.private import set_umask
 # Modules whose `register(sub)` adds sub-commands: each role package's own, then the launcher's.
 COMMAND_MODULES = tuple(f"tandem.{name}" for name in (
     "services.cli", "rollout.cli", "rollout.worker_cli", "reward.cli", "trainer.cli", "launcher.run",
-    "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli", "launcher.audit"))
+    "launcher.warmup", "launcher.report", "launcher.commands", "launcher.slurm_cli", "launcher.scale_requests",
+    "launcher.audit"))
 
 
 def _config_show(args) -> int:

@@ -35,21 +35,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from tandem.services.protocol import (
-    ExpDir,
-    MetricsWriter,
-    RemoteError,
-    RetireServer,
-    StatusRequest,
-    SyncRequestClient,
-    load_keys,
-    read_service,
-    write_json_atomic,
-)
+from tandem.services.protocol import ExpDir, MetricsWriter, RemoteError, write_json_atomic
 from tandem.trainer.elastic_cpus import CPUS_FILE
 
 from .backends.base import LaunchError
 from .config import ExperimentConfig
+from .controller_calls import registered, retire_quietly, retire_server, server_address
 from .elastic_moves import MoveRefused, elastic_problems, gen_to_train, train_to_gen
 from .elastic_prediction import Decision, simulated_decision
 from .placement import CpuPlacement, format_ranges
@@ -57,7 +48,6 @@ from .roles import Role, gen_role
 
 log = logging.getLogger(__name__)
 
-RETIRE_TIMEOUT_S = 60.0        # the controller's wait for an update in progress, then the pause
 TRAINER_ACK_TIMEOUT_S = 300.0  # the trainer re-pins at its next step boundary (or while it waits for data)
 RETIRED_STOP_GRACE_S = 2.0     # SIGTERM -> SIGKILL for a retired server
 
@@ -145,11 +135,10 @@ class ElasticSplit:
         t0, role, address = time.monotonic(), self.servers[-1] if self.servers else None, None
         try:
             new = gen_to_train(self.placement)
-            address = read_service(self.exp, role.ready_file, timeout_s=5)["url"].rstrip("/")
-            _tell_controller(self.exp, RetireServer(address=address, timeout_s=RETIRE_TIMEOUT_S),
-                             RETIRE_TIMEOUT_S + 30)
+            address = server_address(self.exp, role)
+            retire_server(self.exp, address)
         except TimeoutError as e:   # no answer: the controller may have retired it all the same
-            if address is None or _registered(self.exp, address) is not False:
+            if address is None or registered(self.exp, address) is not False:
                 return self._record_move("to_train", role, False, f"{type(e).__name__}: {e}", t0)
         except (MoveRefused, RemoteError, OSError, KeyError) as e:
             return self._record_move("to_train", role, False, f"{type(e).__name__}: {e}", t0)
@@ -182,7 +171,7 @@ class ElasticSplit:
             self.backend.start([role])
             self.join(self.exp, role, False)
         except Exception as e:   # it did not start or could not register: undo
-            _retire_quietly(self.exp, role)
+            retire_quietly(self.exp, role)
             self.backend.stop([role.name])
             self._apply(old)
             self._tell_trainer()
@@ -246,34 +235,6 @@ class ElasticSplit:
         if not ok:
             log.warning("elastic move %s failed: %s", direction, detail)
         return ok
-
-
-def _tell_controller(exp: ExpDir, body, timeout_s: float):
-    controller = read_service(exp, "controller", timeout_s=10)
-    client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=timeout_s)
-    try:
-        return client.request(body)
-    finally:
-        client.close()
-
-
-def _registered(exp: ExpDir, address: str) -> bool | None:
-    """Whether the controller routes to `address` (None: it did not say)."""
-    try:
-        state = _tell_controller(exp, StatusRequest(), 10).state
-    except Exception:
-        return None
-    return any(s.get("address") == address for s in state.get("servers", []))
-
-
-def _retire_quietly(exp: ExpDir, role: Role) -> None:
-    """A server that started but failed to join may be registered: take it out (best effort)."""
-    try:
-        address = read_service(exp, role.ready_file, timeout_s=1)["url"].rstrip("/")
-        if _registered(exp, address):
-            _tell_controller(exp, RetireServer(address=address, timeout_s=10), 40)
-    except Exception as e:
-        log.warning("could not retire %s after its failed start: %s", role.name, e)
 
 
 def elastic_for(cfg: ExperimentConfig, exp: ExpDir, backend, roles: list[Role],

@@ -7,8 +7,10 @@ given no data yet, has published nothing); watch until the trainer exits, printi
 progress; stop the rollout workers; evaluate the trained policy; write `<exp>/summary.json` and
 the report; stop everything — also on an error, Ctrl-C or SIGTERM, with nothing left running.
 
-With `launcher.elastic: true` the watch also runs the elastic split (`elastic.py`): every few
-training steps it may move a generation server's CPUs to the trainer or back.
+Between two polls the watch also takes `tandem scale` requests (`scaling.py`: generation servers
+joining and leaving the run) and, with `launcher.elastic: true`, runs the elastic split
+(`elastic.py`): every few training steps it may move a generation server's CPUs to the trainer
+or back.
 
 Exit codes: 0 the trainer finished; 1 a role failed, the run was cancelled, or the trainer stopped
 it before its steps (trainer.signals' cap: the reason is printed); 2 the run could
@@ -26,26 +28,19 @@ import threading
 import time
 from collections.abc import Callable
 
-from tandem.services.protocol import (
-    ExpDir,
-    LaunchStarted,
-    RegisterServer,
-    SyncRequestClient,
-    generate_keys,
-    load_keys,
-    read_service,
-    worker_identity,
-)
+from tandem.services.protocol import ExpDir, LaunchStarted, generate_keys, worker_identity
 from tandem.services.protocol.trackers import finish_trackers, tracker_hints
 
 from .backends import Backend, Ended, LaunchError, RoleFailed
 from .config import ConfigError, ExperimentConfig
 from .continuation import OWN_LIMIT_SIGNAL, note_own_limit
+from .controller_calls import register_server, tell_controller
 from .learning import unfinished_warm_up
 from .plan import PlanError
 from .progress import Progress, mark_resumed, summarize
 from .report import write_report
-from .roles import GEN_ADMIN_KEY, GEN_API_KEY, Role, eval_output, eval_role, experiment_roles, waves
+from .roles import Role, eval_output, eval_role, experiment_roles, waves
+from .scaling import Scaler
 
 log = logging.getLogger(__name__)
 # Besides Ctrl-C: signals that stop a run cleanly. SIGUSR1 is slurm/train.sbatch's warning that
@@ -61,27 +56,9 @@ def join_run(exp: ExpDir, role: Role, restarted: bool) -> None:
     a restart within it, when the servers it knows are alive), forgets the servers of an earlier
     launch; a generation server joins the rotation, again after each restart."""
     if role.kind == "controller" and not restarted:
-        _tell_controller(exp, LaunchStarted(launch_id=secrets.token_hex(4)))
+        tell_controller(exp, LaunchStarted(launch_id=secrets.token_hex(4)))
     elif role.kind == "gen":
         register_server(exp, role)
-
-
-def register_server(exp: ExpDir, role: Role) -> None:
-    """A generation server joins the controller's rotation (as announced in services/gen-<i>.json),
-    naming the key files it checks (the controller and workers read them from <exp>/keys/)."""
-    info = read_service(exp, role.ready_file, timeout_s=10)
-    _tell_controller(exp, RegisterServer(address=info["url"], api_key_ref=GEN_API_KEY, admin_key_ref=GEN_ADMIN_KEY,
-                                         tp_size=int(info.get("tp_size", 0)), relay=info.get("relay", ""),
-                                         relay_node=info.get("relay_node", "")))
-
-
-def _tell_controller(exp: ExpDir, body) -> None:
-    controller = read_service(exp, "controller", timeout_s=10)
-    client = SyncRequestClient(load_keys(exp.keys), controller["address"], timeout_s=30)
-    try:
-        client.request(body)
-    finally:
-        client.close()
 
 
 def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Backend,
@@ -130,7 +107,9 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         if elastic is None:
             from .elastic import elastic_for as elastic
         split = elastic(cfg, exp, backend, roles, join or join_run)
-        watch(backend, exp, join, progress, split.tick if split is not None else None)
+        scaler = Scaler(cfg, exp, backend, roles, join or join_run, since=t0)   # `tandem scale`
+        ticks = [scaler.tick] + ([split.tick] if split is not None else [])
+        watch(backend, exp, join, progress, lambda: [tick() for tick in ticks])
         backend.stop([r.name for r in roles if r.kind == "rollout"])
         if evaluating:
             print("evaluating the trained policy ...", flush=True)
@@ -172,7 +151,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
 def watch(backend: Backend, exp: ExpDir, join: Join | None, progress: Progress,
           tick: Callable[[], None] | None = None) -> None:
     """Until the trainer exits; a role that ends otherwise was restarted (it rejoins) or is fatal.
-    `tick` runs after each poll (the elastic split's decisions and moves)."""
+    `tick` runs after each poll (`tandem scale` requests, the elastic split's decisions and moves)."""
     while True:
         time.sleep(backend.poll_s)
         if backend.cancelled():

@@ -132,7 +132,7 @@ class CpuPlacement:
         return rows
 
 
-def _split(cpus: tuple[int, ...], parts: int) -> tuple[tuple[int, ...], ...]:
+def split_cpus(cpus: tuple[int, ...], parts: int) -> tuple[tuple[int, ...], ...]:
     """Contiguous, as-equal-as-possible chunks (the first ones one CPU larger)."""
     size, extra = divmod(len(cpus), parts)
     out, i = [], 0
@@ -214,8 +214,8 @@ def place_cpus(available, *, num_servers: int = 1, trainer_ranks: int = 1, ratio
                              f"pool, which has {len(t)} ({format_ranges(t)}; {machine}); set launcher.cpus.train, "
                              f"fewer ranks (launcher.cpus.trainer_ranks; with GPUs, launcher.gen_train_ratio) "
                              f"or launcher.cpus.pin=false")
-    return CpuPlacement(available=avail, gen=g, train=t, services=s, servers=_split(g, num_servers),
-                        trainer_ranks=_split(t, trainer_ranks), source=source, notes=tuple(notes))
+    return CpuPlacement(available=avail, gen=g, train=t, services=s, servers=split_cpus(g, num_servers),
+                        trainer_ranks=split_cpus(t, trainer_ranks), source=source, notes=tuple(notes))
 
 
 def pin_from_env() -> None:

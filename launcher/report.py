@@ -195,6 +195,8 @@ def _panel_timeline(ax, groups, steps, syncs, t0, info, notes: dict, window=None
     marks = [(t - t0, label) for t, label in zip(info.resumes, info.resume_labels(), strict=True)
              if lo <= t - t0 <= hi]
     mark_resumes(ax, [x for x, _ in marks], [label for _, label in marks])
+    joins = [(c["time"] - t0, c["label"]) for c in info.server_changes if lo <= c["time"] - t0 <= hi]
+    mark_resumes(ax, [x for x, _ in joins], [label for _, label in joins], linestyle=":", color="tab:green", y=0.9)
     if not groups and not steps:
         _why(ax, notes, "no rollout group and no training step recorded")
 
@@ -380,7 +382,7 @@ def write_report(exp: ExpDir) -> tuple:
     fig, counts = build_figure(exp, records, info)
     counts["run"] = {"name": info.name, "config": info.config_file, "started": info.started,
                      "commit": info.commit, "resumed_at": info.resumes, "resume_marks": info.resume_labels(),
-                     "continued": info.continued}
+                     "continued": info.continued, "server_changes": info.server_changes}
     summary_text, headline, summary = _summary(exp)
     counts["learning"] = learning_lines(records, summary)   # the verdict, a stop, the warnings
     counts["sample_records"] = len(samples_of(records, last=len(records)))
@@ -413,7 +415,8 @@ def report_text(exp: ExpDir, png, page, counts: dict) -> str:
     and where the page is (`--json` prints the same as one JSON object)."""
     run = counts["run"]
     info = RunInfo(name=run["name"], config_file=run["config"], started=run["started"], commit=run["commit"],
-                   resumes=run["resumed_at"], continued=run.get("continued", []))
+                   resumes=run["resumed_at"], continued=run.get("continued", []),
+                   server_changes=run.get("server_changes", []))
     lines = [f"{info.title()} ({exp.root})", f"  {info.subtitle()}",
              f"  {counts['steps']} training steps, {counts['groups']} groups, {counts['weight_syncs']} weight "
              f"syncs, {counts['held_out_points']} held-out evaluations"]
@@ -421,6 +424,9 @@ def report_text(exp: ExpDir, png, page, counts: dict) -> str:
         lines.append("  continued by the launcher: " + ", ".join(
             f"#{k} after {c.get('role') or 'a job'} {c.get('cause')} at "
             f"{time.strftime('%H:%M:%S', time.localtime(c['time']))}" for k, c in enumerate(info.continued, 1)))
+    if info.server_changes:   # launcher/scaling.py, launcher/elastic.py
+        lines.append("  generation servers: " + ", ".join(f"{c['label']} at step {c['step']}"
+                                                         for c in info.server_changes))
     headline = _summary(exp)[1]
     lines += [f"  {line}" for line in counts.get("learning", [])]
     width = max((len(k) for k, _ in headline), default=0)

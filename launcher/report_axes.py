@@ -80,10 +80,12 @@ def note_why(ax, why: str, y: float = 0.5) -> None:
             color=NOTE_COLOR, fontsize=10, style="italic")
 
 
-def mark_resumes(ax, xs: list[float], labels: list[str] | None = None) -> None:
+def mark_resumes(ax, xs: list[float], labels: list[str] | None = None, linestyle: str = "--",
+                 color: str = "black", y: float = 1.0) -> None:
     """A dashed vertical line where the run was resumed (time axes only), labelled "resumed" or
-    by what resumed it (`labels`, one per x: an automatic continuation names its cause)."""
+    by what resumed it (`labels`, one per x: an automatic continuation names its cause); other
+    marks (a server joining or leaving) in another `linestyle`/`color`, labelled lower (`y`)."""
     for x, label in zip(xs, labels or ["resumed"] * len(xs), strict=True):
-        ax.axvline(x, color="black", linestyle="--", linewidth=1, alpha=0.7)
-        ax.annotate(label, (x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
-                    textcoords="offset points", fontsize=8, va="top")
+        ax.axvline(x, color=color, linestyle=linestyle, linewidth=1, alpha=0.7)
+        ax.annotate(label, (x, y), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                    textcoords="offset points", fontsize=8, va="top", color=color)

@@ -129,6 +129,8 @@ class RunInfo:
     resumes: list[float] = field(default_factory=list)   # wall-clock times
     # The launcher's own continuations: {time, attempt, cause, role} of each `continued` record.
     continued: list[dict] = field(default_factory=list)
+    # Generation servers that joined or left the run (`tandem scale`, the elastic split): {time, label}.
+    server_changes: list[dict] = field(default_factory=list)
 
     def resume_labels(self) -> list[str]:
         """A label for each resume: "resumed", or "continued #k: CAUSE" for one the launcher
@@ -181,4 +183,22 @@ def run_info(exp: ExpDir, records: list[dict]) -> RunInfo:
                    resumes=resume_times(exp.root, records),
                    continued=[{"time": r["time"], "attempt": r.get("attempt"), "cause": r.get("cause"),
                                "role": r.get("failed_role")}
-                              for r in records if r.get("event") == "continued" and "time" in r])
+                              for r in records if r.get("event") == "continued" and "time" in r],
+                   server_changes=server_changes(records))
+
+
+def server_changes(records: list[dict]) -> list[dict]:
+    """{time, step, label} of each generation server that joined or left the run: `tandem scale`'s
+    `scale` records (launcher/scaling.py) and the elastic split's moves, those that were made."""
+    out = []
+    for r in records:
+        if r.get("role") != "launcher" or not r.get("ok") or "time" not in r:
+            continue
+        if r.get("event") == "scale":
+            out.append({"time": r["time"], "step": r.get("step"),
+                        "label": f"{r.get('server')} {'joined' if r.get('op') == 'add' else 'left'}"})
+        elif r.get("event") == "elastic_move":
+            out.append({"time": r["time"], "step": r.get("step"),
+                        "label": f"{r.get('server')} {'left' if r.get('direction') == 'to_train' else 'joined'} "
+                                 f"(elastic)"})
+    return out

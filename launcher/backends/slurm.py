@@ -28,7 +28,7 @@ import logging
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tandem.services.protocol import STOP_GRACE_S, ExpDir
 
@@ -46,7 +46,15 @@ from ..slurm_jobs import (
 )
 from ..slurm_task import RoleCommand, console_name, tail, time_limit_note
 from .base import Announcement, Backend, Ended, LaunchError, RoleFailed, announce_trainer_stop
-from .slurm_requests import JobRequest, SlurmPolicy, adopt_plan, job_requests, policy_of, time_minutes
+from .slurm_requests import (
+    JobRequest,
+    SlurmPolicy,
+    adopt_plan,
+    excluding,
+    job_requests,
+    policy_of,
+    time_minutes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +98,7 @@ class SlurmRun:
                       setup=list(self.policy.setup) or None,
                       # One dead trainer rank must end the job, not leave the others in a collective.
                       srun_args=["--kill-on-bad-exit=1"] if req.distributed else None,
-                      additional_parameters=no_requeue(s.extra))
+                      additional_parameters=no_requeue(s.extra, req.exclude))
         ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
         return ex
 
@@ -257,9 +265,10 @@ class SlurmBackend(Backend):
         sized = {q.name: q for q in job_requests(self.cfg, unsized, self.plan)} if unsized else {}
         return [self.sized.get(r.name) or sized[r.name] for r in roles]
 
-    def start(self, roles: list[Role]) -> None:
+    def start(self, roles: list[Role], exclude: str = "") -> None:
+        """`exclude`: nodes the jobs must not run on (`tandem scale --add N --exclude NODES`)."""
         for req in self._requests(roles):
-            self.run.submit(req)
+            self.run.submit(replace(req, exclude=excluding(req.exclude, exclude)))
         self.run.wait_ready([r.name for r in roles if r.ready_file])
 
     def ended(self) -> list[Ended]:
@@ -276,8 +285,12 @@ class SlurmBackend(Backend):
             elif (self.policy.on_failure == "resubmit" and sub.req.role.restart
                   and sub.resubmits < self.policy.max_resubmits):
                 end = self.run.end_of(name, state, restarted=True)
-                log.warning("%s; resubmitting (%d/%d)", end.why, sub.resubmits + 1, self.policy.max_resubmits)
-                self.run.submit(sub.req)
+                req = sub.req
+                if state.state == "NODE_FAIL" and state.nodes:   # not again on the node that failed
+                    req = replace(req, exclude=excluding(req.exclude, state.nodes))
+                log.warning("%s; resubmitting (%d/%d)%s", end.why, sub.resubmits + 1, self.policy.max_resubmits,
+                            f", not on {req.exclude}" if req.exclude else "")
+                self.run.submit(req)
                 if sub.req.role.ready_file:
                     self.run.wait_ready([name])
                 out.append(end)
@@ -317,11 +330,15 @@ class SlurmBackend(Backend):
         self.run.teardown(status, self.cfg.launcher.trainer_stop_s)
 
 
-def no_requeue(extra: dict) -> dict:
+def no_requeue(extra: dict, exclude: str = "") -> dict:
     """The sbatch options beyond submitit's own: `--no-requeue` (module docstring) unless the
-    experiment's `launcher.slurm.extra` says otherwise, then `extra` as given."""
+    experiment's `launcher.slurm.extra` says otherwise, then `extra` as given, its `exclude`
+    joined with the job's own (`exclude`: nodes a scaled-in server or a resubmission avoids)."""
     said = {k.replace("_", "-") for k in extra}
-    return ({} if said & {"requeue", "no-requeue"} else {"no_requeue": True}) | dict(extra)
+    out = ({} if said & {"requeue", "no-requeue"} else {"no_requeue": True}) | dict(extra)
+    if exclude:
+        out["exclude"] = excluding(str(out.get("exclude") or ""), exclude)
+    return out
 
 
 def requeued_launcher(exp: ExpDir, env=os.environ) -> bool:

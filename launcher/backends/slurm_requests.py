@@ -33,6 +33,7 @@ class JobRequest:
     gpus_per_node: int = 0
     exclusive: bool = False
     distributed: bool = False       # export MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK
+    exclude: str = ""               # nodes not to run on (sbatch --exclude: `tandem scale --exclude`, lost nodes)
 
     @property
     def name(self) -> str:
@@ -101,3 +102,8 @@ def job_requests(cfg: ExperimentConfig, roles: list[Role], plan) -> list[JobRequ
         else:
             out.append(JobRequest(role))
     return out
+
+
+def excluding(extra: str, *more: str) -> str:
+    """Two `--exclude` hostlists as one (SLURM reads a comma-separated list of hostlists)."""
+    return ",".join(x for x in (extra, *more) if x)

@@ -1,7 +1,8 @@
-"""Retiring a generation server: the controller's part of the elastic split.
+"""Retiring a generation server: the controller's part of the elastic split and of `tandem scale`.
 
 The launcher's elastic split (launcher/elastic.py) gives a generation server's CPUs (GPUs on a
-cluster) to training during a run. Before the launcher stops the server, the controller must
+cluster) to training during a run; `tandem scale --remove` (launcher/scaling.py) gives a node
+back to the cluster. Before the launcher stops the server, the controller must
 let go of it without losing a request:
   1. out of rotation at once: nothing new is routed there (sticky keys move to other servers);
   2. under the sync lock: a weight update in progress would resume the server and bring it back
@@ -44,7 +45,7 @@ class Controller(Protocol):
 
     def snapshot(self) -> None: ...
 
-REASON = "retiring: leaves the run (elastic split)"
+REASON = "retiring: leaves the run (elastic split or tandem scale)"
 
 
 async def retire(ctl: Controller, req: RetireServer) -> Ok:

@@ -167,7 +167,7 @@ def _resume_node(node: str) -> None:
 
 
 def test_a_lost_node_is_continued_and_the_same_end_twice_stops(shared_exp, slurm_cluster, capsys):
-    """Three launches of a stand-in trainer (standin_role.py: announce and sleep; it trains no
+    """Four launches of a stand-in trainer (standin_role.py: announce and sleep; it trains no
     step, so every launch ends at step 0) through the lifecycle and SLURM backend `tandem run`
     uses, continued by the same `keep_going`, with a relaunch that resumes those stand-ins (the
     real `--resume` launch is the test above's); every job on n2. The ends are real:
@@ -176,10 +176,13 @@ def test_a_lost_node_is_continued_and_the_same_end_twice_stops(shared_exp, slurm
        (`scontrol update JobId=... TimeLimit=1`), so its `--signal=USR2@90` warning is due at once
        and slurmctld sends it at its next time-limit check (within 30 s); the wrapper stops the
        role, SLURM records FAILED, the wrapper's note makes it TIMEOUT: continued.
-    2. the trainer's node is lost: `scontrol update NodeName=n2 State=DOWN` makes slurmctld kill
+    2. the trainer is preempted: a job of the cluster's urgent partition (a higher PriorityTier,
+       slurm/local-cluster/slurm.conf.in) asks for all of n2, and slurmctld cancels the trainer's
+       job to make room, recording PREEMPTED: another end than the first, so continued.
+    3. the trainer's node is lost: `scontrol update NodeName=n2 State=DOWN` makes slurmctld kill
        the job and record NODE_FAIL (the node answers again at once, ReturnToService=2; the test
-       resumes it if not): another end than the first, so continued.
-    3. the node is lost again at the same step: the same end twice in a row, so the launcher
+       resumes it if not): continued.
+    4. the node is lost again at the same step: the same end twice in a row, so the launcher
        stops, saying why, instead of looping."""
     cfg = load_config(None, ["experiment.name=samefail", f"experiment.exp_dir={shared_exp.root}",
                              "experiment.model=/nonexistent", "launcher.backend=slurm",
@@ -194,6 +197,15 @@ def test_a_lost_node_is_continued_and_the_same_end_twice_stops(shared_exp, slurm
             shared_exp, trainer_jobs[-1] if trainer_jobs else None)))
         if len(trainer_jobs) == 1:
             subprocess.run(["scontrol", "update", f"JobId={trainer_jobs[-1]}", "TimeLimit=1"], check=True)
+        elif len(trainer_jobs) == 2:
+            urgent = subprocess.run(["sbatch", "--parsable", "-p", f"{slurm_cluster}-urgent", "-w", "n2", "--exclusive",
+                                     "-o", "/dev/null", "--wrap", "sleep 60"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+            try:
+                _until("the job preempted", lambda: trainer_jobs[-1] not in _squeue_ids())
+            finally:
+                subprocess.run(["scancel", urgent], check=False)
+                _until("n2 free again", lambda: urgent not in _squeue_ids())
         else:
             subprocess.run(["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=tandem-test"], check=True)
             _until("the job gone", lambda: trainer_jobs[-1] not in _squeue_ids())
@@ -213,15 +225,15 @@ def test_a_lost_node_is_continued_and_the_same_end_twice_stops(shared_exp, slurm
     try:
         code, backend, _ = launch_once(False)
         assert code == 1
-        assert keep_going(code, backend, shared_exp, budget=3, base_s=1.0, relaunch=lambda: launch_once(True)) == 1
+        assert keep_going(code, backend, shared_exp, budget=4, base_s=1.0, relaunch=lambda: launch_once(True)) == 1
     finally:
         _resume_node("n2")
     recs = continuations(shared_exp)
     assert [(r["event"], r["cause"], r["step"], r["job_id"]) for r in recs] == [
-        (CONTINUED, "TIMEOUT", 0, trainer_jobs[0]), (CONTINUED, "NODE_FAIL", 0, trainer_jobs[1]),
-        (NOT_CONTINUED, "NODE_FAIL", 0, trainer_jobs[2])], recs
+        (CONTINUED, "TIMEOUT", 0, trainer_jobs[0]), (CONTINUED, "PREEMPTED", 0, trainer_jobs[1]),
+        (CONTINUED, "NODE_FAIL", 0, trainer_jobs[2]), (NOT_CONTINUED, "NODE_FAIL", 0, trainer_jobs[3])], recs
     err = capsys.readouterr().err
-    assert (f"not continuing the run by itself: trainer-0 (job {trainer_jobs[2]}) lost its node (NODE_FAIL) at "
+    assert (f"not continuing the run by itself: trainer-0 (job {trainer_jobs[3]}) lost its node (NODE_FAIL) at "
             f"step 0 again, as the launch before it did: it failed the same way twice in a row at the same "
             f"step") in err, err
     # slurmctld's warning stopped the first trainer before its (shortened) limit could kill it.
