@@ -8,7 +8,8 @@ tests/unit/megatron/test_megatron_families.py):
   pack at the default 1,024 — the whole pass at 32K does not fit an H100;
 - a new family on the Megatron backend in bf16 (Qwen3: q/k norm, the TransformerEngine spec where
   TE is installed) held to the same bf16-vs-fp32 bounds as Qwen2 in test_bf16_numerics.py;
-- LoRA on the torch backend in bf16 (adapters on CUDA, the merged export) against fp32.
+- LoRA on the torch backend in bf16 (adapters on CUDA, the merged export) against fp32;
+- the tiny Qwen3-MoE on the Megatron backend in bf16 against fp32 (issue 65).
 """
 from __future__ import annotations
 
@@ -53,6 +54,16 @@ def _bf16_against_fp32(tmp_path, model, on_gpu, *args, bf16_only=()):
 
 def test_qwen3_on_megatron_in_bf16_matches_its_fp32_reference(tmp_path, on_gpu):
     _bf16_against_fp32(tmp_path, mf.make_family_dir(tmp_path / "qwen3", "qwen3"), on_gpu, "--backend", "megatron")
+
+
+def test_qwen3_moe_on_megatron_in_bf16_matches_its_fp32_reference(tmp_path, on_gpu):
+    """Issue 65's GPU check: the tiny Qwen3-MoE (4 experts, top-2, megatron_moe_case.py) through
+    Megatron's MoE layer and token dispatcher on CUDA, bf16 against fp32, to the dense bounds. A
+    token whose top-2 is near a tie may route differently in bf16; the bounds allow for what the
+    dense model's noise allows, so a failure here names the router as the next suspect."""
+    from megatron_moe_case import make_moe_dir
+
+    _bf16_against_fp32(tmp_path, make_moe_dir(tmp_path / "qwen3-moe"), on_gpu, "--backend", "megatron")
 
 
 def test_lora_on_the_torch_backend_in_bf16_matches_its_fp32_reference_and_exports_merged(tmp_path, on_gpu):
