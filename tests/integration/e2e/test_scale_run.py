@@ -14,11 +14,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from local_run import leftovers, steps, write_config
+from polling import until
 
 from tandem.launcher.audit import audit
 from tandem.launcher.run_info import run_info
@@ -32,15 +32,6 @@ from tandem.services.protocol import (
 )
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def _until(what: str, check, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if got := check():
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def scale(exp: ExpDir, *args: str) -> tuple[int, str]:
@@ -72,7 +63,7 @@ def test_servers_join_and_leave_a_running_experiment(tmp_path, tiny_model_dir):
                                 "trainer.total_steps=1000"], stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:
-        _until("step 2", lambda: last_step(exp) >= 2)
+        until("step 2", lambda: last_step(exp) >= 2)
         code, text = scale(exp, "--add", "1")
         assert code == 1 and "every CPU of the run is in a pool" in text and "--cpus" in text, text
 
@@ -89,7 +80,7 @@ def test_servers_join_and_leave_a_running_experiment(tmp_path, tiny_model_dir):
         caught = [r for r in read_metrics(exp, "controller")
                   if r.get("event") == "catch_up" and r.get("server", "").rstrip("/") == address]
         assert caught and caught[0]["ok"] and caught[0]["version"] >= 2, caught
-        _until("gen-1 taking requests", lambda: controller_servers(exp)[address]["routed"] > 0)
+        until("gen-1 taking requests", lambda: controller_servers(exp)[address]["routed"] > 0)
 
         code, text = scale(exp, "--server", "gen-0")
         assert code == 0 and "gen-0 left the run" in text, text
@@ -98,7 +89,7 @@ def test_servers_join_and_leave_a_running_experiment(tmp_path, tiny_model_dir):
         code, text = scale(exp, "--remove", "1")
         assert code == 1 and "would leave generation with none" in text, text
         # Steps trained on gen-1's groups alone; then the run is stopped (SIGTERM: as Ctrl-C).
-        _until("3 steps more", lambda: last_step(exp) >= left_at + 3)
+        until("3 steps more", lambda: last_step(exp) >= left_at + 3)
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=120) == 130, out_file.read_text()[-3000:]
     finally:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import until
 from slurm_launch import job
 
 from tandem.launcher.backends.slurm import SlurmBackend
@@ -34,13 +35,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _until(what: str, check, timeout_s: float = 90.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return until(what, check, timeout_s)
 
 
 def _record(exp: ExpDir) -> dict:

@@ -13,10 +13,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from polling import until
 
 from tandem.launcher.audit import audit
 from tandem.launcher.slurm_jobs import query_states, read_record, recorded_job_ids
@@ -24,15 +24,6 @@ from tandem.services.protocol import ExpDir, read_metrics, read_service
 
 pytestmark = pytest.mark.timeout(420)
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _until(what: str, check, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if got := check():
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _node(console: Path) -> str:
@@ -62,7 +53,7 @@ def test_a_server_joins_on_another_node_and_the_first_one_leaves(slurm_cluster, 
                                 "launcher.slurm.poll_s=1"],
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _until("a step", lambda: _step(exp) >= 1 or run.poll() is not None, 240)
+        until("a step", lambda: _step(exp) >= 1 or run.poll() is not None, 240)
         assert run.poll() is None, out_file.read_text()[-3000:]
         first = _node(exp.logs / "gen-0.console")
         code, text = _scale(exp, "--add", "1", "--exclude", first)
@@ -78,7 +69,7 @@ def test_a_server_joins_on_another_node_and_the_first_one_leaves(slurm_cluster, 
         assert code == 0 and "gen-0 left the run" in text, text
         assert not query_states([gen0_job])[gen0_job].active
         left_at = _step(exp)
-        _until("2 steps on gen-1 alone", lambda: _step(exp) >= left_at + 2 or run.poll() is not None)
+        until("2 steps on gen-1 alone", lambda: _step(exp) >= left_at + 2 or run.poll() is not None)
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=120) == 130, out_file.read_text()[-3000:]
     finally:
