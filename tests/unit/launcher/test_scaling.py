@@ -156,3 +156,29 @@ def test_a_server_that_must_avoid_nodes_says_so_to_sbatch():
     assert no_requeue({}, "n1") == {"no_requeue": True, "exclude": "n1"}
     assert no_requeue({"exclude": "bad7"}, "n1") == {"no_requeue": True, "exclude": "bad7,n1"}
     assert no_requeue({"requeue": True}) == {"requeue": True}
+
+
+def test_a_server_resubmitted_after_its_node_failed_avoids_that_node(tmp_path):
+    """Stand-ins for SLURM (no cluster in the unit tier): the job's state as sacct would report a
+    lost node, and a submit that records the request instead of calling sbatch. What is tested is
+    the backend's decision: a restartable role's job that ended NODE_FAIL is resubmitted with that
+    node excluded, on top of the nodes its request already avoided; another end is resubmitted as
+    it was."""
+    from tandem.launcher.backends.slurm import SlurmBackend, Submitted
+    from tandem.launcher.backends.slurm_requests import JobRequest
+    from tandem.launcher.slurm_jobs import JobState
+
+    cfg = load_config(None, ["experiment.model=/m", "experiment.name=s", f"experiment.exp_dir={tmp_path / 'exp'}",
+                             "launcher.backend=slurm", "launcher.slurm.on_failure=resubmit",
+                             "launcher.slurm.launcher_lease_s=0"])
+    backend = SlurmBackend(cfg, ExpDir(tmp_path / "exp"))
+    role = Role("gen-0", ["x"], kind="gen", restart=True)
+    submitted = []
+    backend.run.submit = lambda req: submitted.append(req) or Submitted(req, "2")
+    backend.run.wait_ready = lambda names: None
+    for state, before, after in ((JobState("1", "NODE_FAIL", nodes="gpu-017"), "gpu-003", "gpu-003,gpu-017"),
+                                 (JobState("1", "PREEMPTED", nodes="gpu-017"), "", "")):
+        backend.run.jobs = {"gen-0": Submitted(JobRequest(role, exclude=before), "1")}
+        backend.run.states = lambda names=None, s=state: {"gen-0": s}
+        (end,) = backend.ended()
+        assert end.restarted and submitted[-1].exclude == after, (state, submitted[-1])
