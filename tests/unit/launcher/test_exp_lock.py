@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -27,10 +28,12 @@ def test_a_lock_held_from_another_host_is_waited_for_then_refused(tmp_path, monk
     root = tmp_path / "exp"
     hold_experiment(root)
     (root / exp_lock.LOCK_FILE).write_text(json.dumps({"pid": 7, "host": "dead-node", "started": 0}))
-    monkeypatch.setattr(exp_lock, "OTHER_HOST_WAIT_S", 1.5)
+    monkeypatch.setattr(exp_lock, "OTHER_HOST_WAIT_S", 0.6)   # one retry (a second apart), then refused
+    t0 = time.monotonic()
     with pytest.raises(ExperimentInUse, match="pid 7 on dead-node"):
         hold_experiment(root)
-    assert "locked from dead-node; waiting up to 2s" in capsys.readouterr().out
+    assert time.monotonic() - t0 >= 0.6   # waited, not refused at once
+    assert "locked from dead-node; waiting up to 1s" in capsys.readouterr().out
 
 
 def test_the_last_launch_runs_only_if_its_pid_began_when_the_launch_did(tmp_path):
