@@ -194,11 +194,6 @@ def resource_problems(cfg: ExperimentConfig, notes: list[str] | None = None) -> 
     problem = agent_problem(cfg.rollout.agent)
     if problem:
         out.append(("rollout.agent", problem))
-    if getattr(cfg.trainer, "records_routing", False) and cfg.rollout.agent:
-        # an agent's episode joins several completions; their routed experts are not joined yet
-        key = "trainer.routing_replay" if cfg.trainer.routing_replay else "trainer.routing_agreement"
-        out.append((key, "routed experts are not recorded for agent episodes (rollout.agent): their samples "
-                         "would carry none and be refused"))
     problem = reward_function_problem(cfg.reward.function)
     if problem:
         out.append(("reward.function", problem))

@@ -14,11 +14,13 @@ returns the episode's reward, or an `AgentResult` with per-turn rewards and deta
 
 The workflow below runs `rollout.n_samples` episodes of the same row (a GRPO group), each sticky
 to one generation server, and turns each into one trajectory: the first prompt, then the
-completions' sampled tokens (trained) and the template's tokens between them (context only).
-An episode that reaches `rollout.max_turns` completions, its context limit
-(`rollout.agent_context_tokens`) or `rollout.agent_timeout_s` ends there with
-`rollout.agent_limit_reward`, keeping the tokens it has; an agent that raises fails its group
-(visibly: the reason reaches the progress output and the audit).
+completions' sampled tokens (trained) and the template's tokens between them (context only);
+with routing recorded (trainer.routing_replay, routing_agreement), the completions' routed
+experts joined over the whole episode (agent_client.py). An episode that reaches
+`rollout.max_turns` completions, its context limit (`rollout.agent_context_tokens`) or
+`rollout.agent_timeout_s` ends there with `rollout.agent_limit_reward`, keeping the tokens it
+has; an agent that raises fails its group (visibly: the reason reaches the progress output and
+the audit).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tandem.services.protocol import GradeItem, Ticket, Trajectory
+from tandem.services.protocol.trajectory import compact_experts
 
 from .agent_client import AgentClient, AgentUsageError, EpisodeLimit
 from .agent_tools import ToolFailed
@@ -170,6 +173,7 @@ def _trajectory(ctx, ticket: Ticket, i: int, client: AgentClient, result: AgentR
         output_ids=np.asarray(ids, dtype=np.int32), output_logprobs=np.asarray(logprobs, dtype=np.float32),
         output_versions=np.asarray(versions, dtype=np.int32), output_mask=np.asarray(mask, dtype=np.uint8),
         turn_rewards=None if turn_rewards is None else np.asarray(turn_rewards, dtype=np.float32),
+        routed_experts=compact_experts(client.routed.rows(len(client.prompt_ids) + len(ids) - 1)),
         admit_version=ticket.admit_version, reward=float(result.reward), finish_reason=ended or "stop",
         task=prompt_task, timings={"episode_s": elapsed, "correct": float(bool(correct)), "turns": float(turns),
                                **{k: float(v) for k, v in result.details.items() if isinstance(v, (int, float))}})

@@ -17,6 +17,12 @@ tool results, user messages, the next generation prompt — as context (`output_
 in-between tokens are the template's rendering of the new messages after a stand-in assistant
 turn, so no earlier turn is ever rendered again. The price: an agent may only append messages
 to its history; editing or dropping earlier ones is refused with an error (`AgentUsageError`).
+
+Routing replay (MoE models): when the run records routing, every completion is a generation
+request over the episode so far and comes back with the experts of every position it fed;
+`routed` joins them as a multi-turn workflow's turns are joined (workflow.ExpertsJoin: each
+position keeps the experts of the first completion that fed it, so the tokens between two
+completions take the next one's prefill).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .tool_calls import parse_tool_calls
+from .workflow import ExpertsJoin
 
 
 class AgentUsageError(ValueError):
@@ -210,6 +217,7 @@ class AgentClient:
         self._format, self._grade, self._run, self._model = tool_format, grade, run, model_name
         self.prompt_ids: list[int] | None = None
         self.segments: list[Segment] = []
+        self.routed = ExpertsJoin()        # the completions' routed experts (routing replay), joined
         self.history: list[dict] = []      # the conversation as of the last reply, normalized
         self.tools: list[dict] | None = None
         self.finish_reason = ""
@@ -306,6 +314,7 @@ class AgentClient:
         sample = await self._generate(prompt, params, self._key)
         ids = list(sample.output_ids)
         self.segments.append(Segment(ids, list(sample.output_logprobs), list(sample.output_versions), sampled=True))
+        self.routed.add(getattr(sample, "routed_experts", None))
         self.completions += 1
         self.finish_reason = sample.finish_reason
         return self._reply(msgs, ids, sample.finish_reason, tools if tool_choice != "none" else None, len(prompt))

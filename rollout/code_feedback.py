@@ -32,7 +32,7 @@ from tandem.services.protocol import GradeItem, Ticket, Trajectory, Verdict
 from tandem.services.protocol.trajectory import compact_experts
 
 from .dataset import Prompt
-from .workflow import EpisodeContext, RejectGroup, chat_prompt_ids, next_turn_ids
+from .workflow import EpisodeContext, ExpertsJoin, RejectGroup, chat_prompt_ids, next_turn_ids
 
 log = logging.getLogger(__name__)
 _single_turn_warned = False
@@ -99,19 +99,12 @@ class _Conversation:
         self.mask: list[int] = []
         self.verdicts: list[Verdict] = []   # each turn's program on every test
         # Routed experts (routing replay): each turn's request covers every position it fed; a
-        # position keeps the experts of the first request that fed it (the segments joined as the
-        # generation client joins an interrupted sample's). None once a turn came without them.
-        self.routed: list[np.ndarray] | None = []
-        self.routed_len = 0
+        # position keeps the experts of the first turn that fed it (workflow.ExpertsJoin).
+        self.routed = ExpertsJoin()
         self.finish_reason = "stop"
 
     def add_model_turn(self, sample, text: str) -> None:
-        experts = getattr(sample, "routed_experts", None)
-        if experts is None:
-            self.routed = None
-        elif self.routed is not None:
-            self.routed.append(experts[self.routed_len:])
-            self.routed_len = len(experts)
+        self.routed.add(getattr(sample, "routed_experts", None))
         self.ids += list(sample.output_ids)
         self.logprobs += list(sample.output_logprobs)
         self.versions += list(sample.output_versions)
@@ -120,17 +113,9 @@ class _Conversation:
         self.finish_reason = sample.finish_reason
 
     def experts(self, prompt_len: int) -> np.ndarray | None:
-        """[prompt + output - 1, layers, k] for the trajectory. Environment tokens after the last
-        model turn (an episode stopped by the context limit) were never fed: they take the last
-        fed position's experts, which no trained log-prob depends on (they come after every
-        model token)."""
-        if not self.routed:
-            return None
-        rows = np.concatenate(self.routed, 0)
-        missing = prompt_len + len(self.ids) - 1 - len(rows)
-        if missing > 0:
-            rows = np.concatenate([rows, np.repeat(rows[-1:], missing, 0)], 0)
-        return rows
+        """[prompt + output - 1, layers, k] for the trajectory (environment tokens after the last
+        model turn take the last fed position's experts: ExpertsJoin.rows)."""
+        return self.routed.rows(prompt_len + len(self.ids) - 1)
 
     def add_environment_turn(self, tokenizer, text: str, last_model_ids: list[int]) -> None:
         self.messages.append({"role": "user", "content": text})

@@ -93,6 +93,49 @@ def next_turn_ids(tokenizer, messages: list[dict], generated_ids: list[int]) -> 
     return closing[emitted:] + extended[len(closed):]
 
 
+class ExpertsJoin:
+    """The routed experts (routing replay) of one token sequence fed to the model over several
+    generation requests, each over the whole sequence so far: the turns of a multi-turn episode
+    (rollout/code_feedback.py), an agent's completions (rollout/agent_client.py).
+
+    Each request's experts cover every position it fed, from 0 (`GenerationResult.routed_experts`).
+    A position keeps the experts of the first request that fed it, as the generation client joins
+    an interrupted sample's segments: the tokens that request sampled were computed under that
+    routing. A later request feeds it again (SGLang's radix cache returns the same routing; a
+    recompute under newer weights may route it otherwise, and one record per position cannot hold
+    both). Context tokens between two requests (feedback, tool results) are first fed by the next
+    one. None as soon as one request came without experts (routing not recorded)."""
+
+    def __init__(self):
+        self.chunks: list[np.ndarray] | None = []
+        self.covered = 0   # positions joined so far
+
+    def add(self, experts) -> None:
+        """One request's experts, [positions it fed, layers, top_k], or None."""
+        if experts is None:
+            self.chunks = None
+        elif self.chunks is not None:
+            if len(experts) < self.covered:
+                raise ValueError(f"a request's routed experts cover {len(experts)} positions, fewer than the "
+                                 f"{self.covered} an earlier request of the same sequence fed: not a continuation")
+            self.chunks.append(np.asarray(experts)[self.covered:])
+            self.covered = len(experts)
+
+    def rows(self, positions: int) -> np.ndarray | None:
+        """[positions, layers, top_k] for a trajectory (`positions` = prompt + output - 1), or None.
+        Context tokens after the last request (an episode stopped after appending them) were never
+        fed: they take the last fed position's experts, which no trained log-prob depends on
+        (they come after every sampled token)."""
+        if not self.chunks:
+            return None
+        if self.covered > positions:
+            raise ValueError(f"routed experts of {self.covered} positions for a trajectory of {positions}")
+        rows = np.concatenate(self.chunks, 0)
+        if positions > len(rows):
+            rows = np.concatenate([rows, np.repeat(rows[-1:], positions - len(rows), 0)], 0)
+        return rows
+
+
 def grade_item(prompt: Prompt, response: str) -> GradeItem:
     """The item the reward service grades. `row` carries what a user's reward function
     (reward.function) may need beyond the reference, which travels in its own field: the data

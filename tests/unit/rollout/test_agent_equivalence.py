@@ -6,6 +6,8 @@ The model is a stand-in (scripted programs, log-probs and versions) and so is th
 verdict chosen from the program's text, with the per-test records the feedback reads); the
 tokenizer and chat template are the tiny model's, real. Equal trajectories mean the client's
 between-turn tokens equal the workflow's `next_turn_ids`, derived independently from the template.
+With routing recorded (each request returning the experts of every position it fed), the two join
+them into the same `routed_experts`; without, neither has any.
 """
 from __future__ import annotations
 
@@ -39,10 +41,12 @@ class Sampled:
     output_logprobs: list
     output_versions: list
     finish_reason: str
+    routed_experts: np.ndarray | None = None
 
 
-def scripted(tok, programs: dict[str, list[str]]):
-    """Each sample (its sticky key) writes its programs in turn; versions rise by turn."""
+def scripted(tok, programs: dict[str, list[str]], routed: bool = False):
+    """Each sample (its sticky key) writes its programs in turn; versions rise by turn. With
+    `routed`, turn k routes every position p it fed to experts [[k, p], [p, k]]."""
     turns: dict[str, int] = {}
 
     async def generate(prompt_ids, params, key):
@@ -50,7 +54,10 @@ def scripted(tok, programs: dict[str, list[str]]):
         turns[key] = k + 1
         ids = tok.encode(programs[key.split("/")[-1]][k], add_special_tokens=False) + [tok.eos_token_id]
         rng = np.random.default_rng(abs(hash((key, k))) % 2**32)
-        return Sampled(ids, list(-rng.random(len(ids))), [k] * (len(ids) - 2) + [k + 1] * 2, "stop")
+        p = np.arange(len(prompt_ids) + len(ids) - 1)
+        experts = np.stack([np.stack([np.full_like(p, k), p], 1), np.stack([p, np.full_like(p, k)], 1)], 1)
+        return Sampled(ids, list(-rng.random(len(ids))), [k] * (len(ids) - 2) + [k + 1] * 2, "stop",
+                       experts if routed else None)
     return generate
 
 
@@ -64,7 +71,8 @@ async def grade(items):
     return out
 
 
-def test_the_code_agent_gives_the_workflows_trajectories(tok):
+@pytest.mark.parametrize("routed", [False, True])
+def test_the_code_agent_gives_the_workflows_trajectories(tok, routed):
     import random
     row = code_problem(random.Random(3))
     prompt = Prompt(id="c1", text=row["problem"], task="code",
@@ -72,7 +80,7 @@ def test_the_code_agent_gives_the_workflows_trajectories(tok):
     programs = {"0": [RIGHT], "1": [WRONG, RIGHT], "2": [WRONG, WRONG, WRONG]}
 
     def ctx():
-        return EpisodeContext(generate=scripted(tok, programs), grade=grade, tokenizer=tok, n_samples=3,
+        return EpisodeContext(generate=scripted(tok, programs, routed), grade=grade, tokenizer=tok, n_samples=3,
                               sampling_params={"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 64},
                               max_turns=3)
 
@@ -85,6 +93,12 @@ def test_the_code_agent_gives_the_workflows_trajectories(tok):
     for w, a in zip(workflow, agent, strict=True):
         for field in ("prompt_ids", "output_ids", "output_logprobs", "output_versions", "output_mask", "turn_rewards"):
             assert np.array_equal(getattr(w, field), getattr(a, field)), field
+        if routed:   # each turn first fed the feedback before it and its own tokens: every turn has rows
+            assert np.array_equal(w.routed_experts, a.routed_experts) and w.routed_experts.dtype == a.routed_experts.dtype
+            assert len(a.routed_experts) == len(a.prompt_ids) + len(a.output_ids) - 1
+            assert set(a.routed_experts[:, 0, 0].tolist()) == set(range(int(a.timings["turns"])))
+        else:
+            assert w.routed_experts is None and a.routed_experts is None
         assert (w.reward, w.finish_reason, w.timings["first_turn_correct"]) == \
             (a.reward, a.finish_reason, a.timings["first_turn_correct"])
     assert np.any(agent[1].output_mask == 0)   # the feedback turn is context

@@ -105,9 +105,10 @@ def test_the_step_batch_lays_the_experts_along_the_tokens(traj):
     assert "routed_experts" not in sequence_tensors(mixed, 0, 1.0)[1]
 
 
-def test_tandem_config_check_refuses_replay_on_a_dense_model_or_an_agent(tmp_path):
+def test_tandem_config_check_refuses_replay_on_a_dense_model_not_with_an_agent(tmp_path):
     """The launch check, from the experiment file's keys (a model directory as far as the check
-    reads one: model_dirs.py)."""
+    reads one: model_dirs.py). An agent's episodes carry their completions' experts joined
+    (tests/unit/rollout/test_agent_routing.py), so replay with `rollout.agent` is launched."""
     from model_dirs import checked_model_dir
 
     from tandem.launcher.config import load_config
@@ -129,5 +130,4 @@ def test_tandem_config_check_refuses_replay_on_a_dense_model_or_an_agent(tmp_pat
                                                          f"experiment.exp_dir={tmp_path / 'x'}",
                                                          "trainer.routing_agreement=true"])))
     assert "has no experts to route" in measured["trainer.routing_agreement"]
-    agent = problems(moe, "rollout.agent=tandem.rollout.agents.calculator:solve")
-    assert "not recorded for agent episodes" in agent["trainer.routing_replay"]
+    assert problems(moe, "rollout.agent=tandem.rollout.agents.calculator:solve") == {}
