@@ -35,9 +35,12 @@ from tandem.services.protocol import StatusRequest, SyncRequestClient, load_keys
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[3]
 STANDIN = Path(__file__).with_name("standin_sglang")
+# fork_roles off: where SGLang runs, torch is a CUDA build and the launcher never forks its roles
+# (launcher/backends/role_forks.py); here the preloading server only cost each launch the import
+# of torch and transformers (~5 CPU-s), and forked the role as it is never started with SGLang.
 CONFIG = """\
 experiment: {{name: sgl, exp_dir: {exp_dir}, model: {model}}}
-launcher: {{backend: local, nodes: 1, gpus_per_node: 2, gen_train_ratio: "1:1"}}
+launcher: {{backend: local, nodes: 1, gpus_per_node: 2, gen_train_ratio: "1:1", fork_roles: false}}
 gen: {{backend: sglang, tp_size: 1, mem_fraction_static: 0.7, seed: 5}}
 """
 
