@@ -227,13 +227,15 @@ async def evaluate_checkpoint(cfg, exp: ExpDir, spec: str, n: int, out: Path | N
     tmp = Path(tempfile.mkdtemp(dir=exp.root, prefix=".eval-"))
     server = None
     try:
-        version, model_dir, what = await model_for(exp, spec, cfg.experiment.model, tmp)
-        say(f"v{version}: {what} ({time.time() - t0:.1f} s)")
+        # Before the checkpoint is converted (a process of its own that imports torch): a refusal
+        # for want of problems comes at once.
         prompts = held_out_prompts(cfg, n)
         if not prompts:
             raise EvalError(f"no held-out problems: every problem of rollout.dataset ({cfg.rollout.dataset}) may "
                             f"have been trained on and the run has no rollout.eval_dataset; give one: "
                             f"tandem eval --exp {exp.root} --dataset FILE")
+        version, model_dir, what = await model_for(exp, spec, cfg.experiment.model, tmp)
+        say(f"v{version}: {what} ({time.time() - t0:.1f} s)")
         server = PrivateServer(model_dir, tmp, exp.logs / f"eval-v{version}-gen.log", threads,
                                max_running=concurrency)
         say(f"generation server on {await server.start()}; {len(prompts)} problems, greedy, "
