@@ -7,7 +7,7 @@ from omegaconf import II
 
 from tandem.trainer.learning_signals import SignalsConfig
 from tandem.trainer.lr_schedule import schedule_problems
-from tandem.trainer.megatron.config import MegatronConfig
+from tandem.trainer.megatron.config import RECOMPUTE, MegatronConfig
 from tandem.trainer.presets import objective_problems
 from tandem.trainer.samples import SamplesConfig
 from tandem.trainer.weights import METHODS as WEIGHT_SYNC_METHODS
@@ -210,9 +210,12 @@ class TrainerConfig:
     compute_dtype: str = "float32"
     # Torch backend: activation recompute, one decoder layer per unit (transformers' gradient
     # checkpointing): a layer keeps only its input and recomputes the rest in the backward pass,
-    # about a third more compute for a fraction of the activation memory. The Megatron backend's
-    # is trainer.megatron.recompute.
-    recompute: bool = False
+    # about a third more compute for a fraction of the activation memory. auto: on when the
+    # rank's predicted peak without it (`tandem plan`'s estimate, from the model's shape,
+    # max_tokens_per_mb and compute_dtype) exceeds the device's memory less 10%, decided at the
+    # trainer's start (free GPU memory; the CPU has no limit unless TANDEM_DEVICE_MEMORY_BYTES
+    # sets one) and logged. The Megatron backend's is trainer.megatron.recompute.
+    recompute: bool | str = "auto"
     # torch.compile where it fuses the eager model's elementwise kernels (trainer/compiled.py).
     # Torch backend: each decoder layer and the log-prob chunks. Megatron backend: megatron-core's
     # fused SwiGLU (its kernels under torch.compile) and, with tensor_parallel 1, the log-prob
@@ -293,7 +296,9 @@ class TrainerConfig:
         elif self.compute_dtype != "float32" and self.backend != "torch":
             out.append(("compute_dtype", f"applies to the torch backend; trainer.backend: {self.backend} takes "
                                          f"trainer.megatron.params_dtype"))
-        if self.recompute and self.backend != "torch":
+        if self.recompute not in RECOMPUTE:
+            out.append(("recompute", f"must be true, false or auto, got {self.recompute!r}"))
+        elif self.recompute is True and self.backend != "torch":
             out.append(("recompute", f"applies to the torch backend; trainer.backend: {self.backend} takes "
                                      f"trainer.megatron.recompute"))
         if self.logprob_chunk < 0:

@@ -43,7 +43,7 @@ from tandem.services.protocol import (
     publish_service,
 )
 from tandem.services.protocol.trackers import TrackerFollower, start_trackers
-from tandem.trainer import build_backend, checkpoint
+from tandem.trainer import build_backend, checkpoint, recompute
 from tandem.trainer import objective_step as objective
 from tandem.trainer.announcements import Announcements, coalesces_versions
 from tandem.trainer.backend import TrainBackend
@@ -77,7 +77,9 @@ class Trainer:
             raise SystemExit(f"tandem trainer: {exp.checkpoints} already holds checkpoints; pass "
                              f"--resume to continue that run, or remove them to start over")
         init_distributed()
-        self.backend = backend or build_backend(self.tcfg, cfg.experiment.model, cfg.experiment.seed)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.backend = backend or build_backend(self.tcfg, cfg.experiment.model, cfg.experiment.seed,
+                                                recompute.pipeline_micro_batches(cfg, world))
         self.rank = self.backend.rank
         self.version = 0
         self.nonfinite_steps = 0    # steps stopped by a NaN/inf loss term (this process)
@@ -89,6 +91,9 @@ class Trainer:
         self.settings = objective.settings_from_config(self.tcfg)
         self.backend.entropy_grad = self.settings.entropy_coef > 0
         self.metrics = MetricsWriter(exp, "trainer", self.rank) if self.rank == 0 else None
+        if self.metrics:   # what the trainer chose at its start (trainer/recompute.py), and why
+            self.metrics.log(event="trainer_start", backend=self.tcfg.backend, resumed=resume,
+                             world_size=getattr(self.backend, "world_size", 1), **recompute.start_fields(self.backend))
         # Rank 0's watch on whether the run learns (trainer/learning_signals.py), and its samples.
         self.signals = LearningSignals(self.tcfg.signals, self.tcfg.groups_per_step, self.metrics,
                                        getattr(getattr(cfg, "rollout", None), "filter_all_equal", False))

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 import tandem.trainer.compiled as compiled
 import tandem.trainer.lora as lora
+import tandem.trainer.recompute as recompute
 from tandem.services.protocol import attention_without_cudnn, collectives
 from tandem.trainer.backend import (
     LossFn,
@@ -80,7 +81,8 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
 
 
 def recompute_layers(model) -> None:
-    """trainer.recompute: transformers' activation checkpointing, one decoder layer per unit.
+    """trainer.recompute (true, or auto decided on): transformers' activation checkpointing, one
+    decoder layer per unit.
     Its layers checkpoint only in training mode, and the backend keeps the model in eval mode (no
     dropout: the proximal and the first update's log-probs are the same numbers), so only the
     modules that carry the checkpointing flag are put in training mode, not their children."""
@@ -150,6 +152,10 @@ class TorchBackend(TrainBackend):
         else:
             self.device = torch.device("cpu")
         torch.manual_seed(seed)
+        # trainer.recompute: true, false, or auto (chosen by memory before the model takes any:
+        # trainer/recompute.py); self.cfg.recompute is the decision from here on.
+        self.recompute_choice = recompute.decide(cfg, self.model_dir, self.world_size, self.device, "torch")
+        self.cfg = cfg = recompute.resolved(cfg, self.recompute_choice.on)
         attention_without_cudnn()   # a graph build per new sequence length (services/protocol/runtime.py)
         attn = packed_attention_implementation() if cfg.packed_forward else "sdpa"
         # Where a pack's bounds go: flash-attn's kernels read them on the device; the per-sequence

@@ -24,6 +24,7 @@ last stages' copies of the embedding get their gradients summed over Megatron's 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 import tandem.trainer.compiled as compiled
+import tandem.trainer.recompute as recompute
 from tandem.services.protocol import attention_without_cudnn, collectives
 from tandem.trainer.backend import (
     LossFn,
@@ -99,7 +101,8 @@ class MegatronBackend(TrainBackend):
     # reshardable on load, and the only way to save the distributed optimizer's state.
     sharded_checkpoint = True
 
-    def __init__(self, cfg, model_dir: Path, seed: int, mcfg: MegatronConfig | None = None):
+    def __init__(self, cfg, model_dir: Path, seed: int, mcfg: MegatronConfig | None = None,
+                 alive_micro_batches: int = 1):
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
 
@@ -127,6 +130,13 @@ class MegatronBackend(TrainBackend):
         self.pp_size = pp
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ep
         self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+        # trainer.megatron.recompute: true, false, or auto (chosen by memory, alike on every rank:
+        # trainer/recompute.py); self.mcfg.recompute is the decision from here on.
+        view = copy.copy(cfg)
+        view.megatron = self.mcfg
+        self.recompute_choice = recompute.decide(view, self.model_dir, self.dp_size, self.device, "megatron",
+                                                 alive_micro_batches)
+        self.mcfg = recompute.resolved(self.mcfg, self.recompute_choice.on)
         self.padded_vocab = padded_vocab_size(self.shape.vocab_size, self.mcfg.vocab_multiple, tp)
         dtype = _DTYPES[self.mcfg.params_dtype] if self.on_gpu else torch.float32
         self.dtype = dtype

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
 DISPATCHERS = ("alltoall", "allgather")
+# trainer.recompute and trainer.megatron.recompute: on, off, or chosen by memory at the start.
+RECOMPUTE = (True, False, "auto")
 
 
 @dataclass
@@ -26,8 +28,10 @@ class MegatronConfig:
     use_distributed_optimizer: bool = True
     # Activation recompute (Megatron's full granularity, one layer per unit): a layer keeps only
     # its input and recomputes the rest in the backward pass, about a third more compute for a
-    # fraction of the activation memory (`tandem plan` prints both ways; docs/plan.md).
-    recompute: bool = False
+    # fraction of the activation memory (`tandem plan` prints both ways; docs/plan.md). auto: on
+    # when the rank's predicted peak without it exceeds the GPU's free memory less 10%, decided
+    # at the trainer's start, the same on every rank, and logged (as trainer.recompute: auto).
+    recompute: bool | str = "auto"
     # Mixture-of-experts models (Qwen3-MoE) only; docs/megatron.md, "Mixture of experts".
     # Switch-Transformer load-balancing loss of each MoE layer, times this coefficient, added to
     # the training loss (megatron-core's `aux_loss`; 0 = off; Megatron-LM uses 1e-2, Qwen3-MoE's
@@ -57,6 +61,8 @@ class MegatronConfig:
                                                 f"got {self.moe_token_dispatcher!r}"))
         if self.params_dtype not in DTYPES:
             out.append(("params_dtype", f"must be one of {', '.join(DTYPES)}, got {self.params_dtype!r}"))
+        if self.recompute not in RECOMPUTE:
+            out.append(("recompute", f"must be true, false or auto, got {self.recompute!r}"))
         if self.vocab_multiple < 1:
             out.append(("vocab_multiple", f"must be >= 1, got {self.vocab_multiple}"))
         return out

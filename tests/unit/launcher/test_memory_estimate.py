@@ -126,27 +126,45 @@ def test_a_micro_batch_smaller_than_the_longest_sample_is_refused_naming_both_ke
     assert "rollout.max_new_tokens" in text and f"= {need}" in text
 
 
-def test_bf16_products_halve_the_torch_backends_activations_not_its_float32_state():
+# R1-Distill-Qwen-1.5B's layer on the torch backend, bytes per token (launcher/simulate/memory.py's
+# `_layer_activation_bytes`, counted tensor by tensor: tests/unit/trainer/test_recompute_torch_layers.py)
+TORCH_LAYER = {"float32": 200_760, "bfloat16": 121_912}
+# autocast's bf16 copies of one layer's weight matrices: its 46,797,824 parameters less the norms
+# (2 x 1,536) and the q/k/v biases (1,536 + 2 x 256)
+LAYER_COPIES = 2 * (46_797_824 - 5_120)
+
+
+def test_bf16_products_shrink_the_torch_backends_activations_not_its_float32_state():
     """trainer.compute_dtype: bfloat16 (autocast) keeps the torch backend's weights, gradients and
-    AdamW in float32 and its activations in bf16; the estimate says so term by term, and a torch
-    backend in float32 that does not fit is told to set it."""
+    AdamW in float32, and its products' activations in bf16 (not all of them: the norms' float32
+    copies stay), plus autocast's bf16 copies of every layer's weight matrices; the estimate says
+    so term by term, and a torch backend in float32 that does not fit is told to set it."""
     path = CONFIGS[[p.name for p in CONFIGS].index("math-r1-1.5b.yaml")]
-    fp32, bf16 = (_est(load_config(path, ["trainer.backend=torch", f"trainer.compute_dtype={d}"])).roles[0]
-                  for d in ("float32", "bfloat16"))
+    fp32, bf16 = (_est(load_config(path, ["trainer.backend=torch", "trainer.recompute=false",
+                                          f"trainer.compute_dtype={d}"])).roles[0] for d in ("float32", "bfloat16"))
     for k in ("weights", "gradients", "optimizer"):
         assert bf16.parts[k] == fp32.parts[k]
-    assert bf16.parts["activations"] == pytest.approx(fp32.parts["activations"] / 2, rel=1e-12)
+    n, layers = 34_816, 28
+    assert fp32.parts["activations"] == n * layers * TORCH_LAYER["float32"]
+    assert bf16.parts["activations"] == layers * (n * TORCH_LAYER["bfloat16"] + LAYER_COPIES)
     assert bf16.parts["logits"] < fp32.parts["logits"]
     assert "trainer.compute_dtype: bfloat16" in fp32.advice and "compute_dtype" not in bf16.advice
 
 
-def test_the_torch_backends_recompute_keeps_a_layers_input_as_megatrons_does():
-    """trainer.recompute on the torch backend: per token, every layer's input plus one whole layer,
-    the formula of trainer.megatron.recompute; a torch backend without it is told to set it."""
+def test_the_torch_backends_recompute_keeps_a_layers_float32_input_and_auto_turns_it_on():
+    """trainer.recompute on the torch backend: per token, every layer's input (the float32 residual
+    stream of its replica: 4h, where Megatron's bf16 keeps 2h) plus one whole layer and its weight
+    copies; a torch backend without it is told to set it, and auto (the default) sets it here,
+    where the rank does not fit an H800 without it."""
     path = CONFIGS[[p.name for p in CONFIGS].index("math-r1-1.5b.yaml")]
     base = ["trainer.backend=torch", "trainer.compute_dtype=bfloat16"]
-    off, on = (_est(load_config(path, [*base, f"trainer.recompute={r}"])).roles[0] for r in ("false", "true"))
-    mega = _est(load_config(path)).roles[0]     # Megatron bf16 with recompute, TP 1: the same activations
-    assert on.parts["activations"] == pytest.approx(mega.parts["activations"], rel=1e-12)
+    off, on, auto = (_est(load_config(path, [*base, f"trainer.recompute={r}"])).roles[0]
+                     for r in ("false", "true", "auto"))
+    mega = _est(load_config(path)).roles[0]     # Megatron bf16 with recompute, TP 1
+    n = 34_816
+    assert on.parts["activations"] == n * (28 * 4 * 1536 + TORCH_LAYER["bfloat16"]) + LAYER_COPIES
+    assert mega.parts["activations"] == n * (28 * 2 * 1536 + 94_720)
     assert on.parts["activations"] < off.parts["activations"] / 10
     assert "set trainer.recompute: true" in off.advice and "trainer.recompute" not in on.advice
+    assert not off.fits and on.fits and auto.recompute.on and auto.parts == on.parts
+    assert auto.recompute.without == off.total and auto.recompute.with_ == on.total

@@ -103,3 +103,35 @@ def test_recompute_is_megatrons_full_layer_recompute_and_compile_its_fused_swigl
     assert (on.recompute_granularity, on.recompute_method, on.recompute_num_layers) == ("full", "uniform", 1)
     assert off.recompute_granularity is None
     assert fused.bias_activation_fusion and not on.bias_activation_fusion and not off.bias_activation_fusion
+
+
+def test_auto_recompute_follows_the_devices_memory(tmp_path, monkeypatch):
+    """trainer.megatron.recompute: auto (trainer/recompute.py): a device too small for the pack
+    (the stand-in TANDEM_DEVICE_MEMORY_BYTES) turns on the full layer recompute above; the CPU,
+    whose memory is not finite, leaves it off. The choice is the backend's record of it."""
+    import torch.distributed as dist
+
+    from tandem.trainer import recompute
+    from tandem.trainer.megatron.backend import MegatronBackend
+
+    model_dir = mc.make_model_dir(tmp_path / "m", tied=False)
+    cfg = mc.trainer_cfg(tp=1, params_dtype="float32")
+    cfg = dataclasses.replace(cfg, megatron=dataclasses.replace(cfg.megatron, recompute="auto"))
+    seen = {}
+    for cap in ("1e6", None):
+        if cap:
+            monkeypatch.setenv(recompute.ENV, cap)
+        else:
+            monkeypatch.delenv(recompute.ENV, raising=False)
+        created = not dist.is_initialized()
+        be = MegatronBackend(cfg, model_dir, seed=0)
+        try:
+            seen[cap] = (be.recompute_choice, be.mcfg.recompute, be.config.recompute_granularity,
+                         be.config.recompute_method, be.config.recompute_num_layers)
+        finally:
+            be.close()
+            if created and dist.is_initialized():
+                dist.destroy_process_group()
+    small, cpu = seen["1e6"], seen[None]
+    assert small[0].on and small[0].key == "trainer.megatron.recompute" and small[1:] == (True, "full", "uniform", 1)
+    assert not cpu[0].on and cpu[0].capacity is None and cpu[1:] == (False, None, None, None)
