@@ -57,8 +57,9 @@ def _comments(cls) -> dict[str, str]:
 
 
 def _type_name(tp) -> str:
+    """The type as a table cell: a union's `|` escaped, or the cell would split the row."""
     s = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
-    return s or str(tp).replace("typing.", "")
+    return (s or str(tp).replace("typing.", "")).replace("|", "\\|")
 
 
 def _default(f: dataclasses.Field) -> str:
