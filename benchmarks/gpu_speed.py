@@ -96,11 +96,13 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
     if backend in ("torch", "torch+compile"):   # as a run trains it: float32 weights, bf16 products on a GPU
         from tandem.trainer.torch_backend import TorchBackend
         be = TorchBackend(TrainerConfig(backend="torch", optim=optim, compute_dtype="bfloat16" if cuda else "float32",
-                                        compile=backend == "torch+compile"), Path(model_dir), seed=0)
+                                        compile=backend == "torch+compile", max_tokens_per_mb=pack),
+                          Path(model_dir), seed=0)
     else:
         from tandem.trainer.megatron.backend import MegatronBackend
         from tandem.trainer.megatron.config import MegatronConfig
-        be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim, compile=backend == "megatron+compile"),
+        be = MegatronBackend(TrainerConfig(backend="megatron", optim=optim, compile=backend == "megatron+compile",
+                                           max_tokens_per_mb=pack),
                              Path(model_dir), seed=0,
                              mcfg=MegatronConfig(params_dtype="bfloat16"))
     params = sum(p.numel() for p in be.model.parameters())
@@ -125,7 +127,9 @@ def one_case(backend: str, model_dir: str, pack: int, steps: int, seq_len: int, 
 
     record = {"backend": backend, "pack": pack, "lengths": "varied" if varied else "equal",
               "tokens_per_step": int(total), "parameters": params,
-              "device": torch.cuda.get_device_name() if cuda else "cpu"}
+              "device": torch.cuda.get_device_name() if cuda else "cpu",
+              # trainer.recompute: auto decides by the pack and the device's memory (trainer/recompute.py)
+              "recompute": be.recompute_choice.record()}
     try:
         t0 = time.perf_counter()
         be.train_step(mbs, loss_fn, 1.0)             # warm-up: allocations, kernels, optimizer state
@@ -201,7 +205,8 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
                     outcome = ("out of memory" if c.get("out_of_memory") else "failed" if "failed" in c
                                else f"{c['tokens_per_s']:,.0f}")
                     rows.append([shape, backend, pack, outcome, round(c["mfu"], 4) if "mfu" in c else None,
-                                 round(c["peak_bytes"] / 1e9, 1) if c.get("peak_bytes") else None])
+                                 round(c["peak_bytes"] / 1e9, 1) if c.get("peak_bytes") else None,
+                                 "on" if (c.get("recompute") or {}).get("on") else "off"])
                     print(f"{shape} {backend} pack {pack}: {outcome} tokens/s, MFU {c.get('mfu')}, "
                           f"peak {c.get('peak_bytes')} B" + (f"\n{c['failed']}" if "failed" in c else ""), flush=True)
                     print("CASE " + json.dumps({k: v for k, v in c.items() if k != "top_kernels"}), flush=True)
@@ -210,7 +215,7 @@ def main(quick: bool = False, shapes: tuple[str, ...] = ("0.5b", "1.5b"), packs:
     what = f"{seq_len}-token sequences" if lengths == "equal" else f"sequences of {seq_len // 8} to {2 * seq_len - 1} tokens, new each step"
     print_table(f"train step, bf16, two packed micro-batches of {what} "
                 f"(MFU: 6 x params x tokens/s / {peak_tflops:g} TFLOP/s)",
-                ["shape", "backend", "pack tokens", "tokens/s", "MFU", "peak GB"], rows)
+                ["shape", "backend", "pack tokens", "tokens/s", "MFU", "peak GB", "recompute"], rows)
     headline = {"mfu_formula": f"6 * parameters * tokens_per_s / {peak_tflops:g}e12", "seq_len": seq_len, "lengths": lengths,
                 "cases": cases}
     if not quick:
