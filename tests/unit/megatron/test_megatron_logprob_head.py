@@ -100,26 +100,26 @@ def test_live_bytes_peak_at_qwen2_5_s_vocabulary_is_under_a_quarter_of_the_whole
     step (from the final hidden states, forward and backward, every tensor an operation makes:
     lc.LiveBytesPeak) at Qwen2.5's 151,936-entry vocabulary, against the whole pass (logits
     whole, log-softmax whole) and the rows path the backend used before (logits whole,
-    log-softmax chunked). 256 tokens in chunks of 8: tokens / chunk is 32, as for a 32K-token
-    pack at the default chunk of 1,024; hidden / tokens is 1/8, so the output layer's [vocab x
+    log-softmax chunked). 128 tokens in chunks of 4: tokens / chunk is 32, as for a 32K-token
+    pack at the default chunk of 1,024; hidden / tokens is 1/8 (16 / 128), so the output layer's [vocab x
     hidden] gradients stay small beside a [tokens x vocab] tensor, as they are at that pack's
     size (hidden 1,536 / 32K tokens is smaller still). Float32 here (the CPU path), so the rows path keeps more
     of the whole than on a GPU, where its logits are bf16 (benchmarks/results/logprob_memory.json);
     the GPU's own figure is tests/gpu/test_gpu_megatron_logprob_memory.py's."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=151_936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = Qwen2Config(vocab_size=151_936, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       tie_word_embeddings=True)
     backend = mc.in_process_backend(mc.save_random(Qwen2ForCausalLM(cfg), tmp_path / "qwen2-152k"))
     be = next(backend)
     try:
         gen = torch.Generator().manual_seed(0)
-        mb = mc.packed([torch.randint(0, cfg.vocab_size, (n,), generator=gen) for n in (64, 64, 64, 64)], 0)
+        mb = mc.packed([torch.randint(0, cfg.vocab_size, (n,), generator=gen) for n in (32, 32, 32, 32)], 0)
         with torch.no_grad():
             hidden = be._stage_forward(mb)
         peaks = {}
-        for mode, chunk in (("whole", 0), ("rows", 8), ("head", 8)):
+        for mode, chunk in (("whole", 0), ("rows", 4), ("head", 4)):
             be.cfg.logprob_chunk = chunk
             meter = lc.LiveBytesPeak()
             with meter:
@@ -127,7 +127,7 @@ def test_live_bytes_peak_at_qwen2_5_s_vocabulary_is_under_a_quarter_of_the_whole
             peaks[mode] = meter.peak
     finally:
         next(backend, None)
-    n_by_vocab = 256 * cfg.vocab_size * 4
+    n_by_vocab = 128 * cfg.vocab_size * 4
     assert peaks["whole"] >= 2 * n_by_vocab, peaks      # the meter sees the whole pass's tensors
     assert peaks["head"] <= peaks["whole"] / 4, peaks
     assert peaks["head"] <= peaks["rows"] / 4, peaks
