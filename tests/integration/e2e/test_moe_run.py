@@ -6,10 +6,12 @@ What it shows beyond the unit tier (tests/unit/trainer/test_torch_routing_replay
 and the client's tests): the embedded server returns each position's experts with its samples, the
 workers carry them in the trajectories, the trainer's buffer takes every one (it refuses a sample
 with none, or with experts that do not fit it or the model), and the trainer's routers, replaying
-them in every forward (the updates' too), chose the recorded experts at every position:
-`moe_router_agreement` 1.0 in both steps. The experts must line up with the
-packed tokens for that: a record shifted by one position, another layer's, or another sample's
-would disagree at most positions. Synchronous (eta 0), so each step trains tokens its own weights
+them in every forward (the updates' too), chose the recorded experts at (nearly) every position:
+`moe_router_agreement` at least AGREEMENT in both steps (1.0 in every run so far; a token whose
+second and third experts' router scores tie within float32 rounding may go either way between the
+server's cached decode and the trainer's packed forward, so exactly 1.0 is not asserted). The
+experts must line up with the packed tokens for that: a record shifted by one position, another
+layer's, or another sample's would disagree at most positions. Synchronous (eta 0), so each step trains tokens its own weights
 sampled, float32 on both sides (the server's default `gen.dtype` and the torch backend's).
 Learning is `benchmarks/train_math_moe.py`'s. The second test runs the file with an agent whose
 episodes are two completions each (routing replay for agent episodes)."""
@@ -25,6 +27,7 @@ from tandem.services.protocol import ExpDir
 
 CONFIG = Path(__file__).parents[3] / "configs" / "math-moe-tiny.yaml"
 LAYERS, TOP_K, EXPERTS = 4, 2, 8
+AGREEMENT = 0.995   # module docstring: a misaligned record agrees at a fraction of the positions
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def test_the_tiny_moe_config_trains_with_routing_replay(tmp_path, tiny_moe_dir):
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert set(r["token_staleness_hist"]) == {"0"}, r    # every token sampled by the weights it trains
-        assert r["moe_router_agreement"] == 1.0, r
+        assert r["moe_router_agreement"] >= AGREEMENT, r
         assert r["grad_norm"] > 0 and r["mismatch_tokens"] > 0 and r["mismatch_k3"] < 1e-6, r
 
     # The buffer refuses a sample without experts while replay is on, or whose experts do not fit
@@ -73,7 +76,7 @@ def test_agent_episodes_of_several_completions_train_with_routing_replay(tmp_pat
     feedback between them. Each completion's request returns the experts of the positions it fed;
     the episode joins them (each position from the first completion that fed it, the feedback
     from the second's prefill). The buffer took every episode (a record of the wrong length, or
-    none, is refused), and router agreement 1.0 at every replayed position means the joined record
+    none, is refused), and router agreement at (nearly) every replayed position means the joined record
     lines up with the packed episode: the second completion's part shifted by one position fails
     it. Which completion's experts a position keeps is the unit tier's (test_agent_routing.py):
     here both completions ran under the same weights and route the shared prefix alike."""
@@ -86,7 +89,7 @@ def test_agent_episodes_of_several_completions_train_with_routing_replay(tmp_pat
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert r["turns_mean"] == 2.0, r      # every episode: a completion, the feedback, a completion
-        assert r["moe_router_agreement"] == 1.0, r
+        assert r["moe_router_agreement"] >= AGREEMENT, r
         assert r["grad_norm"] > 0 and r["mismatch_tokens"] > 0 and r["mismatch_k3"] < 1e-6, r
     last = records[-1]
     assert last["buffer_taken"] == 2 * 2, last
