@@ -77,13 +77,16 @@ def test_the_heartbeat_renews_the_file_until_stopped(tmp_path):
     from tandem.launcher.launcher_watch import HEARTBEAT_FILE, Heartbeat, heartbeat_interval
     assert heartbeat_interval(600) == 30 and heartbeat_interval(1) == 0.5   # a tenth, within bounds
     path = tmp_path / HEARTBEAT_FILE
-    beat = Heartbeat(path, 1.0).start()
+    beat = Heartbeat(path, 1.0)
+    assert beat.interval == 0.5                         # the lease's
+    beat.interval = 0.1                                 # (renewed faster here: the test waits for 3 beats)
+    beat.start()
     assert json.loads(path.read_text())["beat"] == 1    # written before any job can look
     deadline = time.monotonic() + 10
     while json.loads(path.read_text())["beat"] < 3:
         assert time.monotonic() < deadline
-        time.sleep(0.05)
+        time.sleep(0.02)
     beat.stop()
     last = path.read_text()
-    time.sleep(0.7)
+    time.sleep(0.4)                                     # four intervals: no beat after stop()
     assert path.read_text() == last
