@@ -31,14 +31,14 @@ def make_moe_dir(out: Path, *, norm_topk_prob: bool = True, seed: int = 0) -> Pa
 
 
 def moe_trainer_cfg(ep: int = 1, tp: int = 1, aux: float = 0.0, z: float = 0.0, capacity: float = 0.0,
-                    clip: float = 1.0):
+                    clip: float = 1.0, pp: int = 1):
     """megatron_case.trainer_cfg with expert parallelism and the MoE options (float32 parameters);
     `clip`: trainer.optim.grad_clip (the gradients read after a step are the clipped ones)."""
     from dataclasses import replace
 
     import megatron_case as mc
 
-    cfg = mc.trainer_cfg(tp=tp, params_dtype="float32")
+    cfg = mc.trainer_cfg(tp=tp, pp=pp, params_dtype="float32")
     return replace(cfg, expert_parallel=ep, optim=replace(cfg.optim, grad_clip=clip), megatron=replace(cfg.megatron, moe_aux_loss_coeff=aux, moe_z_loss_coeff=z,
                                                              moe_capacity_factor=capacity))
 

@@ -119,3 +119,20 @@ def test_tp2_step_equals_the_single_rank_step(moe_dir, tmp_path):
         assert r["metrics"] == pytest.approx(one["metrics"], rel=1e-9)
         for k, v in one["hf_step1"].items():   # (the AdamW tolerance of the EP test)
             torch.testing.assert_close(r["hf_step1"][k], v, atol=1e-4, rtol=1e-4, msg=k)
+
+
+def test_pp2_step_equals_the_single_rank_step(moe_dir, tmp_path):
+    """PP=2: each stage holds one MoE layer (its router and experts); the micro-batches pass
+    between the stages by send/recv. Exact HF round trip, the single rank's log-probs, loss,
+    gradient norm and routing metrics (each layer's counted on its stage, gathered over the
+    world), and the same updated model."""
+    ranks = _job(moe_dir, tmp_path, AUX, "pp2")
+    one = _single_rank(moe_dir, AUX)
+    assert [r["pp_size"] for r in ranks] == [2, 2] and all(r["roundtrip_exact"] for r in ranks)
+    torch.testing.assert_close(torch.cat(ranks[0]["logp_initial"]), torch.cat(one["logp"]), atol=2e-5, rtol=1e-5)
+    assert ranks[1]["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)   # the last stage's
+    for r in ranks:
+        assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        assert r["metrics"] == pytest.approx(one["metrics"], rel=1e-9)
+        for k, v in one["hf_step1"].items():
+            torch.testing.assert_close(r["hf_step1"][k], v, atol=1e-4, rtol=1e-4, msg=k)
