@@ -26,11 +26,13 @@ UNIT_DIR = Path(__file__).resolve().parent / "unit"
 
 # The longest work units (a module, or a directory one worker runs whole: worker_groups.py; a
 # minute or more each on 2 cores) start first, so that with several workers (`make test`) none is
-# left running one of them alone at the end. Not the reward tests: their scan for leftover sandbox
-# processes is machine-wide, so they run after the code-task runs of e2e/.
+# left running one of them alone at the end. The reward tests last of them: their scan for leftover
+# sandbox processes is machine-wide, so they come after the code-task runs of e2e/, three long units
+# later. (Left in collection order, the reward directory, two minutes of one worker, started last
+# but a few small modules and ended the suite alone: the other worker idle for its last 33 s.)
 LONGEST_FIRST = ("tests/integration/test_faults.py", "tests/integration/slurm/", "tests/integration/e2e/",
                  "tests/integration/foundation/test_doc_commands.py", "tests/integration/generation/",
-                 "tests/integration/contract/")
+                 "tests/integration/contract/", "tests/integration/reward/")
 
 
 def pytest_collection_modifyitems(config, items):
