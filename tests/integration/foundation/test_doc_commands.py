@@ -57,8 +57,11 @@ def clone(tmp_path_factory):
 
 
 def _env(clone: Path) -> dict:
+    # MAKEFLAGS & co: under `make test PYTEST_ARGS=...` they carry the caller's variables into the
+    # docs' own `make` commands (their `make test-gpu` ran with the caller's pytest arguments).
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TANDEM_", "PYTEST_")) and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+           if not k.startswith(("TANDEM_", "PYTEST_")) and k not in ("VIRTUAL_ENV", "PYTHONPATH", "MAKEFLAGS",
+                                                                     "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     env["PATH"] = f"{clone / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return env
 
