@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 import torch
 from controller_helpers import write_config
+from polling import until
 from process_starts import start
 from safetensors.torch import load_file, save_file
 
@@ -92,13 +93,6 @@ def trained_adapter(v0, out, seed: int):
     return out
 
 
-def wait_for(cond, what: str, timeout_s: float = 90.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_adapter_updates_and_the_catch_up_of_a_restarted_server(exp, controller_proc, tiny_model_dir, tmp_path):
     v0 = write_initial_adapter(lora_settings(LoraConfig(rank=4)), tiny_model_dir, tmp_path / "adapter-v0")
     gen = Gen(tmp_path, tiny_model_dir, v0)
@@ -119,7 +113,7 @@ def test_adapter_updates_and_the_catch_up_of_a_restarted_server(exp, controller_
             in_flight: dict = {}
             t = threading.Thread(target=lambda d=in_flight: d.update(generate(gen.url, max_new_tokens=400)))
             t.start()
-            wait_for(lambda: http(gen.url, "/v1/loads")["loads"][0]["num_running_reqs"] > 0, "the long request")
+            until("the long request", lambda: http(gen.url, "/v1/loads")["loads"][0]["num_running_reqs"] > 0, 90)
             ack = client.request(AdapterOnDisk(version=version, path=str(
                 trained_adapter(v0, exp.weights / f"v{version}", version))))
             t.join(120)
@@ -132,8 +126,8 @@ def test_adapter_updates_and_the_catch_up_of_a_restarted_server(exp, controller_
 
         gen.stop()                       # the server dies and comes back serving version 0
         gen.start()
-        wait_for(lambda: http(gen.url, "/model_info")["weight_version"] == str(version), "the catch-up")
-        wait_for(lambda: client.request(StatusRequest()).state["servers"][0]["in_rotation"], "back in rotation")
+        until("the catch-up", lambda: http(gen.url, "/model_info")["weight_version"] == str(version), 90)
+        until("back in rotation", lambda: client.request(StatusRequest()).state["servers"][0]["in_rotation"], 90)
         again = generate(gen.url)
         assert again["meta_info"]["weight_version"] == str(version) and again["output_ids"] == after["output_ids"]
     except urllib.error.HTTPError as e:

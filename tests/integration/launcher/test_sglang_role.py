@@ -18,11 +18,11 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from model_dirs import checked_model_dir
+from polling import until
 
 from tandem.launcher.backends.local import LocalBackend
 from tandem.launcher.config import ConfigError
@@ -55,16 +55,6 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state not in ("Z", "X")
-
-
-def _wait(what: str, fn, timeout_s: float = 60.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout_s:.0f}s")
 
 
 def _records(d: Path) -> list[dict]:
@@ -182,21 +172,21 @@ def test_launch_readiness_registration_restart_and_stop(tmp_path, standin):
         # Registration: the controller holds it and its health check (with the key files) passes.
         def healthy():
             return [s for s in _servers(exp) if s["address"] == info["url"] and s["healthy"] and s["in_rotation"]]
-        (server,) = _wait("the controller seeing the server healthy", healthy)
+        (server,) = until("the controller seeing the server healthy", healthy)
         assert server["tp_size"] == 1
 
         # Restart: SGLang dies -> the role exits non-zero -> the supervisor restarts the role, which
         # starts a new SGLang and re-announces; its old workers are gone with the process group.
         os.kill(first["pid"], signal.SIGKILL)
-        (ended,) = _wait("the supervisor noticing gen-0's exit",
+        (ended,) = until("the supervisor noticing gen-0's exit",
                          lambda: [e for e in backend.ended() if e.role.name == "gen-0"])
         assert ended.restarted and not ended.ok
         register_server(exp, ended.role)         # the lifecycle re-registers a restarted server
-        second = _wait("a second SGLang", lambda: _records(standin)[1:])[0]
+        second = until("a second SGLang", lambda: _records(standin)[1:])[0]
         assert second["pid"] != first["pid"] and sup.children["gen-0"].restarts == 1
         assert not _alive(first["worker_pid"])
         assert json.loads(exp.service_file("gen-0").read_text())["server_pid"] == second["pid"]
-        _wait("re-registration", healthy)
+        until("re-registration", healthy)
 
         # Stop: the role takes SGLang and its workers down.
         role_pid = sup.children["gen-0"].proc.pid

@@ -15,11 +15,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from model_dirs import checked_model_dir
+from polling import until
 
 from tandem.launcher.backends.slurm import SlurmBackend
 from tandem.launcher.backends.slurm_requests import SlurmPolicy, job_requests
@@ -51,16 +51,6 @@ gen: {{backend: sglang, tp_size: 2}}
 """
 
 
-def _wait(what: str, fn, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"{what} did not happen within {timeout_s:.0f}s")
-
-
 def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_path, monkeypatch):
     records = tmp_path / "standin-records"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(STANDIN), str(REPO),
@@ -85,7 +75,7 @@ def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_pa
         "code", run_experiment(cfg, exp, False, backend, roles=roles)), daemon=True)
     bg.start()
     try:
-        info = _wait("gen-0 announced", lambda: exp.service_file("gen-0").exists()
+        info = until("gen-0 announced", lambda: exp.service_file("gen-0").exists()
                      and json.loads(exp.service_file("gen-0").read_text()))
         (rec,) = [json.loads(p.read_text()) for p in records.glob("*.json")]
         # SGLang's launcher ran in the gen job, on the job's two GPUs, bound to the node's name.
@@ -105,7 +95,7 @@ def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_pa
             finally:
                 client.close()
             return [s for s in servers if s["address"] == info["url"] and s["healthy"]]
-        _wait("the controller seeing the SGLang server healthy", healthy)
+        until("the controller seeing the SGLang server healthy", healthy)
         (exp.root / "finish").write_text("")
         bg.join(120)
         assert result.get("code") == 0
@@ -115,5 +105,5 @@ def test_sglang_gen_job_runs_sglang_launcher_and_registers(slurm_cluster, tmp_pa
     live = subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
     assert not set(live) & set(recorded_job_ids(read_record(exp)))
     # The gen job's cancellation stopped SGLang (the role stops its process group).
-    _wait("SGLang stopped with its job", lambda: not Path(f"/proc/{rec['pid']}").exists()
+    until("SGLang stopped with its job", lambda: not Path(f"/proc/{rec['pid']}").exists()
           or Path(f"/proc/{rec['pid']}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"), 60)
