@@ -107,7 +107,7 @@ def run_experiment(cfg: ExperimentConfig, exp: ExpDir, resume: bool, backend: Ba
         if elastic is None:
             from .elastic import elastic_for as elastic
         split = elastic(cfg, exp, backend, roles, join or join_run)
-        scaler = Scaler(cfg, exp, backend, roles, join or join_run, since=t0)   # `tandem scale`
+        scaler = Scaler(cfg, exp, backend, roles, join or join_run, since=t0, step=lambda: progress.step)
         ticks = [scaler.tick] + ([split.tick] if split is not None else [])
         watch(backend, exp, join, progress, lambda: [tick() for tick in ticks])
         backend.stop([r.name for r in roles if r.kind == "rollout"])

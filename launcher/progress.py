@@ -47,11 +47,13 @@ class Progress:
         self.offset = 0
         # group id -> fraction of its samples that were correct, until a step trains it
         self.correct: dict[str, float] = {}
+        self.step = 0   # the trainer's last step recorded (an earlier launch's, until this one trains)
         if resume:
             # A resumed run prints its own steps only, not the earlier launches' again; it reads
             # their groups, which its first steps may train.
             for rec in self._new_records():
-                self._note_group(rec)
+                if not self._note_group(rec) and rec.get("role") == "trainer" and rec.get("event") == "step":
+                    self.step = rec.get("step", self.step)
         self.t0 = time.time()
         self.first_step_at: float | None = None
         self.steps_seen = 0
@@ -90,7 +92,7 @@ class Progress:
             now = time.time()
             self.first_step_at = self.first_step_at or now
             self.steps_seen += 1
-            step = rec.get("step", self.steps_seen)
+            step = self.step = rec.get("step", self.steps_seen)
             rate = (now - self.first_step_at) / max(1, self.steps_seen - 1) if self.steps_seen > 1 else None
             eta = f"{rate * (self.total - step) / 60:.1f} min" if rate else "?"
             print(f"step {step}/{self.total} | reward {rec.get('reward_mean', float('nan')):+.2f} | "

@@ -89,17 +89,15 @@ def _with_servers(p: CpuPlacement, servers: list[tuple[int, ...]], running: set[
     return replace(p, servers=tuple(servers), gen=gen, source="tandem scale")
 
 
-def cpus_for_new(p: CpuPlacement, index: int, asked: str, running: set[int]) -> tuple[tuple[int, ...], str]:
+def cpus_for_new(p: CpuPlacement, index: int, asked: tuple[int, ...], running: set[int]) -> tuple[tuple[int, ...], str]:
     """The CPU set of a server added as `gen-<index>`, and a note when it shares a pool: `asked`
-    (--cpus) when given, else the set its slot had (a removed server's), else CPUs no pool uses."""
+    (its share of --cpus) when given, else the set its slot had (a removed server's), else CPUs no
+    pool uses."""
     if asked:
-        try:
-            cpus = parse_cpus(asked, "--cpus")
-        except ConfigError as e:
-            raise Refused(str(e)) from None
+        cpus = asked
         outside = sorted(set(cpus) - set(p.available))
         if outside:
-            raise Refused(f"--cpus {asked}: CPU(s) {format_ranges(outside)} are not the run's "
+            raise Refused(f"--cpus {format_ranges(asked)}: CPU(s) {format_ranges(outside)} are not the run's "
                           f"(it may use {format_ranges(p.available)})")
     elif index < len(p.servers) and p.servers[index]:
         cpus = p.servers[index]
@@ -119,8 +117,11 @@ class Scaler:
     """The launcher's side: takes the requests in `<exp>/services/scale/` and carries them out."""
 
     def __init__(self, cfg: ExperimentConfig, exp: ExpDir, backend, roles: list[Role],
-                 join: Callable[[ExpDir, Role, bool], None], since: float = 0.0):
-        self.cfg, self.exp, self.backend, self.join = cfg, exp, backend, join
+                 join: Callable[[ExpDir, Role, bool], None], since: float = 0.0,
+                 step: Callable[[], int] = lambda: 0):
+        """`since`: this launch's start (older requests are an earlier launch's); `step`: the
+        trainer's last step (the lifecycle's Progress), for the records."""
+        self.cfg, self.exp, self.backend, self.join, self.step = cfg, exp, backend, join, step
         self.servers: dict[int, Role] = {r.index: r for r in roles if r.kind == "gen"}
         self.dir = scale_dir(exp)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +132,6 @@ class Scaler:
             except FileNotFoundError:
                 pass
         self.metrics = MetricsWriter(exp, "launcher")
-        self.step = 0
 
     @property
     def placement(self) -> CpuPlacement | None:
@@ -145,16 +145,15 @@ class Scaler:
                 os.rename(path, taken)
             except FileNotFoundError:   # withdrawn by its `tandem scale` meanwhile
                 continue
+            answer = Answer(answer_path(self.exp, _request_id(path)))
             try:
-                self.handle(taken)
+                self.handle(taken, answer)
             except Exception as e:   # a request must never end the run
                 log.exception("scale request %s", path.name)
-                Answer(answer_path(self.exp, path.name.removeprefix("request-").split(".")[0])).end(
-                    False, f"failed: {type(e).__name__}: {e}")
+                answer.end(False, f"failed: {type(e).__name__}: {e}")
 
-    def handle(self, path: Path) -> bool:
-        req_id = path.name.removeprefix("request-").split(".")[0]
-        answer = Answer(answer_path(self.exp, req_id))
+    def handle(self, path: Path, answer: Answer) -> bool:
+        req_id = _request_id(path)
         try:
             req = ScaleRequest.from_json(read_private_json(path))
             if req.id != req_id:
@@ -165,7 +164,6 @@ class Scaler:
         print(f"tandem scale: asked to {req.describe()}", flush=True)
         if why := refusal(self.cfg, req):
             return answer.end(False, f"refused: {why}")
-        self._read_step()
         if req.add:
             try:
                 asked = parse_cpus(req.cpus, "--cpus") if req.cpus else ()
@@ -173,8 +171,8 @@ class Scaler:
                 return answer.end(False, f"refused: {e}")
             if req.cpus and len(asked) < req.add:
                 return answer.end(False, f"refused: --cpus {req.cpus} has fewer CPUs than the {req.add} servers to add")
-            cpus = [format_ranges(c) for c in split_cpus(asked, req.add)] if asked else []
-            done = sum(self.add_one(req, answer, cpus[k] if cpus else "") for k in range(req.add))
+            shares = split_cpus(asked, req.add) if asked else ((),) * req.add
+            done = sum(self.add_one(req, answer, share) for share in shares)
             return answer.end(done == req.add, f"{done} of {req.add} server(s) added; "
                                                f"{len(self.servers)} running: {self._names()}")
         names = list(req.servers) or [self.servers[i].name for i in sorted(self.servers)[::-1][:req.remove]]
@@ -189,7 +187,7 @@ class Scaler:
                                               f"{len(self.servers)} running: {self._names()}")
 
     # ---- the changes ------------------------------------------------------------------------
-    def add_one(self, req: ScaleRequest, answer: Answer, cpus_asked: str = "") -> bool:
+    def add_one(self, req: ScaleRequest, answer: Answer, cpus_asked: tuple[int, ...] = ()) -> bool:
         t0, index = time.monotonic(), min(set(range(len(self.servers) + 1)) - set(self.servers))
         role = gen_role(self.cfg, self.exp, index, self.backend.gen_host, self.backend.pick_port)
         old, note = self.placement, ""
@@ -254,31 +252,16 @@ class Scaler:
         self.backend.sup.placement = placement   # the supervisor starts (and restarts) roles on it
         self.metrics.log(**placement.record())
 
-    def _read_step(self) -> None:
-        try:
-            with open(self.exp.metrics, "rb") as f:
-                f.seek(max(0, f.seek(0, 2) - 65536))
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            return
-        for line in reversed(lines):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("role") == "trainer" and rec.get("event") == "step":
-                self.step = rec.get("step", self.step)
-                return
-
     def _names(self) -> str:
         return ", ".join(self.servers[i].name for i in sorted(self.servers))
 
     def _record(self, answer: Answer, op: str, role: Role, ok: bool, detail: str, t0: float) -> bool:
         seconds = time.monotonic() - t0
-        self.metrics.log(event="scale", op=op, server=role.name, ok=ok, detail=detail, step=self.step,
+        step = self.step()
+        self.metrics.log(event="scale", op=op, server=role.name, ok=ok, detail=detail, step=step,
                          servers=len(self.servers), seconds=seconds)
         verb = {"add": "joined", "remove": "left"}[op] if ok else f"could not {'join' if op == 'add' else 'leave'}"
-        answer.say(f"{role.name} {verb} the run at step {self.step} ({seconds:.1f}s): {detail}")
+        answer.say(f"{role.name} {verb} the run at step {step} ({seconds:.1f}s): {detail}")
         if not ok:
             log.warning("tandem scale: %s %s failed: %s", op, role.name, detail)
         return ok
@@ -298,3 +281,8 @@ class Answer:
     def end(self, ok: bool, line: str) -> bool:
         self.say(line, done=True, ok=ok)
         return ok
+
+
+def _request_id(path: Path) -> str:
+    """The id in `request-<id>.json` (or its claimed `.taken` name)."""
+    return path.name.removeprefix("request-").split(".")[0]

@@ -79,19 +79,19 @@ def test_a_new_servers_cpus_come_from_the_request_its_slot_or_no_pool():
     assert p.servers == ((1, 2, 3), (4, 5)) and p.train == (6, 7) and p.services == (0,)
     # Every CPU is in a pool: refused, naming --cpus.
     with pytest.raises(Refused, match="name the new server's CPUs with --cpus"):
-        cpus_for_new(p, 2, "", {0, 1})
+        cpus_for_new(p, 2, (), {0, 1})
     # Asked: it may share a pool, and says with whom.
-    cpus, note = cpus_for_new(p, 2, "5-6", {0, 1})
+    cpus, note = cpus_for_new(p, 2, (5, 6), {0, 1})
     assert cpus == (5, 6) and note == "; it shares CPUs with gen-1, the trainer"
     with pytest.raises(Refused, match=r"CPU\(s\) 8-9 are not the run's"):
-        cpus_for_new(p, 2, "8-9", {0, 1})
+        cpus_for_new(p, 2, (8, 9), {0, 1})
     # gen-1 left: a server added takes slot 1 back with its CPUs, shared with nobody.
-    assert cpus_for_new(p, 1, "", {0}) == ((4, 5), "")
+    assert cpus_for_new(p, 1, (), {0}) == ((4, 5), "")
     grown = placement_with(p, 2, (5, 6), {0, 1})
     assert grown.servers[2] == (5, 6) and grown.gen == (1, 2, 3, 4, 5, 6) and grown.cpus_for("gen-2") == (5, 6)
     # CPUs no pool uses are taken before asking (launcher.cpus left 7 out of every pool).
     spare = place_cpus(range(8), gen="1-5", train="6", services="0", cores=[(c,) for c in range(8)])
-    assert cpus_for_new(spare, 1, "", {0}) == ((7,), "")
+    assert cpus_for_new(spare, 1, (), {0}) == ((7,), "")
 
 
 def _scaler(tmp_path, **cfg_overrides) -> Scaler:
