@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from controller_status import controller_state
 from local_run import leftovers, steps, write_config
 from polling import until
 
@@ -24,9 +25,6 @@ from tandem.launcher.audit import audit
 from tandem.launcher.run_info import run_info
 from tandem.services.protocol import (
     ExpDir,
-    StatusRequest,
-    SyncRequestClient,
-    load_keys,
     read_metrics,
     read_service,
 )
@@ -42,11 +40,7 @@ def scale(exp: ExpDir, *args: str) -> tuple[int, str]:
 
 
 def controller_servers(exp: ExpDir) -> dict[str, dict]:
-    client = SyncRequestClient(load_keys(exp.keys), read_service(exp, "controller")["address"], timeout_s=10)
-    try:
-        return {s["address"].rstrip("/"): s for s in client.request(StatusRequest()).state["servers"]}
-    finally:
-        client.close()
+    return {s["address"].rstrip("/"): s for s in controller_state(exp)["servers"]}
 
 
 def last_step(exp: ExpDir) -> int:
@@ -63,7 +57,10 @@ def test_servers_join_and_leave_a_running_experiment(tmp_path, tiny_model_dir):
                                 "trainer.total_steps=1000"], stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:
+        # The controller at version 2 (not only the trainer's step record): a server joining now
+        # holds older weights than the current ones, so it must be caught up.
         until("step 2", lambda: last_step(exp) >= 2)
+        until("version 2", lambda: controller_state(exp)["version"] >= 2)
         code, text = scale(exp, "--add", "1")
         assert code == 1 and "every CPU of the run is in a pool" in text and "--cpus" in text, text
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from controller_status import controller_state
 from polling import until
 
 from tandem.launcher.audit import audit
@@ -55,6 +56,9 @@ def test_a_server_joins_on_another_node_and_the_first_one_leaves(slurm_cluster, 
     try:
         until("a step", lambda: _step(exp) >= 1 or run.poll() is not None, 240)
         assert run.poll() is None, out_file.read_text()[-3000:]
+        # The controller at version 1 (the trainer's step record can come first): a server joining
+        # now holds older weights than the current ones, so it must be caught up.
+        until("version 1", lambda: controller_state(exp)["version"] >= 1)
         first = _node(exp.logs / "gen-0.console")
         code, text = _scale(exp, "--add", "1", "--exclude", first)
         assert code == 0 and "gen-1 joined the run" in text and "in rotation" in text, text
